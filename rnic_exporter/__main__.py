@@ -1,0 +1,3 @@
+from rnic_exporter.cli import main
+
+main()

@@ -1,0 +1,5 @@
+"""Errors that reach a user: each says what was wrong, where, and what to do."""
+
+
+class ConfigError(Exception):
+    """A flag, config file or path the operator gave us is unusable (exit code 2)."""

@@ -1,0 +1,263 @@
+"""Typed, immutable snapshots of the RNICs on one host.
+
+The reading layer (`rnic_exporter.sources`) fills these; detection and the sinks only read them.
+A value that could not be read is ``None`` and a `ReadError` in `Snapshot.errors` says why, so
+"unreadable" never looks like 0.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+_LINK_LOCAL_PREFIX = "fe80:0000:0000:0000:"
+_IPV4_MAPPED_PREFIX = "0000:0000:0000:0000:0000:ffff:"
+
+ROCE_V1 = "IB/RoCE v1"
+ROCE_V2 = "RoCE v2"
+
+
+def _empty_map() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class NumberedState:
+    """A kernel `"<number>: <name>"` value such as port `state` `4: ACTIVE`."""
+
+    number: int
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.number}: {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRate:
+    """Port `rate`, e.g. `400 Gb/sec (4X NDR)`: total Gb/s, lane count and speed generation."""
+
+    gbps: float
+    lanes: int
+    speed: str
+
+    @property
+    def per_lane_gbps(self) -> float:
+        return self.gbps / self.lanes
+
+    @property
+    def bits_per_second(self) -> float:
+        return self.gbps * 1e9
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.gbps * 1e9 / 8
+
+
+@dataclass(frozen=True, slots=True)
+class ReadError:
+    """One attribute that could not be read or parsed; everything else was still read."""
+
+    device: str
+    port: int | None
+    attribute: str  # path relative to the object it belongs to, e.g. "ports/1/rate"
+    reason: str  # "EINVAL", "ENOENT", "malformed: ..." - short, stable, fit for a label
+
+    def where(self) -> str:
+        port = f" port {self.port}" if self.port is not None else ""
+        return f"{self.device}{port} {self.attribute}"
+
+
+@dataclass(frozen=True, slots=True)
+class CounterValue:
+    """A PMA or hw counter. `value` is in base units (bytes for the data counters)."""
+
+    value: int
+    saturated: bool = False  # PMA counters stick at 2^n-1 instead of wrapping
+
+
+@dataclass(frozen=True, slots=True)
+class GidEntry:
+    """One populated slot of a port's GID table (`gids/<i>` + `gid_attrs/{types,ndevs}/<i>`)."""
+
+    index: int
+    gid: str  # as the kernel prints it: eight 4-digit lowercase hex groups
+    type: str | None  # "IB/RoCE v1" | "RoCE v2"; None when unreadable
+    netdev: str | None  # None for InfiniBand GIDs (the kernel answers EINVAL)
+
+    @property
+    def ipv4(self) -> str | None:
+        """The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`), else None."""
+        if not self.gid.startswith(_IPV4_MAPPED_PREFIX):
+            return None
+        return str(ipaddress.IPv6Address(self.gid).ipv4_mapped)
+
+    @property
+    def address(self) -> str:
+        """The GID as an IP address string (IPv4 for mapped GIDs, compressed IPv6 otherwise)."""
+        ipv4 = self.ipv4
+        return ipv4 if ipv4 is not None else str(ipaddress.IPv6Address(self.gid))
+
+    @property
+    def is_link_local(self) -> bool:
+        return self.gid.startswith(_LINK_LOCAL_PREFIX)
+
+    @property
+    def roce_version(self) -> int | None:
+        """1 for `IB/RoCE v1` (or `RoCE v1`), 2 for `RoCE v2`, as NCCL reads the type file."""
+        if self.type is None:
+            return None
+        if self.type.startswith(("IB/RoCE v1", "RoCE v1")):
+            return 1
+        if self.type.startswith("RoCE v2"):
+            return 2
+        return None
+
+    @property
+    def version_label(self) -> str:
+        """`v1` / `v2` as `show_gids` prints it (the type from its first `v`)."""
+        if self.type is None:
+            return "?"
+        pos = self.type.lower().find("v")
+        return self.type[pos:] if pos >= 0 else self.type
+
+
+@dataclass(frozen=True, slots=True)
+class Port:
+    device: str
+    number: int
+    link_layer: str | None  # "InfiniBand" | "Ethernet" | "Unknown"
+    state: NumberedState | None
+    phys_state: NumberedState | None
+    rate: LinkRate | None
+    lid: int | None
+    counters: Mapping[str, CounterValue] = field(default_factory=dict)  # counters/*
+    hw_counters: Mapping[str, int] = field(default_factory=_empty_map)  # hw_counters/* but lifespan
+    gids: tuple[GidEntry, ...] = ()
+    gid_table_size: int = 0
+    netdevs: tuple[str, ...] = ()  # best first: ndevs of the default GID, then device/net
+    nccl_gid_index: int | None = None  # what NCCL's auto-selection would pick now
+
+    @property
+    def is_up(self) -> bool:
+        """ACTIVE and LinkUp: the only state in which `rate` means anything."""
+        return (
+            self.state is not None
+            and self.state.number == 4
+            and self.phys_state is not None
+            and self.phys_state.number == 5
+        )
+
+    @property
+    def netdev(self) -> str | None:
+        return self.netdevs[0] if self.netdevs else None
+
+    def gid(self, index: int) -> GidEntry | None:
+        for entry in self.gids:
+            if entry.index == index:
+                return entry
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    name: str
+    node_guid: str | None
+    sys_image_guid: str | None
+    fw_ver: str | None
+    hca_type: str | None
+    board_id: str | None
+    hw_rev: str | None
+    node_type: NumberedState | None
+    node_desc: str | None
+    pci_address: str | None  # basename of realpath(device), None for software devices
+    ports: tuple[Port, ...] = ()
+    hw_counters: Mapping[str, int] = field(default_factory=_empty_map)  # device-wide hw_counters/*
+    netdevs: tuple[str, ...] = ()  # device/net/*
+
+
+@dataclass(frozen=True, slots=True)
+class Netdev:
+    """`/sys/class/net/<name>/`. `speed_mbps` is -1 without carrier; None when admin down."""
+
+    name: str
+    ifindex: int | None
+    address: str | None
+    mtu: int | None
+    speed_mbps: int | None
+    operstate: str | None
+    carrier: bool | None
+    carrier_changes: int | None
+    carrier_up_count: int | None
+    carrier_down_count: int | None
+    pci_address: str | None
+
+    @property
+    def speed_bytes_per_second(self) -> float | None:
+        if self.speed_mbps is None or self.speed_mbps < 0:
+            return None
+        return self.speed_mbps * 1e6 / 8
+
+
+@dataclass(frozen=True, slots=True)
+class PcieLink:
+    """Link attributes of one PCI function (`current_link_*`, `max_link_*`)."""
+
+    pci_address: str
+    current_speed_gts: float | None
+    max_speed_gts: float | None
+    current_width: int | None
+    max_width: int | None
+    # The upstream port's capability: a x16 card in a x8 slot is not "downtrained".
+    upstream_max_speed_gts: float | None = None
+    upstream_max_width: int | None = None
+
+    @property
+    def expected_speed_gts(self) -> float | None:
+        values = [v for v in (self.max_speed_gts, self.upstream_max_speed_gts) if v]
+        return min(values) if values else None
+
+    @property
+    def expected_width(self) -> int | None:
+        values = [v for v in (self.max_width, self.upstream_max_width) if v]
+        return min(values) if values else None
+
+
+PCIE_GENERATIONS: Mapping[float, int] = MappingProxyType(
+    {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+)
+
+
+def pcie_generation(gts: float | None) -> int | None:
+    return None if gts is None else PCIE_GENERATIONS.get(gts)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    devices: tuple[Device, ...]
+    netdevs: Mapping[str, Netdev]
+    pcie: Mapping[str, PcieLink]
+    errors: tuple[ReadError, ...]
+    taken_at: float  # wall clock, seconds since the epoch
+    read_seconds: float = 0.0
+
+    @property
+    def ports(self) -> tuple[Port, ...]:
+        return tuple(port for device in self.devices for port in device.ports)
+
+    def device(self, name: str) -> Device | None:
+        for device in self.devices:
+            if device.name == name:
+                return device
+        return None
+
+    def port(self, device: str, number: int) -> Port | None:
+        dev = self.device(device)
+        if dev is None:
+            return None
+        for port in dev.ports:
+            if port.number == number:
+                return port
+        return None

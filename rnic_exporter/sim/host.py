@@ -1,0 +1,477 @@
+"""A simulated host: writes a sysfs tree with RNICs laid out and formatted as the kernel does.
+
+Layout (as on a real mlx5 host):
+
+    devices/pci0000:BB/0000:BB:00.0/                 upstream (root) port: max_link_*
+    devices/pci0000:BB/0000:BB:00.0/0000:SS:00.0/    the RNIC's PCI function: *_link_*
+        infiniband/mlx5_N/{node_guid,...,device -> ../../../0000:SS:00.0, ports/1/...}
+        net/<netdev>/{address,speed,operstate,...,device -> ../../../0000:SS:00.0}
+    class/infiniband/mlx5_N -> ../../devices/.../infiniband/mlx5_N
+    class/net/<netdev>      -> ../../devices/.../net/<netdev>
+    bus/pci/devices/<bdf>   -> ../../../devices/.../<bdf>
+
+Values are rewritten in place (same inode), as sysfs regenerates a value on each read, so a
+reader holding file descriptors sees every change. Two things a plain file cannot do are modelled:
+`gid_attrs/{types,ndevs}/<i>` of an empty slot answer EINVAL on a real kernel; here they are
+empty files on disk, and `errno_overlay` lists them so an in-process `SysfsRoot` can raise the
+real EINVAL. Fault methods inject the failures rnic-exporter exists for.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rnic_exporter.model import ROCE_V1, ROCE_V2
+from rnic_exporter.sim.gid_table import GidTable, format_gid, mac_default_gid
+
+MLX5_HW_COUNTERS = (
+    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer",
+    "out_of_sequence", "duplicate_request", "rnr_nak_retry_err", "packet_seq_err",
+    "implied_nak_seq_err", "local_ack_timeout_err", "resp_local_length_error", "resp_cqe_error",
+    "req_cqe_error", "req_remote_invalid_request", "req_remote_access_errors",
+    "resp_remote_access_errors", "resp_cqe_flush_error", "req_cqe_flush_error", "roce_adp_retrans",
+    "roce_adp_retrans_to", "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
+    "rp_cnp_ignored", "rp_cnp_handled", "np_ecn_marked_roce_packets", "np_cnp_sent",
+)
+PMA_EXTENDED_COUNTERS = (
+    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+    "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
+    "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors", "VL15_dropped", "port_xmit_wait", "port_xmit_data",
+    "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "unicast_xmit_packets",
+    "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets",
+)
+
+# Ethernet speed (Gb/s) -> the IB width/speed mlx5 reports for it (translate_eth_*_proto_oper).
+ETH_RATE_NAMES = {1: (1, "SDR"), 10: (1, "QDR"), 25: (1, "EDR"), 40: (4, "QDR"), 50: (2, "EDR"),
+                  100: (4, "EDR"), 200: (4, "HDR"), 400: (4, "NDR"), 800: (8, "NDR")}
+IB_LANE_GBPS = {"SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0,
+                "HDR": 50.0, "NDR": 100.0, "XDR": 200.0}
+
+
+def rate_text(lanes: int, speed: str) -> str:
+    """As rate_show prints it: integer Gb/s, `.5` when the tenths digit is set."""
+    total = IB_LANE_GBPS[speed] * lanes
+    whole = int(total)
+    return f"{whole}{'.5' if total != whole else ''} Gb/sec ({lanes}X {speed})"
+
+
+def ethernet_rate_text(gbps: int) -> str:
+    if gbps == 1:
+        return "2.5 Gb/sec (1X SDR)"  # 1G maps onto 1X SDR, which prints 2.5
+    lanes, speed = ETH_RATE_NAMES[gbps]
+    return rate_text(lanes, speed)
+
+
+def pcie_speed_text(gts: float) -> str:
+    return f"{gts:.1f} GT/s PCIe"
+
+
+@dataclass
+class SimDevice:
+    """One single-port RNIC (one PCI function, one port, as mlx5 lays them out)."""
+
+    name: str
+    number: int
+    link_layer: str  # "Ethernet" (RoCE) or "InfiniBand"
+    gbps: int  # Ethernet speed, or for IB lanes x lane speed
+    lanes: int = 4
+    ib_speed: str = "NDR"
+    netdev: str = ""
+    mac: str = ""
+    addresses: list[str] = field(default_factory=list)
+    gid_table: GidTable = field(default_factory=lambda: GidTable(255))
+    pcie_max: tuple[float, int] = (32.0, 16)
+    pcie_current: tuple[float, int] = (32.0, 16)
+    up: bool = True
+    hca_type: str = "MT4129"
+    fw_ver: str = "28.39.2048"
+    board_id: str = "MT_0000000970"
+    carrier_up: int = 1
+    carrier_down: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    hw_counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bus(self) -> int:
+        # Each RNIC behind its own root port, as on GPU servers; room for 29 devices.
+        return 0x11 + self.number * 0x08
+
+    @property
+    def root_port(self) -> str:
+        return f"0000:{self.bus - 1:02x}:00.0"
+
+    @property
+    def pci_address(self) -> str:
+        return f"0000:{self.bus:02x}:00.0"
+
+    @property
+    def function_dir(self) -> str:
+        return f"devices/pci0000:{self.bus - 1:02x}/{self.root_port}/{self.pci_address}"
+
+    @property
+    def node_guid(self) -> str:
+        h = f"0c42a10300{self.number:02x}c7a8"
+        return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+
+    @property
+    def port_gid(self) -> str:
+        """IB port GID: subnet prefix fe80:: + port GUID (node GUID + 1 on mlx5)."""
+        guid = int(self.node_guid.replace(":", ""), 16) + 1
+        return format_gid(b"\xfe\x80" + bytes(6) + guid.to_bytes(8, "big"))
+
+    @property
+    def roce(self) -> bool:
+        return self.link_layer == "Ethernet"
+
+    @property
+    def rate(self) -> str:
+        if not self.roce:
+            return rate_text(self.lanes, self.ib_speed)
+        return ethernet_rate_text(self.gbps) if self.up else "40 Gb/sec (4X QDR)"
+
+
+class SimHost:
+    """Builds and mutates a simulated sysfs tree rooted at `root` (what `--path.sysfs` names)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.devices: dict[str, SimDevice] = {}
+        self.removed: set[str] = set()
+        self._overlay_extra: dict[str, int] = {}
+
+    # -- construction ------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, root: Path, *, roce: int = 4, infiniband: int = 0, gid_table_size: int = 255,
+              ethernet_gbps: int = 400, ib_speed: str = "NDR", ib_lanes: int = 4,
+              name_prefix: str = "mlx5_") -> SimHost:
+        host = cls(root)
+        for n in range(roce + infiniband):
+            is_roce = n < roce
+            name = f"{name_prefix}{n}"
+            dev = SimDevice(
+                name=name,
+                number=n,
+                link_layer="Ethernet" if is_roce else "InfiniBand",
+                gbps=ethernet_gbps if is_roce else int(IB_LANE_GBPS[ib_speed] * ib_lanes),
+                lanes=ib_lanes,
+                ib_speed=ib_speed,
+                netdev=f"ens{n + 1}f0np0" if is_roce else f"ibp{0x10 + n * 0x10}s0",
+                mac=f"0c:42:a1:41:{n:02x}:36",
+                addresses=[f"10.0.{n}.1"] if is_roce else [],
+                gid_table=GidTable(gid_table_size if is_roce else min(gid_table_size, 128), roce=is_roce),
+            )
+            host.add_device(dev)
+        return host
+
+    def add_device(self, dev: SimDevice) -> None:
+        if dev.roce:
+            dev.gid_table.set_defaults(mac_default_gid(dev.mac), dev.netdev)
+            for address in dev.addresses:
+                dev.gid_table.add_address(address, dev.netdev)
+        else:
+            dev.gid_table.set_defaults(dev.port_gid, None)
+        for i, name in enumerate(PMA_EXTENDED_COUNTERS):
+            dev.counters.setdefault(name, 1000 * (i + 1) if "data" in name or "packets" in name else 0)
+        for name in MLX5_HW_COUNTERS:
+            dev.hw_counters.setdefault(name, 0)
+        self.devices[dev.name] = dev
+        self._write_device(dev)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def _write(self, rel: str, value: str | int) -> None:
+        """Write in place (same inode) so held descriptors see the new value, like sysfs."""
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = f"{value}\n".encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o444)
+        try:
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    def _write_empty(self, rel: str) -> None:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o444)
+        os.ftruncate(fd, 0)
+        os.close(fd)
+
+    def _link(self, rel: str, target: str) -> None:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            path.unlink()
+        path.symlink_to(target)
+
+    def _ib_dir(self, dev: SimDevice) -> str:
+        return f"{dev.function_dir}/infiniband/{dev.name}"
+
+    def _port_dir(self, dev: SimDevice) -> str:
+        return f"{self._ib_dir(dev)}/ports/1"
+
+    def _net_dir(self, dev: SimDevice) -> str:
+        return f"{dev.function_dir}/net/{dev.netdev}"
+
+    def _write_device(self, dev: SimDevice) -> None:
+        upstream = os.path.dirname(dev.function_dir)
+        self._write(f"{upstream}/max_link_speed", pcie_speed_text(dev.pcie_max[0]))
+        self._write(f"{upstream}/max_link_width", dev.pcie_max[1])
+        self._write(f"{upstream}/current_link_speed", pcie_speed_text(dev.pcie_max[0]))
+        self._write(f"{upstream}/current_link_width", dev.pcie_max[1])
+        fn = dev.function_dir
+        self._write(f"{fn}/vendor", "0x15b3")
+        self._write(f"{fn}/device", "0x1021")
+        self._write(f"{fn}/class", "0x020000" if dev.roce else "0x020700")
+        self._write(f"{fn}/max_link_speed", pcie_speed_text(dev.pcie_max[0]))
+        self._write(f"{fn}/max_link_width", dev.pcie_max[1])
+        self._write_pcie_current(dev)
+        self._link(f"bus/pci/devices/{dev.pci_address}", f"../../../{fn}")
+
+        ib = self._ib_dir(dev)
+        self._write(f"{ib}/node_type", "1: CA")
+        self._write(f"{ib}/node_guid", dev.node_guid)
+        self._write(f"{ib}/sys_image_guid", dev.node_guid)
+        self._write(f"{ib}/fw_ver", dev.fw_ver)
+        self._write(f"{ib}/node_desc", f"gpu-node-01 {dev.name}")
+        self._write(f"{ib}/hca_type", dev.hca_type)
+        self._write(f"{ib}/hw_rev", "0")
+        self._write(f"{ib}/board_id", dev.board_id)
+        self._link(f"{ib}/device", f"../../../{dev.pci_address}")
+        self._link(f"class/infiniband/{dev.name}", f"../../{ib}")
+
+        port = self._port_dir(dev)
+        self._write(f"{port}/link_layer", dev.link_layer)
+        self._write(f"{port}/lid", "0x0" if dev.roce else f"0x{dev.number + 1:x}")
+        self._write(f"{port}/sm_lid", "0x0" if dev.roce else "0x1")
+        self._write(f"{port}/lid_mask_count", 0)
+        self._write(f"{port}/sm_sl", 0)
+        self._write(f"{port}/cap_mask", "0x00010000" if dev.roce else "0x2651e84a")
+        self._write_port_state(dev)
+        self._write(f"{port}/pkeys/0", "0xffff")
+        self._write(f"{port}/hw_counters/lifespan", 10)
+        self._write_counters(dev)
+        self._write_gid_table(dev)
+
+        net = self._net_dir(dev)
+        self._write(f"{net}/address", dev.mac if dev.roce else self._ipoib_hwaddr(dev))
+        self._write(f"{net}/ifindex", 10 + dev.number)
+        self._write(f"{net}/mtu", 9000 if dev.roce else 4092)
+        self._write(f"{net}/type", 1 if dev.roce else 32)
+        self._write(f"{net}/dev_port", 0)
+        self._write(f"{net}/flags", "0x1003")
+        self._link(f"{net}/device", f"../../../{dev.pci_address}")
+        self._link(f"class/net/{dev.netdev}", f"../../{net}")
+        self._write_netdev_state(dev)
+
+    def _ipoib_hwaddr(self, dev: SimDevice) -> str:
+        raw = bytes.fromhex("00001087") + bytes.fromhex(dev.port_gid.replace(":", ""))
+        return ":".join(f"{b:02x}" for b in raw)
+
+    def _write_pcie_current(self, dev: SimDevice) -> None:
+        self._write(f"{dev.function_dir}/current_link_speed", pcie_speed_text(dev.pcie_current[0]))
+        self._write(f"{dev.function_dir}/current_link_width", dev.pcie_current[1])
+
+    def _write_port_state(self, dev: SimDevice) -> None:
+        port = self._port_dir(dev)
+        if dev.up:
+            state, phys = "4: ACTIVE", "5: LinkUp"
+        elif dev.roce:
+            state, phys = "1: DOWN", "3: Disabled"  # mlx5 RoCE never shows Polling
+        else:
+            state, phys = "1: DOWN", "2: Polling"
+        self._write(f"{port}/state", state)
+        self._write(f"{port}/phys_state", phys)
+        self._write(f"{port}/rate", dev.rate)
+
+    def _write_netdev_state(self, dev: SimDevice) -> None:
+        net = self._net_dir(dev)
+        self._write(f"{net}/operstate", "up" if dev.up else "down")
+        self._write(f"{net}/carrier", 1 if dev.up else 0)
+        self._write(f"{net}/speed", dev.gbps * 1000 if dev.up else -1)
+        self._write(f"{net}/duplex", "full" if dev.up else "unknown")
+        self._write(f"{net}/carrier_changes", dev.carrier_up + dev.carrier_down)
+        self._write(f"{net}/carrier_up_count", dev.carrier_up)
+        self._write(f"{net}/carrier_down_count", dev.carrier_down)
+
+    def _write_counters(self, dev: SimDevice) -> None:
+        port = self._port_dir(dev)
+        for name, value in dev.counters.items():
+            self._write(f"{port}/counters/{name}", value)
+        for name, value in dev.hw_counters.items():
+            self._write(f"{port}/hw_counters/{name}", value)
+
+    def _write_gid_table(self, dev: SimDevice) -> None:
+        port = self._port_dir(dev)
+        table = dev.gid_table
+        for index in range(table.size):
+            self._write(f"{port}/gids/{index}", table.gid_text(index))
+            slot = table.visible(index)
+            if slot is None:
+                self._write_empty(f"{port}/gid_attrs/types/{index}")
+                self._write_empty(f"{port}/gid_attrs/ndevs/{index}")
+            else:
+                self._write(f"{port}/gid_attrs/types/{index}", slot.type)
+                if slot.netdev is None:
+                    self._write_empty(f"{port}/gid_attrs/ndevs/{index}")
+                else:
+                    self._write(f"{port}/gid_attrs/ndevs/{index}", slot.netdev)
+
+    @property
+    def errno_overlay(self) -> dict[str, int]:
+        """Paths a kernel answers with an errno (EINVAL for empty GID attrs) plus injected faults."""
+        overlay: dict[str, int] = {}
+        for dev in self.devices.values():
+            if dev.name in self.removed:
+                continue
+            port = f"class/infiniband/{dev.name}/ports/1"
+            for index in range(dev.gid_table.size):
+                slot = dev.gid_table.visible(index)
+                if slot is None:
+                    overlay[f"{port}/gid_attrs/types/{index}"] = errno.EINVAL
+                if slot is None or slot.netdev is None:
+                    overlay[f"{port}/gid_attrs/ndevs/{index}"] = errno.EINVAL
+        overlay.update(self._overlay_extra)
+        return overlay
+
+    # -- faults and changes ------------------------------------------------------------------
+
+    def device(self, name: str) -> SimDevice:
+        return self.devices[name]
+
+    def set_port_up(self, name: str, up: bool) -> None:
+        """Carrier gained or lost. GIDs stay (roce_gid_mgmt ignores carrier)."""
+        dev = self.devices[name]
+        if dev.up == up:
+            return
+        dev.up = up
+        if up:
+            dev.carrier_up += 1
+        else:
+            dev.carrier_down += 1
+            dev.counters["link_downed"] = min(dev.counters["link_downed"] + 1, 255)
+        self._write_port_state(dev)
+        self._write_netdev_state(dev)
+        self._write_counters(dev)
+
+    def hold_gid(self, name: str, address: str) -> int:
+        """A running job's QPs reference the address's RoCE v2 GID; returns that index."""
+        dev = self.devices[name]
+        index = dev.gid_table.index_of(address, ROCE_V2)
+        if index is None:
+            raise KeyError(f"{address} has no RoCE v2 GID on {name}")
+        dev.gid_table.held.add(index)
+        return index
+
+    def release_gids(self, name: str) -> None:
+        """The job ended: pending-delete slots are freed."""
+        dev = self.devices[name]
+        for index in list(dev.gid_table.held):
+            dev.gid_table.release(index)
+        self._write_gid_table(dev)
+
+    def remove_address(self, name: str, address: str) -> None:
+        dev = self.devices[name]
+        if address in dev.addresses:
+            dev.addresses.remove(address)
+        dev.gid_table.delete_address(address, dev.netdev)
+        self._write_gid_table(dev)
+
+    def add_address(self, name: str, address: str) -> list[int]:
+        dev = self.devices[name]
+        if address not in dev.addresses:
+            dev.addresses.append(address)
+        placed = dev.gid_table.add_address(address, dev.netdev)
+        self._write_gid_table(dev)
+        return placed
+
+    def gid_shift(self, name: str) -> tuple[int, int]:
+        """Incident 1: a job holds the v2 GID, NetworkManager drops and restores the address.
+
+        Returns (old index, new index) of the address's RoCE v2 GID.
+        """
+        dev = self.devices[name]
+        address = dev.addresses[0]
+        old = self.hold_gid(name, address)
+        self.set_port_up(name, False)
+        self.remove_address(name, address)
+        self.set_port_up(name, True)
+        self.add_address(name, address)
+        new = dev.gid_table.index_of(address, ROCE_V2)
+        assert new is not None
+        return old, new
+
+    def set_speed(self, name: str, gbps: int, *, lanes: int | None = None, ib_speed: str | None = None) -> None:
+        """The port renegotiated: RoCE to `gbps` Ethernet, IB to `lanes` x `ib_speed`."""
+        dev = self.devices[name]
+        if dev.roce:
+            dev.gbps = gbps
+        else:
+            dev.lanes = lanes or dev.lanes
+            dev.ib_speed = ib_speed or dev.ib_speed
+            dev.gbps = int(IB_LANE_GBPS[dev.ib_speed] * dev.lanes)
+        self._write_port_state(dev)
+        self._write_netdev_state(dev)
+
+    def set_pcie(self, name: str, speed_gts: float, width: int) -> None:
+        dev = self.devices[name]
+        dev.pcie_current = (speed_gts, width)
+        self._write_pcie_current(dev)
+
+    def remove_device(self, name: str) -> None:
+        """The NIC fell off the bus: its PCI function and every class link vanish."""
+        dev = self.devices[name]
+        self.removed.add(name)
+        for rel in (f"class/infiniband/{name}", f"class/net/{dev.netdev}", f"bus/pci/devices/{dev.pci_address}"):
+            path = self.root / rel
+            if path.is_symlink():
+                path.unlink()
+        shutil.rmtree(self.root / dev.function_dir, ignore_errors=True)
+
+    def restore_device(self, name: str) -> None:
+        self.removed.discard(name)
+        self._write_device(self.devices[name])
+
+    def corrupt(self, name: str, rel: str, text: str) -> None:
+        """Write `text` into `class/infiniband/<name>/<rel>` (a malformed value)."""
+        dev = self.devices[name]
+        path = self.root / self._ib_dir(dev) / rel
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o444)
+        try:
+            data = text.encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+
+    def fail_with(self, rel: str, code: int) -> None:
+        """Make reads of `rel` (relative to the mount) fail with `code` (in-process readers)."""
+        self._overlay_extra[rel] = code
+
+    def add_traffic(self, seconds: float, utilisation: float = 0.5) -> None:
+        """Advance data counters as a busy port would (for the demo and rate graphs)."""
+        for dev in self.devices.values():
+            if dev.name in self.removed or not dev.up:
+                continue
+            octets = int(dev.gbps * 1e9 / 8 * utilisation * seconds)
+            words = octets // 4  # port_*_data count 4-octet words
+            packets = octets // 4096
+            for direction in ("xmit", "rcv"):
+                dev.counters[f"port_{direction}_data"] += words
+                dev.counters[f"port_{direction}_packets"] += packets
+                dev.counters[f"unicast_{direction}_packets"] += packets
+            self._write_counters(dev)
+
+    def names(self) -> Iterable[str]:
+        return self.devices.keys()
+
+
+__all__ = ["ROCE_V1", "ROCE_V2", "SimDevice", "SimHost", "ethernet_rate_text", "rate_text"]

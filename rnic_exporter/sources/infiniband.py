@@ -1,0 +1,148 @@
+"""`/sys/class/infiniband/<dev>/` and `ports/<n>/`: device attributes, port state, rate, counters."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from rnic_exporter.model import CounterValue, LinkRate, NumberedState
+from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError
+
+CLASS_DIR = "class/infiniband"
+
+# Per-lane Gb/s of each speed name the kernel prints (ib_speed_enum_to_int, in Gb/s).
+LANE_GBPS: Mapping[str, float] = MappingProxyType(
+    {"SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0,
+     "HDR": 50.0, "NDR": 100.0, "XDR": 200.0}
+)
+VALID_LANES = frozenset({1, 2, 4, 8, 12})
+
+_RATE = re.compile(r"^(\d+)(\.5)? Gb/sec \((\d+)X(?: (\w+))?\)$")
+_STATE = re.compile(r"^(\d+): (.+)$")
+_GUID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){3}$")
+_COUNTER = re.compile(r"^\d+$")
+
+
+def parse_rate(text: str) -> LinkRate:
+    """`400 Gb/sec (4X NDR)` -> LinkRate(400.0, 4, 'NDR').
+
+    Old kernels print no name for SDR (`10 Gb/sec (4X)`); `.5` appears for 2.5 Gb/s lanes x1.
+    """
+    m = _RATE.match(text.strip())
+    if m is None:
+        raise MalformedValueError(f"rate {text!r} is not '<Gb/s> Gb/sec (<lanes>X <speed>)'")
+    lanes = int(m[3])
+    if lanes not in VALID_LANES:
+        raise MalformedValueError(f"rate {text!r} has {lanes} lanes; the kernel prints 1, 2, 4, 8 or 12")
+    speed = m[4] or "SDR"
+    return LinkRate(gbps=int(m[1]) + (0.5 if m[2] else 0.0), lanes=lanes, speed=speed)
+
+
+def parse_numbered_state(text: str) -> NumberedState:
+    """`4: ACTIVE` -> NumberedState(4, 'ACTIVE'); `7: Phy Test` keeps its space."""
+    m = _STATE.match(text.strip())
+    if m is None:
+        raise MalformedValueError(f"{text!r} is not '<number>: <name>'")
+    return NumberedState(int(m[1]), m[2].strip())
+
+
+def parse_guid(text: str) -> str:
+    """`0c42:a103:0065:c7a8` (four lowercase hex groups); returned as printed."""
+    value = text.strip()
+    if not _GUID.match(value):
+        raise MalformedValueError(f"GUID {text!r} is not four ':'-separated 4-digit hex groups")
+    return value
+
+
+def parse_lid(text: str) -> int:
+    """`0x1a` -> 26."""
+    value = text.strip()
+    if not value.startswith("0x"):
+        raise MalformedValueError(f"LID {text!r} is not '0x<hex>'")
+    try:
+        return int(value, 16)
+    except ValueError:
+        raise MalformedValueError(f"LID {text!r} is not '0x<hex>'") from None
+
+
+def parse_link_layer(text: str) -> str:
+    """`InfiniBand` / `Ethernet` / `Unknown`; tolerates trailing blank lines seen in captures."""
+    value = text.strip()
+    if not value or any(c.isspace() for c in value):
+        raise MalformedValueError(f"link_layer {text!r} is not a single word")
+    return value
+
+
+def parse_string(text: str) -> str:
+    """Free text such as `fw_ver` or `board_id`: stripped; empty is malformed."""
+    value = text.strip()
+    if not value:
+        raise MalformedValueError("empty value")
+    return value
+
+
+def parse_counter(text: str) -> int:
+    """A decimal counter. Kernels before ~4.20 print `N/A (no PMA)` when the MAD fails."""
+    value = text.strip()
+    if value.startswith("N/A"):
+        raise MalformedValueError(f"{value!r}: the port's PMA did not answer")
+    if not _COUNTER.match(value):
+        raise MalformedValueError(f"counter {text!r} is not a decimal number")
+    return int(value)
+
+
+# PMA counter widths (IBA PortCounters); data/packets are 32 or 64 bits depending on the set.
+_PMA_WIDTH: Mapping[str, int] = MappingProxyType({
+    "symbol_error": 16, "link_error_recovery": 8, "link_downed": 8, "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16, "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16, "port_xmit_constraint_errors": 8, "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4, "excessive_buffer_overrun_errors": 4, "VL15_dropped": 16,
+    "port_xmit_wait": 32,
+})
+_DATA_COUNTERS = frozenset({"port_xmit_data", "port_rcv_data"})
+_SET_DEPENDENT = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
+# Only the extended set (mlx5 and friends) has these; their presence means 64-bit data counters.
+_EXTENDED_ONLY = frozenset({"unicast_xmit_packets", "unicast_rcv_packets",
+                            "multicast_xmit_packets", "multicast_rcv_packets"})
+
+
+def pma_counter_width(name: str, extended: bool) -> int:
+    if name in _SET_DEPENDENT:
+        return 64 if extended else 32
+    if name in _EXTENDED_ONLY:
+        return 64
+    return _PMA_WIDTH.get(name, 64)
+
+
+def read_port_counters(log: ErrorLog, port_dir: str, device: str, port: int) -> dict[str, CounterValue]:
+    """Every file in `counters/`; `port_{xmit,rcv}_data` count 4-octet words, so x4 gives bytes.
+
+    Drivers without `process_mad` (irdma, efa, rxe) have no `counters/` at all: not an error.
+    """
+    names = log.listdir(f"{port_dir}/counters", device=device, port=port, attribute="counters",
+                        optional=True)
+    extended = any(name in _EXTENDED_ONLY for name in names)
+    out: dict[str, CounterValue] = {}
+    for name in sorted(names):
+        raw = log.read(port_dir, f"counters/{name}", parse_counter, device=device, port=port)
+        if raw is None:
+            continue
+        saturated = raw == (1 << pma_counter_width(name, extended)) - 1
+        out[name] = CounterValue(raw * 4 if name in _DATA_COUNTERS else raw, saturated)
+    return out
+
+
+def read_hw_counters(log: ErrorLog, base: str, device: str, port: int | None) -> dict[str, int]:
+    """Every file in `hw_counters/` whatever the driver calls it, except `lifespan` (a setting)."""
+    names = log.listdir(f"{base}/hw_counters", device=device, port=port, attribute="hw_counters",
+                        optional=True)
+    out: dict[str, int] = {}
+    for name in sorted(names):
+        if name == "lifespan":
+            continue
+        value = log.read(base, f"hw_counters/{name}", parse_counter, device=device, port=port)
+        if value is not None:
+            out[name] = value
+    return out
+

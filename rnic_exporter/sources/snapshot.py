@@ -1,0 +1,286 @@
+"""Read every RDMA device of a host into one `Snapshot`.
+
+`HostReader` is the reading layer's front: it enumerates, filters, then reads (a read can itself
+upset a restricted NIC, so excluded devices are never touched). It keeps what makes the next poll
+cheap: held file descriptors and each port's last GID table. Populated GID slots are re-read every
+poll; the whole table is re-read when one of them changed, when the caller asks (netlink or udev
+announced a change), and a rotating sweep reads a slice of the empty slots each poll, so a GID
+appearing in an empty slot is never missed for more than a few polls.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from rnic_exporter.model import Device, GidEntry, Netdev, PcieLink, Port, Snapshot
+from rnic_exporter.nccl import NcclSettings, select_gid_index
+from rnic_exporter.sources import gids as gid_source
+from rnic_exporter.sources.infiniband import (
+    CLASS_DIR,
+    parse_guid,
+    parse_lid,
+    parse_link_layer,
+    parse_numbered_state,
+    parse_rate,
+    parse_string,
+    read_hw_counters,
+    read_port_counters,
+)
+from rnic_exporter.sources.netclass import parse_int, read_netdev
+from rnic_exporter.sources.pci import read_pcie_link
+from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot, errno_reason
+
+T = TypeVar("T")
+
+# Empty GID slots checked per port per poll: 255 slots are all seen every 8 polls.
+GID_SWEEP_SLOTS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderSettings:
+    device_include: re.Pattern[str] | None = None  # --collector.infiniband.device-include
+    device_exclude: re.Pattern[str] | None = None  # --collector.infiniband.device-exclude
+    nccl: NcclSettings = field(default_factory=NcclSettings)
+
+    def wants(self, device: str) -> bool:
+        if self.device_include is not None and not self.device_include.search(device):
+            return False
+        return not (self.device_exclude is not None and self.device_exclude.search(device))
+
+
+@dataclass(slots=True)
+class _GidCache:
+    indices: list[int]
+    entries: tuple[GidEntry, ...]
+    sweep_at: int = 0
+
+
+class HostReader:
+    """Reads snapshots from one sysfs root; reuse one instance across polls."""
+
+    def __init__(self, root: SysfsRoot, settings: ReaderSettings | None = None) -> None:
+        self.root = root
+        self.settings = settings or ReaderSettings()
+        self._gid_cache: dict[tuple[str, int], _GidCache] = {}
+        self._identity: dict[str, tuple[int, int]] = {}
+        self._paths: dict[str, set[str]] = {}  # device -> path prefixes whose fds it owns
+        self.full_gid_reads = 0
+
+    def read(self, *, full_gid_tables: bool = False) -> Snapshot:
+        """One snapshot. `full_gid_tables` forces a whole-table GID read on every port."""
+        started = time.monotonic()
+        taken_at = time.time()
+        log = ErrorLog(self.root)
+        names = self._list_devices(log)
+        devices: list[Device] = []
+        netdevs: dict[str, Netdev] = {}
+        pcie: dict[str, PcieLink] = {}
+        for name in names:
+            fresh = self._check_identity(name)
+            device = self._read_device(log, name, netdevs, pcie, full_gid_tables or fresh)
+            if device is not None:
+                devices.append(device)
+        self._drop_vanished({d.name for d in devices})
+        return Snapshot(
+            devices=tuple(devices),
+            netdevs=netdevs,
+            pcie=pcie,
+            errors=tuple(log.errors),
+            taken_at=taken_at,
+            read_seconds=time.monotonic() - started,
+        )
+
+    def close(self) -> None:
+        self.root.close()
+
+    # -- enumeration ------------------------------------------------------------------------
+
+    def _list_devices(self, log: ErrorLog) -> list[str]:
+        try:
+            names = self.root.listdir(CLASS_DIR)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                return []  # no RDMA stack loaded: no devices, not a failure
+            log.add("-", None, CLASS_DIR, errno_reason(exc))
+            return []
+        return sorted(n for n in names if self.settings.wants(n))
+
+    def _check_identity(self, name: str) -> bool:
+        """True when the device is new or was re-registered since the last poll."""
+        try:
+            st = os.stat(self.root.path(f"{CLASS_DIR}/{name}"))
+        except OSError:
+            return True
+        ident = (st.st_ino, st.st_ctime_ns)
+        previous = self._identity.get(name)
+        self._identity[name] = ident
+        if previous is not None and previous != ident:
+            self._forget_device(name)
+            return True
+        return previous is None
+
+    def _forget_device(self, name: str) -> None:
+        for prefix in self._paths.pop(name, set()):
+            self.root.forget(prefix)
+        for key in [k for k in self._gid_cache if k[0] == name]:
+            del self._gid_cache[key]
+
+    def _drop_vanished(self, present: set[str]) -> None:
+        for name in [n for n in self._identity if n not in present]:
+            self._forget_device(name)
+            del self._identity[name]
+
+    # -- one device -------------------------------------------------------------------------
+
+    def _read_device(self, log: ErrorLog, name: str, netdevs: dict[str, Netdev],
+                     pcie: dict[str, PcieLink], full_gids: bool) -> Device | None:
+        base = f"{CLASS_DIR}/{name}"
+        if not self.root.exists(base):
+            return None  # vanished between listing and reading
+        owned = self._paths.setdefault(name, {base + "/"})
+
+        def dev_attr(file: str, parse: Callable[[str], T], optional: bool = False) -> T | None:
+            return log.read(base, file, parse, device=name, optional=optional)
+
+        pci_address, function_dir = self._pci_function(log, name)
+        if function_dir is not None:
+            owned.add(function_dir + "/")
+            owned.add(os.path.dirname(function_dir) + "/")
+            if pci_address is not None and pci_address not in pcie:
+                link = read_pcie_link(log, function_dir, name)
+                if link is not None:
+                    pcie[pci_address] = link
+
+        dev_netdevs = tuple(sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net",
+                                               optional=True))) if function_dir is not None else ()
+        ports = []
+        for number in self._port_numbers(log, name):
+            port = self._read_port(log, name, number, dev_netdevs, full_gids)
+            ports.append(port)
+            for netdev_name in port.netdevs:
+                if netdev_name not in netdevs:
+                    netdev = read_netdev(log, netdev_name, name, number)
+                    if netdev is not None:
+                        netdevs[netdev_name] = netdev
+                        owned.add(f"class/net/{netdev_name}/")
+                    else:
+                        self.root.forget(f"class/net/{netdev_name}/")
+        return Device(
+            name=name,
+            node_guid=dev_attr("node_guid", parse_guid),
+            sys_image_guid=dev_attr("sys_image_guid", parse_guid),
+            fw_ver=dev_attr("fw_ver", parse_string),
+            hca_type=dev_attr("hca_type", parse_string, optional=True),
+            board_id=dev_attr("board_id", parse_string, optional=True),
+            hw_rev=dev_attr("hw_rev", parse_string, optional=True),
+            node_type=dev_attr("node_type", parse_numbered_state),
+            node_desc=dev_attr("node_desc", parse_string, optional=True),
+            pci_address=pci_address,
+            ports=tuple(ports),
+            hw_counters=read_hw_counters(log, base, name, None),
+            netdevs=dev_netdevs,
+        )
+
+    def _pci_function(self, log: ErrorLog, name: str) -> tuple[str | None, str | None]:
+        """(BDF, function dir relative to the mount) through the `device` link, if it is PCI."""
+        rel = f"{CLASS_DIR}/{name}/device"
+        try:
+            target = self.root.realpath(rel)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:  # software devices (rxe, siw) have no parent: normal
+                log.add(name, None, "device", f"{errno_reason(exc)}: not a symlink to the parent device")
+            return None, None
+        function_dir = os.path.relpath(target, os.path.realpath(self.root.mount))
+        bdf = os.path.basename(target)
+        if not re.match(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", bdf):
+            return None, function_dir  # auxiliary-bus parent (mlx5 sub-function): no BDF
+        return bdf, function_dir
+
+    def _port_numbers(self, log: ErrorLog, name: str) -> list[int]:
+        entries = log.listdir(f"{CLASS_DIR}/{name}/ports", device=name, attribute="ports")
+        numbers = []
+        for entry in entries:
+            if entry.isdigit():
+                numbers.append(int(entry))
+            else:
+                log.add(name, None, f"ports/{entry}", "malformed: not a port number")
+        return sorted(numbers)
+
+    def _read_port(self, log: ErrorLog, device: str, number: int, dev_netdevs: tuple[str, ...],
+                   full_gids: bool) -> Port:
+        port_dir = f"{CLASS_DIR}/{device}/ports/{number}"
+
+        def attr(file: str, parse: Callable[[str], T], optional: bool = False) -> T | None:
+            return log.read(port_dir, file, parse, device=device, port=number, optional=optional)
+
+        link_layer = attr("link_layer", parse_link_layer)
+        gids, table_size = self._read_gids(log, port_dir, device, number, full_gids)
+        netdevs = self._port_netdevs(log, device, number, gids, dev_netdevs)
+        return Port(
+            device=device,
+            number=number,
+            link_layer=link_layer,
+            state=attr("state", parse_numbered_state),
+            phys_state=attr("phys_state", parse_numbered_state),
+            rate=attr("rate", parse_rate),
+            lid=attr("lid", parse_lid, optional=True),
+            counters=read_port_counters(log, port_dir, device, number),
+            hw_counters=read_hw_counters(log, port_dir, device, number),
+            gids=gids,
+            gid_table_size=table_size,
+            netdevs=netdevs,
+            nccl_gid_index=select_gid_index(gids, table_size, link_layer, self.settings.nccl),
+        )
+
+    def _read_gids(self, log: ErrorLog, port_dir: str, device: str, port: int,
+                   full: bool) -> tuple[tuple[GidEntry, ...], int]:
+        key = (device, port)
+        cache = self._gid_cache.get(key)
+        if not full and cache is not None:
+            errors_before = len(log.errors)
+            current = gid_source.read_gid_slots(log, port_dir, (e.index for e in cache.entries),
+                                                device, port)
+            changed = current != cache.entries or len(log.errors) != errors_before
+            if not changed:
+                changed = self._sweep(log, port_dir, device, port, cache)
+            if not changed:
+                return cache.entries, len(cache.indices)
+        self.full_gid_reads += 1
+        indices = gid_source.list_gid_indices(log, port_dir, device, port)
+        entries = gid_source.read_gid_slots(log, port_dir, indices, device, port)
+        self._gid_cache[key] = _GidCache(indices=indices, entries=entries)
+        return entries, len(indices)
+
+    def _sweep(self, log: ErrorLog, port_dir: str, device: str, port: int, cache: _GidCache) -> bool:
+        """Read the next slice of empty slots; True when one of them is no longer empty."""
+        populated = {e.index for e in cache.entries}
+        empty = [i for i in cache.indices if i not in populated]
+        if not empty:
+            return False
+        start = cache.sweep_at % len(empty)
+        chunk = (empty[start:] + empty[:start])[:GID_SWEEP_SLOTS]
+        cache.sweep_at = start + len(chunk)
+        return any(gid_source.read_gid_slot(log, port_dir, i, device, port) is not None for i in chunk)
+
+    def _port_netdevs(self, log: ErrorLog, device: str, port: int, gids: tuple[GidEntry, ...],
+                      dev_netdevs: tuple[str, ...]) -> tuple[str, ...]:
+        """The port's netdevs: GID ndevs (what ibdev2netdev uses), else `device/net` by `dev_port`."""
+        seen: list[str] = []
+        for entry in gids:
+            if entry.netdev is not None and entry.netdev not in seen:
+                seen.append(entry.netdev)
+        if seen or not dev_netdevs:
+            return tuple(seen)
+        matching = []
+        for name in dev_netdevs:
+            dev_port = log.read(f"class/net/{name}", "dev_port", parse_int, device=device, port=port,
+                                optional=True, label_prefix=f"net/{name}/")
+            if dev_port is None or dev_port == port - 1:
+                matching.append(name)
+        return tuple(matching)
