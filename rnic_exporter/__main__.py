@@ -1,3 +1,3 @@
-from rnic_exporter.cli import main
+from rnic_exporter.cli import run
 
-main()
+run()

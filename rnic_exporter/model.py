@@ -7,6 +7,7 @@ A value that could not be read is ``None`` and a `ReadError` in `Snapshot.errors
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -124,6 +125,12 @@ class GidEntry:
         return self.type[pos:] if pos >= 0 else self.type
 
 
+def gid_table_hash(entries: tuple[GidEntry, ...]) -> int:
+    """A stable hash of the populated slots, below 2^53 so a float64 sample holds it exactly."""
+    text = "\n".join(f"{e.index} {e.gid} {e.type} {e.netdev}" for e in entries)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 11
+
+
 @dataclass(frozen=True, slots=True)
 class Port:
     device: str
@@ -153,6 +160,10 @@ class Port:
     @property
     def netdev(self) -> str | None:
         return self.netdevs[0] if self.netdevs else None
+
+    @property
+    def gid_hash(self) -> int:
+        return gid_table_hash(self.gids)
 
     def gid(self, index: int) -> GidEntry | None:
         for entry in self.gids:

@@ -25,16 +25,18 @@ def parse_gid(text: str) -> str:
     return value
 
 
-def parse_gid_type(text: str) -> str:
+def parse_gid_type(text: str) -> str | None:
+    """`IB/RoCE v1` or `RoCE v2`; empty (the on-disk stand-in for EINVAL) means an empty slot."""
+    value = text.strip()
+    return value or None
+
+
+def parse_netdev_name(text: str) -> str | None:
+    """An interface name; empty means no netdev (IB GIDs), as EINVAL does on a kernel."""
     value = text.strip()
     if not value:
-        raise MalformedValueError("empty GID type")
-    return value
-
-
-def parse_netdev_name(text: str) -> str:
-    value = text.strip()
-    if not value or "/" in value or any(c.isspace() for c in value):
+        return None
+    if "/" in value or any(c.isspace() for c in value):
         raise MalformedValueError(f"netdev name {text!r} is not an interface name")
     return value
 

@@ -115,34 +115,36 @@ def pma_counter_width(name: str, extended: bool) -> int:
     return _PMA_WIDTH.get(name, 64)
 
 
-def read_port_counters(log: ErrorLog, port_dir: str, device: str, port: int) -> dict[str, CounterValue]:
-    """Every file in `counters/`; `port_{xmit,rcv}_data` count 4-octet words, so x4 gives bytes.
-
-    Drivers without `process_mad` (irdma, efa, rxe) have no `counters/` at all: not an error.
-    """
-    names = log.listdir(f"{port_dir}/counters", device=device, port=port, attribute="counters",
-                        optional=True)
-    extended = any(name in _EXTENDED_ONLY for name in names)
-    out: dict[str, CounterValue] = {}
-    for name in sorted(names):
-        raw = log.read(port_dir, f"counters/{name}", parse_counter, device=device, port=port)
-        if raw is None:
-            continue
-        saturated = raw == (1 << pma_counter_width(name, extended)) - 1
-        out[name] = CounterValue(raw * 4 if name in _DATA_COUNTERS else raw, saturated)
-    return out
-
-
-def read_hw_counters(log: ErrorLog, base: str, device: str, port: int | None) -> dict[str, int]:
-    """Every file in `hw_counters/` whatever the driver calls it, except `lifespan` (a setting)."""
-    names = log.listdir(f"{base}/hw_counters", device=device, port=port, attribute="hw_counters",
-                        optional=True)
+def read_counter_values(log: ErrorLog, base: str, subdir: str, names: list[str], device: str,
+                        port: int | None) -> dict[str, int]:
+    """Decimal counter files `base/subdir/<name>`. Fast path: int() of the raw bytes; anything
+    int() refuses or a negative value goes through `parse_counter`, which records why."""
     out: dict[str, int] = {}
-    for name in sorted(names):
-        if name == "lifespan":
-            continue
-        value = log.read(base, f"hw_counters/{name}", parse_counter, device=device, port=port)
-        if value is not None:
-            out[name] = value
+    read_bytes = log.root.read_bytes
+    for name in names:
+        rel = f"{subdir}/{name}"
+        try:
+            value = int(read_bytes(f"{base}/{rel}"))
+            if value >= 0:
+                out[name] = value
+                continue
+        except (OSError, ValueError):
+            pass
+        slow = log.read(base, rel, parse_counter, device=device, port=port)
+        if slow is not None:
+            out[name] = slow
     return out
 
+
+def port_counters(raw: dict[str, int]) -> dict[str, CounterValue]:
+    """`counters/` values in base units: `port_{xmit,rcv}_data` count 4-octet words, so x4 gives bytes.
+
+    Saturation: PMA counters stick at 2^width-1; the extended set (64-bit data) is recognised by
+    its unicast/multicast files.
+    """
+    extended = any(name in _EXTENDED_ONLY for name in raw)
+    return {
+        name: CounterValue(value * 4 if name in _DATA_COUNTERS else value,
+                           value == (1 << pma_counter_width(name, extended)) - 1)
+        for name, value in raw.items()
+    }

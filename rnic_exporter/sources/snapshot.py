@@ -14,10 +14,11 @@ import errno
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from rnic_exporter.errors import ConfigError
 from rnic_exporter.model import Device, GidEntry, Netdev, PcieLink, Port, Snapshot
 from rnic_exporter.nccl import NcclSettings, select_gid_index
 from rnic_exporter.sources import gids as gid_source
@@ -29,8 +30,8 @@ from rnic_exporter.sources.infiniband import (
     parse_numbered_state,
     parse_rate,
     parse_string,
-    read_hw_counters,
-    read_port_counters,
+    port_counters,
+    read_counter_values,
 )
 from rnic_exporter.sources.netclass import parse_int, read_netdev
 from rnic_exporter.sources.pci import read_pcie_link
@@ -38,8 +39,9 @@ from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot, errno_reason
 
 T = TypeVar("T")
 
-# Empty GID slots checked per port per poll: 255 slots are all seen every 8 polls.
-GID_SWEEP_SLOTS = 32
+# Empty GID slots checked per port per poll: 255 slots are all seen every 16 polls. Netlink and
+# udev wake-ups force a full read, so the sweep is only the safety net.
+GID_SWEEP_SLOTS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +50,38 @@ class ReaderSettings:
     device_exclude: re.Pattern[str] | None = None  # --collector.infiniband.device-exclude
     nccl: NcclSettings = field(default_factory=NcclSettings)
 
+    @classmethod
+    def build(cls, device_include: str | None = None, device_exclude: str | None = None,
+              nccl_env: Mapping[str, str] | None = None) -> ReaderSettings:
+        """From flag values; NCCL settings from the environment, `nccl_env` (a config file) first."""
+        env = dict(os.environ)
+        env.update(nccl_env or {})
+        return cls(
+            device_include=_compile("--collector.infiniband.device-include", device_include),
+            device_exclude=_compile("--collector.infiniband.device-exclude", device_exclude),
+            nccl=NcclSettings.from_env(env),
+        )
+
     def wants(self, device: str) -> bool:
         if self.device_include is not None and not self.device_include.search(device):
             return False
         return not (self.device_exclude is not None and self.device_exclude.search(device))
 
 
+def _compile(flag: str, pattern: str | None) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from None
+
+
 @dataclass(slots=True)
 class _GidCache:
     indices: list[int]
     entries: tuple[GidEntry, ...]
+    nccl_gid_index: int | None
     sweep_at: int = 0
 
 
@@ -70,6 +94,9 @@ class HostReader:
         self._gid_cache: dict[tuple[str, int], _GidCache] = {}
         self._identity: dict[str, tuple[int, int]] = {}
         self._paths: dict[str, set[str]] = {}  # device -> path prefixes whose fds it owns
+        # Values that only change when the device is re-registered (firmware version, GUIDs,
+        # link layer, counter file names): read once per identity, and again while unreadable.
+        self._static: dict[str, dict[str, object]] = {}
         self.full_gid_reads = 0
 
     def read(self, *, full_gid_tables: bool = False) -> Snapshot:
@@ -126,6 +153,7 @@ class HostReader:
         return previous is None
 
     def _forget_device(self, name: str) -> None:
+        self._static.pop(name, None)
         for prefix in self._paths.pop(name, set()):
             self.root.forget(prefix)
         for key in [k for k in self._gid_cache if k[0] == name]:
@@ -145,10 +173,13 @@ class HostReader:
             return None  # vanished between listing and reading
         owned = self._paths.setdefault(name, {base + "/"})
 
-        def dev_attr(file: str, parse: Callable[[str], T], optional: bool = False) -> T | None:
-            return log.read(base, file, parse, device=name, optional=optional)
+        static = self._static.setdefault(name, {})
 
-        pci_address, function_dir = self._pci_function(log, name)
+        def dev_attr(file: str, parse: Callable[[str], T], optional: bool = False) -> T | None:
+            return self._once(static, file, log, lambda: log.read(base, file, parse, device=name,
+                                                                   optional=optional))
+
+        pci_address, function_dir = self._once(static, "device", log, lambda: self._pci_function(log, name))
         if function_dir is not None:
             owned.add(function_dir + "/")
             owned.add(os.path.dirname(function_dir) + "/")
@@ -161,7 +192,7 @@ class HostReader:
                                                optional=True))) if function_dir is not None else ()
         ports = []
         for number in self._port_numbers(log, name):
-            port = self._read_port(log, name, number, dev_netdevs, full_gids)
+            port = self._read_port(log, name, number, dev_netdevs, full_gids, static)
             ports.append(port)
             for netdev_name in port.netdevs:
                 if netdev_name not in netdevs:
@@ -180,10 +211,10 @@ class HostReader:
             board_id=dev_attr("board_id", parse_string, optional=True),
             hw_rev=dev_attr("hw_rev", parse_string, optional=True),
             node_type=dev_attr("node_type", parse_numbered_state),
-            node_desc=dev_attr("node_desc", parse_string, optional=True),
+            node_desc=log.read(base, "node_desc", parse_string, device=name, optional=True),  # writable
             pci_address=pci_address,
             ports=tuple(ports),
-            hw_counters=read_hw_counters(log, base, name, None),
+            hw_counters=self._hw_counters(log, base, name, None, static),
             netdevs=dev_netdevs,
         )
 
@@ -212,15 +243,40 @@ class HostReader:
                 log.add(name, None, f"ports/{entry}", "malformed: not a port number")
         return sorted(numbers)
 
+    @staticmethod
+    def _once(static: dict[str, object], key: str, log: ErrorLog, read: Callable[[], T]) -> T:
+        """`read()` the first time, the cached value after - unless the read recorded an error."""
+        if key in static:
+            return static[key]  # type: ignore[return-value]
+        errors_before = len(log.errors)
+        value = read()
+        if len(log.errors) == errors_before:
+            static[key] = value
+        return value
+
+    def _listing(self, log: ErrorLog, static: dict[str, object], rel: str, device: str,
+                 port: int | None, attribute: str) -> list[str]:
+        return self._once(static, rel, log, lambda: sorted(
+            log.listdir(rel, device=device, port=port, attribute=attribute, optional=True)))
+
+    def _hw_counters(self, log: ErrorLog, base: str, device: str, port: int | None,
+                     static: dict[str, object]) -> dict[str, int]:
+        """Every `hw_counters/` file whatever the driver calls it, except `lifespan` (a setting)."""
+        names = [n for n in self._listing(log, static, f"{base}/hw_counters", device, port, "hw_counters")
+                 if n != "lifespan"]
+        return read_counter_values(log, base, "hw_counters", names, device, port)
+
     def _read_port(self, log: ErrorLog, device: str, number: int, dev_netdevs: tuple[str, ...],
-                   full_gids: bool) -> Port:
+                   full_gids: bool, static: dict[str, object]) -> Port:
         port_dir = f"{CLASS_DIR}/{device}/ports/{number}"
 
         def attr(file: str, parse: Callable[[str], T], optional: bool = False) -> T | None:
             return log.read(port_dir, file, parse, device=device, port=number, optional=optional)
 
-        link_layer = attr("link_layer", parse_link_layer)
-        gids, table_size = self._read_gids(log, port_dir, device, number, full_gids)
+        link_layer = self._once(static, f"{number}/link_layer", log, lambda: attr("link_layer", parse_link_layer))
+        gids, table_size, nccl_index = self._read_gids(log, port_dir, device, number, full_gids, link_layer)
+        # Drivers without process_mad (irdma, efa, rxe) have no counters/ at all: not an error.
+        pma_names = self._listing(log, static, f"{port_dir}/counters", device, number, "counters")
         netdevs = self._port_netdevs(log, device, number, gids, dev_netdevs)
         return Port(
             device=device,
@@ -230,16 +286,17 @@ class HostReader:
             phys_state=attr("phys_state", parse_numbered_state),
             rate=attr("rate", parse_rate),
             lid=attr("lid", parse_lid, optional=True),
-            counters=read_port_counters(log, port_dir, device, number),
-            hw_counters=read_hw_counters(log, port_dir, device, number),
+            counters=port_counters(read_counter_values(log, port_dir, "counters", pma_names, device, number)),
+            hw_counters=self._hw_counters(log, port_dir, device, number, static),
             gids=gids,
             gid_table_size=table_size,
             netdevs=netdevs,
-            nccl_gid_index=select_gid_index(gids, table_size, link_layer, self.settings.nccl),
+            nccl_gid_index=nccl_index,
         )
 
-    def _read_gids(self, log: ErrorLog, port_dir: str, device: str, port: int,
-                   full: bool) -> tuple[tuple[GidEntry, ...], int]:
+    def _read_gids(self, log: ErrorLog, port_dir: str, device: str, port: int, full: bool,
+                   link_layer: str | None) -> tuple[tuple[GidEntry, ...], int, int | None]:
+        """(populated entries, table size, NCCL's pick); the pick is recomputed only on change."""
         key = (device, port)
         cache = self._gid_cache.get(key)
         if not full and cache is not None:
@@ -250,12 +307,13 @@ class HostReader:
             if not changed:
                 changed = self._sweep(log, port_dir, device, port, cache)
             if not changed:
-                return cache.entries, len(cache.indices)
+                return cache.entries, len(cache.indices), cache.nccl_gid_index
         self.full_gid_reads += 1
         indices = gid_source.list_gid_indices(log, port_dir, device, port)
         entries = gid_source.read_gid_slots(log, port_dir, indices, device, port)
-        self._gid_cache[key] = _GidCache(indices=indices, entries=entries)
-        return entries, len(indices)
+        nccl = select_gid_index(entries, len(indices), link_layer, self.settings.nccl)
+        self._gid_cache[key] = _GidCache(indices=indices, entries=entries, nccl_gid_index=nccl)
+        return entries, len(indices), nccl
 
     def _sweep(self, log: ErrorLog, port_dir: str, device: str, port: int, cache: _GidCache) -> bool:
         """Read the next slice of empty slots; True when one of them is no longer empty."""

@@ -49,6 +49,7 @@ class SysfsRoot:
         errno_overlay: Mapping[str, int] | None = None,
     ) -> None:
         self.mount = Path(mount)
+        self._mount_str = f"{self.mount}/"
         if not self.mount.is_dir():
             raise ConfigError(
                 f"--path.sysfs {self.mount} is not a directory; point it at the host's sysfs mount"
@@ -68,13 +69,18 @@ class SysfsRoot:
 
     def read_text(self, rel: str) -> str:
         """The attribute's value without its one trailing newline. Raises OSError."""
+        text = self.read_bytes(rel).decode("utf-8", errors="replace")
+        return text[:-1] if text.endswith("\n") else text
+
+    def read_bytes(self, rel: str) -> bytes:
+        """The attribute's raw bytes in one read. Raises OSError."""
         self.reads += 1
         if self.errno_overlay:
             self._check_overlay(rel)
         if self.hold_fds:
             fd = self._fds.get(rel)
             if fd is None:
-                fd = os.open(self.mount / rel, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(self._mount_str + rel, os.O_RDONLY | os.O_CLOEXEC)
                 self._fds[rel] = fd
             try:
                 data = os.pread(fd, _PAGE, 0)
@@ -87,8 +93,7 @@ class SysfsRoot:
                 data = os.read(fd, _PAGE)
             finally:
                 os.close(fd)
-        text = data.decode("utf-8", errors="replace")
-        return text[:-1] if text.endswith("\n") else text
+        return data
 
     def listdir(self, rel: str) -> list[str]:
         if self.errno_overlay:

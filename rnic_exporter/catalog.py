@@ -1,0 +1,130 @@
+"""Every metric rnic-exporter exposes, defined once.
+
+The Prometheus collector, the OpenTelemetry instruments, the Grafana dashboards and the alert
+rules take their names from here, and tests fail when a dashboard or rule names something that
+is not in this catalogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+MetricKind = Literal["gauge", "counter", "info"]
+
+DEVICE_LABELS = ("device",)
+PORT_LABELS = ("device", "port")
+NETDEV_LABELS = ("device", "port", "netdev")
+PCIE_LABELS = ("device", "pci_address", "link")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # full Prometheus name as scraped (with _total / _info)
+    kind: MetricKind
+    labels: tuple[str, ...]
+    help: str
+    unit: str = ""  # Prometheus base unit suffix, "" for none
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus-client families take (they append _total / _info themselves)."""
+        if self.kind == "counter":
+            return self.name.removesuffix("_total")
+        if self.kind == "info":
+            return self.name.removesuffix("_info")
+        return self.name
+
+
+def _m(name: str, kind: MetricKind, labels: tuple[str, ...], help: str, unit: str = "") -> MetricSpec:
+    return MetricSpec(name=name, kind=kind, labels=labels, help=help, unit=unit)
+
+
+DEVICE_INFO = _m("rnic_device_info", "info",
+                 ("device", "node_guid", "sys_image_guid", "fw_ver", "hca_type", "board_id", "pci_address"),
+                 "RDMA device identity from /sys/class/infiniband/<device>; always 1.")
+PORT_INFO = _m("rnic_port_info", "info", ("device", "port", "link_layer", "netdev"),
+               "RDMA port identity: link layer and its netdev (from the default GID or device/net); always 1.")
+PORT_STATE = _m("rnic_port_state", "gauge", PORT_LABELS,
+                "Logical port state number from ports/<n>/state (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE).")
+PORT_PHYSICAL_STATE = _m("rnic_port_physical_state", "gauge", PORT_LABELS,
+                         "Physical port state number from ports/<n>/phys_state (2 Polling, 3 Disabled, 5 LinkUp).")
+PORT_UP = _m("rnic_port_up", "gauge", PORT_LABELS, "1 when the port is ACTIVE and LinkUp, else 0.")
+PORT_ACTIVE_RATE = _m("rnic_port_active_rate_bytes_per_second", "gauge", PORT_LABELS,
+                      "Active port rate (lanes x per-lane speed) from ports/<n>/rate; only meaningful while up.",
+                      "bytes_per_second")
+PORT_ACTIVE_WIDTH = _m("rnic_port_active_width_lanes", "gauge", PORT_LABELS,
+                       "Active lane count from ports/<n>/rate.", "lanes")
+PORT_DATA_RECEIVED = _m("rnic_port_data_received_bytes_total", "counter", PORT_LABELS,
+                        "Bytes received (counters/port_rcv_data x 4). On mlx5 RoCE: RDMA traffic only.", "bytes")
+PORT_DATA_TRANSMITTED = _m("rnic_port_data_transmitted_bytes_total", "counter", PORT_LABELS,
+                           "Bytes transmitted (counters/port_xmit_data x 4). On mlx5 RoCE: RDMA traffic only.",
+                           "bytes")
+PORT_PACKETS_RECEIVED = _m("rnic_port_packets_received_total", "counter", PORT_LABELS,
+                           "Packets received (counters/port_rcv_packets).")
+PORT_PACKETS_TRANSMITTED = _m("rnic_port_packets_transmitted_total", "counter", PORT_LABELS,
+                              "Packets transmitted (counters/port_xmit_packets).")
+PORT_PMA = _m("rnic_port_pma_total", "counter", (*PORT_LABELS, "counter"),
+                      "Every other file in ports/<n>/counters/ (PMA PortCounters), named by the kernel file.")
+PORT_HW_STAT = _m("rnic_port_hw_stat_total", "counter", (*PORT_LABELS, "counter"),
+                     "Every file in ports/<n>/hw_counters/ (driver counters such as out_of_sequence, "
+                     "local_ack_timeout_err, np_cnp_sent), named by the driver.")
+DEVICE_HW_STAT = _m("rnic_device_hw_stat_total", "counter", (*DEVICE_LABELS, "counter"),
+                       "Every file in <device>/hw_counters/ (device-wide driver counters).")
+PORT_PMA_SATURATED = _m("rnic_port_pma_saturated", "gauge", (*PORT_LABELS, "counter"),
+                            "1 while a PMA counter is stuck at its maximum (PMA counters saturate, not wrap).")
+PCIE_LINK_SPEED = _m("rnic_pcie_link_speed_transfers_per_second", "gauge", PCIE_LABELS,
+                     "PCIe link speed of the RNIC's PCI function; link=current|max (device capability)|"
+                     "upstream_max (the slot's capability).", "transfers_per_second")
+PCIE_LINK_WIDTH = _m("rnic_pcie_link_width_lanes", "gauge", PCIE_LABELS,
+                     "PCIe link width; link=current|max|upstream_max.", "lanes")
+NETDEV_SPEED = _m("rnic_netdev_speed_bytes_per_second", "gauge", NETDEV_LABELS,
+                  "Negotiated speed of the port's netdev (/sys/class/net/<netdev>/speed); absent while unknown.",
+                  "bytes_per_second")
+NETDEV_UP = _m("rnic_netdev_up", "gauge", NETDEV_LABELS, "1 when the netdev's operstate is up, else 0.")
+NETDEV_CARRIER_CHANGES = _m("rnic_netdev_carrier_changes_total", "counter", NETDEV_LABELS,
+                            "Carrier up and down transitions of the netdev since it was created.")
+NETDEV_MTU = _m("rnic_netdev_mtu_bytes", "gauge", NETDEV_LABELS, "MTU of the port's netdev.", "bytes")
+GID_ENTRY_INFO = _m("rnic_gid_entry_info", "info", ("device", "port", "index", "gid", "type", "netdev", "ipv4"),
+                    "One populated GID table slot, like a show_gids row; always 1.")
+GID_TABLE_HASH = _m("rnic_gid_table_hash", "gauge", PORT_LABELS,
+                    "Stable hash (below 2^53) of the populated GID entries (index, GID, type, netdev); "
+                    "changes whenever the table does.")
+GID_ENTRIES = _m("rnic_gid_entries", "gauge", (*PORT_LABELS, "type"), "Populated GID slots per GID type.")
+GID_TABLE_SIZE = _m("rnic_gid_table_size", "gauge", PORT_LABELS, "Number of GID table slots of the port.")
+NCCL_GID_INDEX = _m("rnic_nccl_gid_index", "gauge", PORT_LABELS,
+                    "GID index NCCL would auto-select now (NCCL_IB_GID_INDEX=-1 logic), -1 when none.")
+ATTRIBUTE_UNAVAILABLE = _m("rnic_attribute_unavailable", "gauge", ("device", "port", "attribute", "reason"),
+                           "1 while an attribute cannot be read or parsed; reason is the errno name or "
+                           "'malformed'. port is empty for device-level attributes.")
+DEVICES = _m("rnic_devices", "gauge", (), "RDMA devices read in the last poll.")
+POLL_DURATION = _m("rnic_exporter_poll_duration_seconds", "gauge", (),
+                   "Wall time the last sysfs poll took.", "seconds")
+LAST_POLL = _m("rnic_exporter_last_poll_timestamp_seconds", "gauge", (),
+               "Unix time the last poll finished.", "seconds")
+POLLS = _m("rnic_exporter_polls_total", "counter", (), "Polls completed since the exporter started.")
+READ_ERRORS = _m("rnic_exporter_read_errors_total", "counter", ("reason",),
+                 "Attribute reads that failed or did not parse, by reason, since the exporter started.")
+BUILD_INFO = _m("rnic_exporter_build_info", "info", ("version", "python_version"),
+                "rnic-exporter build information; always 1.")
+
+METRICS: tuple[MetricSpec, ...] = (
+    DEVICE_INFO, PORT_INFO, PORT_STATE, PORT_PHYSICAL_STATE, PORT_UP, PORT_ACTIVE_RATE, PORT_ACTIVE_WIDTH,
+    PORT_DATA_RECEIVED, PORT_DATA_TRANSMITTED, PORT_PACKETS_RECEIVED, PORT_PACKETS_TRANSMITTED,
+    PORT_PMA, PORT_HW_STAT, DEVICE_HW_STAT, PORT_PMA_SATURATED,
+    PCIE_LINK_SPEED, PCIE_LINK_WIDTH, NETDEV_SPEED, NETDEV_UP, NETDEV_CARRIER_CHANGES, NETDEV_MTU,
+    GID_ENTRY_INFO, GID_TABLE_HASH, GID_ENTRIES, GID_TABLE_SIZE, NCCL_GID_INDEX, ATTRIBUTE_UNAVAILABLE,
+    DEVICES, POLL_DURATION, LAST_POLL, POLLS, READ_ERRORS, BUILD_INFO,
+)
+
+BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})
+
+# counters/ files that have their own named metric above, so rnic_port_pma_total skips them.
+NAMED_PMA_COUNTERS: Mapping[str, MetricSpec] = MappingProxyType({
+    "port_rcv_data": PORT_DATA_RECEIVED,
+    "port_xmit_data": PORT_DATA_TRANSMITTED,
+    "port_rcv_packets": PORT_PACKETS_RECEIVED,
+    "port_xmit_packets": PORT_PACKETS_TRANSMITTED,
+})

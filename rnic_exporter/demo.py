@@ -1,0 +1,97 @@
+"""`rnic-exporter demo`: the daemon over a simulated host, with the failures played on a timer."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rnic_exporter import agent
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.snapshot import ReaderSettings
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    act: Callable[[SimHost], str]  # does the change, returns what to look for
+
+
+def _gid_shift(host: SimHost) -> str:
+    old, new = host.gid_shift("mlx5_1")
+    return (f"mlx5_1: a job holds GID {old}; the port flapped and NetworkManager dropped and restored "
+            f"10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. Look at rnic_nccl_gid_index, "
+            f"rnic_gid_table_hash and rnic_gid_entry_info{{device=\"mlx5_1\"}}.")
+
+
+def _speed_drop(host: SimHost) -> str:
+    host.set_speed("mlx5_2", 200)
+    return ("mlx5_2 renegotiated 400G -> 200G (a tired cable). "
+            "Look at rnic_port_active_rate_bytes_per_second and rnic_netdev_speed_bytes_per_second.")
+
+
+def _pcie_downtrain(host: SimHost) -> str:
+    host.set_pcie("mlx5_3", 16.0, 8)
+    return ("mlx5_3's PCIe link trained at Gen4 x8 instead of Gen5 x16. "
+            "Look at rnic_pcie_link_width_lanes and rnic_pcie_link_speed_transfers_per_second.")
+
+
+def _nic_gone(host: SimHost) -> str:
+    host.remove_device("mlx5_4")
+    return "mlx5_4 fell off the PCIe bus. Look at rnic_devices and rnic_device_info."
+
+
+def _heal(host: SimHost) -> str:
+    host.restore_device("mlx5_4")
+    host.set_speed("mlx5_2", 400)
+    host.set_pcie("mlx5_3", 32.0, 16)
+    host.release_gids("mlx5_1")
+    return "mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 ended. The cycle starts again."
+
+
+STEPS = (
+    Step("GID index shift (incident 1)", _gid_shift),
+    Step("Speed below rated (incident 2)", _speed_drop),
+    Step("PCIe downtrain (incident 2)", _pcie_downtrain),
+    Step("NIC disappeared (incident 2)", _nic_gone),
+    Step("Everything healed", _heal),
+)
+
+
+def run_demo(*, devices: int, step_seconds: float, listen: tuple[str, ...], poll_interval: float,
+             echo: Callable[[str], None]) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="rnic-exporter-demo-"))
+    stop = threading.Event()
+    try:
+        ib = max(1, devices // 4)
+        host = SimHost.build(workdir / "sys", roce=devices - ib, infiniband=ib)
+        echo(f"Simulated host with {devices} RNICs ({devices - ib} RoCE, {ib} InfiniBand) in {workdir / 'sys'}")
+        echo(f"Try: rnic-exporter show --path.sysfs {workdir / 'sys'}")
+        echo(f"Metrics: http://{listen[0].lstrip(':') if listen[0].startswith(':') else listen[0]}/metrics")
+        player = threading.Thread(target=_play, args=(host, step_seconds, poll_interval, stop, echo),
+                                  name="demo-player", daemon=True)
+        player.start()
+        config = agent.ServeConfig(sysfs=workdir / "sys", listen=listen, poll_interval_s=poll_interval,
+                                   reader=ReaderSettings.build())
+        return agent.run(config, stop=stop)
+    finally:
+        stop.set()
+        shutil.rmtree(workdir, ignore_errors=True)
+        echo(f"Removed {workdir}")
+
+
+def _play(host: SimHost, step_seconds: float, poll_interval: float, stop: threading.Event,
+          echo: Callable[[str], None]) -> None:
+    step = 0
+    elapsed = 0.0
+    while not stop.wait(poll_interval):
+        host.add_traffic(poll_interval)
+        elapsed += poll_interval
+        if elapsed >= step_seconds:
+            elapsed = 0.0
+            current = STEPS[step % len(STEPS)]
+            echo(f"\n== step {step + 1}: {current.title}\n{current.act(host)}")
+            step += 1

@@ -1,0 +1,1 @@
+"""Helpers shared by tests that drive real processes (Prometheus, Alertmanager, the exporter)."""

@@ -1,0 +1,148 @@
+"""Real processes for end-to-end tests: the exporter itself and a Debian Prometheus server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tests.support.wait import wait_for
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_binary(name: str) -> str:
+    """The path of a binary the suite needs; a missing one is a broken install, never a skip."""
+    path = shutil.which(name)
+    if path is None:
+        raise AssertionError(f"{name} is not installed; run `bash scripts/test`, which installs it with apt-get")
+    return path
+
+
+def http_get(url: str, *, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None,
+             timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+@contextmanager
+def exporter(args: Sequence[str], *, ready_url: str, env: dict[str, str] | None = None,
+             context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None,
+             log_path: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """`rnic-exporter <args>` in a subprocess, waited for until `ready_url` answers 200."""
+    log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", *args], stdout=log, stderr=log,
+                            env={**os.environ, **(env or {})})
+    try:
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"exporter exited with {proc.returncode}"
+                                     + (f": {log_path.read_text()}" if log_path else ""))
+            return http_get(ready_url, context=context, headers=headers, timeout=1)[0] == 200
+
+        wait_for(ready, timeout=20, what=f"exporter at {ready_url}")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if log_path:
+            assert not isinstance(log, int)
+            log.close()
+
+
+class Prometheus:
+    """A Debian `prometheus` server on a free port with a storage dir under `workdir`."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], rule_files: Sequence[Path] = ()) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cfg = dict(config)
+        if rule_files:
+            cfg["rule_files"] = [str(p) for p in rule_files]
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(json.dumps(cfg))  # JSON is YAML
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "prometheus.log"
+
+    def __enter__(self) -> Prometheus:
+        binary = require_binary("prometheus")
+        self._log = open(self.log_path, "wb")  # closed in __exit__
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle", "--log.level=warn"],
+            stdout=self._log, stderr=self._log)
+        wait_for(self._ready, timeout=30, what="prometheus /-/ready")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited: {self.log_path.read_text()}")
+        return http_get(f"{self.url}/-/ready", timeout=1)[0] == 200
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        status, _, body = http_get(url)
+        data = json.loads(body)
+        if status != 200 or data.get("status") != "success":
+            raise AssertionError(f"query {promql!r} failed: {status} {body[:300]!r}")
+        result: list[dict[str, Any]] = data["data"]["result"]
+        return result
+
+    def value(self, promql: str) -> float | None:
+        result = self.query(promql)
+        if not result:
+            return None
+        if len(result) != 1:
+            raise AssertionError(f"{promql!r} returned {len(result)} series: {result}")
+        return float(result[0]["value"][1])
+
+    def wait_value(self, promql: str, timeout: float = 20) -> float:
+        """The single value of `promql` once it has one (a scrape must have happened first)."""
+        holder: list[float] = []
+
+        def probe() -> bool:
+            v = self.value(promql)
+            if v is None:
+                return False
+            holder.append(v)
+            return True
+
+        wait_for(probe, timeout=timeout, what=f"a value for {promql!r}")
+        return holder[-1]

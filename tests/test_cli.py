@@ -1,0 +1,211 @@
+"""The CLI end to end: show, gids, exit codes, and serve's refusals (real processes where it matters)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rnic_exporter import __version__
+from rnic_exporter.cli import Exit, main
+from rnic_exporter.sim import SimHost
+from tests.support.processes import free_port, http_get
+from tests.support.wait import wait_for
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> SimHost:
+    return SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_version_and_help() -> None:
+    code, out, _ = invoke("--version")
+    assert code == 0 and __version__ in out
+    for command in ("show", "gids", "serve", "demo"):
+        code, out, _ = invoke(command, "--help")
+        assert code == 0 and "--" in out, command
+
+
+def test_show_table_marks_unreadable_and_nccl_index(host: SimHost) -> None:
+    host.gid_shift("mlx5_1")
+    host.corrupt("mlx5_0", "ports/1/rate", "garbage")
+    code, out, err = invoke("show", "--path.sysfs", str(host.root))
+    assert code == Exit.OK
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert set(rows) == {"mlx5_0", "mlx5_1", "mlx5_2"}
+    assert "rate(malformed)" in rows["mlx5_0"]
+    assert rows["mlx5_1"].split()[-2] == "4"  # NCCL index after the shift
+    assert "10.0.1.1" in rows["mlx5_1"] and "Gen5 x16" in rows["mlx5_1"]
+    assert "mlx5_0 port 1 rate: malformed" in err
+
+
+def test_show_json_gives_exact_file_values(host: SimHost) -> None:
+    code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["schema"] == 1 and data["errors"] == []
+    dev = {d["name"]: d for d in data["devices"]}
+    sim = host.device("mlx5_0")
+    mlx5_0 = dev["mlx5_0"]
+    ib = host.root / "class/infiniband/mlx5_0"
+    assert mlx5_0["node_guid"] == (ib / "node_guid").read_text().strip() == sim.node_guid
+    assert mlx5_0["fw_ver"] == "28.39.2048" and mlx5_0["hca_type"] == "MT4129"
+    assert mlx5_0["pci_address"] == sim.pci_address
+    assert mlx5_0["pcie"]["current_generation"] == 5 and mlx5_0["pcie"]["max_width"] == 16
+    port = mlx5_0["ports"][0]
+    assert port["rate"] == {"gbps": 400.0, "lanes": 4, "speed": "NDR", "per_lane_gbps": 100.0,
+                            "bits_per_second": 400e9}
+    assert port["state"] == {"number": 4, "name": "ACTIVE"} and port["up"] is True
+    assert port["ipv4"] == ["10.0.0.1"] and port["nccl_gid_index"] == 3 and port["gid_table_size"] == 16
+    assert port["netdevs"][0]["name"] == "ens1f0np0" and port["netdevs"][0]["speed_mbps"] == 400000
+    data_words = int((ib / "ports/1/counters/port_xmit_data").read_text())
+    assert port["counters"]["port_xmit_data"] == {"value": data_words * 4, "saturated": False}
+    assert port["hw_counters"]["out_of_sequence"] == 0 and "lifespan" not in port["hw_counters"]
+    assert dev["mlx5_2"]["ports"][0]["link_layer"] == "InfiniBand"
+
+
+def test_gids_json_and_table(host: SimHost) -> None:
+    old, new = host.gid_shift("mlx5_0")
+    code, out, _ = invoke("gids", "--path.sysfs", str(host.root), "--json", "--device", "mlx5_0")
+    assert code == 0
+    data = json.loads(out)
+    rows = [(g["index"], g["ipv4"], g["version"], g["nccl_selected"]) for g in data["gids"]]
+    assert rows == [(0, None, "v1", False), (1, None, "v2", False), (2, "10.0.0.1", "v1", False),
+                    (new, "10.0.0.1", "v2", True)]
+    assert (old, new) == (3, 4)
+    code, out, _ = invoke("gids", "--path.sysfs", str(host.root))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[-1] == "n_gids_found=9"  # 4 + 4 + the IB port's one
+    selected = [line for line in lines if "<== NCCL" in line]
+    assert len(selected) == 3 and any(line.split()[:3] == ["mlx5_0", "1", "4"] for line in selected)
+
+
+def test_nccl_environment_changes_the_pick(host: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NCCL_IB_ROCE_VERSION_NUM", "1")
+    _, out, _ = invoke("gids", "--path.sysfs", str(host.root), "--json", "--device", "mlx5_0")
+    assert [g["index"] for g in json.loads(out)["gids"] if g["nccl_selected"]] == [2]
+    monkeypatch.setenv("NCCL_IB_ADDR_FAMILY", "AF_UNIX")
+    code, _, err = invoke("gids", "--path.sysfs", str(host.root))
+    assert code == Exit.USAGE and "NCCL_IB_ADDR_FAMILY" in err
+
+
+def test_bad_sysfs_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    for command in ("show", "gids"):
+        proc = subprocess.run([sys.executable, "-m", "rnic_exporter", command, "--path.sysfs",
+                               str(tmp_path / "nope")], capture_output=True, text=True)
+        assert proc.returncode == 2
+        assert proc.stderr.count("\n") == 1 and "is not a directory" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_host_without_rdma_devices(tmp_path: Path) -> None:
+    (tmp_path / "class" / "net").mkdir(parents=True)
+    code, out, _ = invoke("show", "--path.sysfs", str(tmp_path))
+    assert code == 0 and "No RDMA devices found" in out
+    code, out, _ = invoke("show", "--path.sysfs", str(tmp_path), "--json")
+    assert code == 0 and json.loads(out)["devices"] == []
+
+
+def test_device_filters_and_unknown_device(host: SimHost) -> None:
+    code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--json",
+                          "--collector.infiniband.device-exclude", "^mlx5_[01]$")
+    assert [d["name"] for d in json.loads(out)["devices"]] == ["mlx5_2"]
+    code, _, err = invoke("show", "--path.sysfs", str(host.root), "--collector.infiniband.device-include", "(")
+    assert code == Exit.USAGE and "device-include" in err
+    code, _, err = invoke("gids", "--path.sysfs", str(host.root), "--device", "mlx9_9")
+    assert code == Exit.USAGE and "mlx9_9" in err and "mlx5_0" in err
+
+
+def test_serve_refuses_broken_config_and_busy_port(host: SimHost, tmp_path: Path) -> None:
+    bad = tmp_path / "rnic.toml"
+    bad.write_text("poll_interval_seconds = -1\n[collector.infiniband]\ndevice_inclde = 'x'\n")
+    proc = subprocess.run([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
+                           "--config", str(bad), "--web.listen-address", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert str(bad) in proc.stderr and "poll_interval_seconds" in proc.stderr
+    assert "collector.infiniband.device_inclde: unknown key" in proc.stderr and "Traceback" not in proc.stderr
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
+                               "--web.listen-address", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                              timeout=30)
+    assert proc.returncode == 2 and f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serve_reloads_config_on_sighup_and_stops_on_sigterm(host: SimHost, tmp_path: Path) -> None:
+    config = tmp_path / "rnic.yml"
+    config.write_text("collector:\n  infiniband:\n    device_exclude: '^mlx5_0$'\n")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
+                             "--config", str(config), "--poll.interval", "0.2",
+                             "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def devices() -> str | None:
+            status, _, body = http_get(url, timeout=1)
+            line = next((x for x in body.decode().splitlines() if x.startswith("rnic_devices ")), None)
+            return line if status == 200 else None
+
+        assert wait_for(devices, timeout=20, what="first scrape") == "rnic_devices 2.0"
+        config.write_text("collector:\n  infiniband:\n    device_exclude: '^mlx5_[01]$'\n")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: devices() == "rnic_devices 1.0", timeout=10, what="reload to exclude mlx5_1")
+        config.write_text("collector: [not, a, mapping\n")
+        proc.send_signal(signal.SIGHUP)
+        status, _, _ = http_get(f"http://127.0.0.1:{port}/-/healthy")
+        assert status == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    records = [json.loads(line) for line in err.decode().splitlines()]
+    messages = [r["msg"] for r in records]
+    assert "config reloaded" in messages and "config reload failed; keeping the running config" in messages
+    assert messages[-1] == "stopped"
+
+
+def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "demo", "--devices", "6",
+                             "--step.seconds", "1", "--poll.interval", "0.2",
+                             "--web.listen-address", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+
+        def nccl_moved() -> bool:
+            body = http_get(url, timeout=1)[2].decode()
+            return 'rnic_nccl_gid_index{device="mlx5_1",port="1"} 4.0' in body
+
+        wait_for(nccl_moved, timeout=30, what="the demo's GID shift to show in the metrics")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert "step 1: GID index shift" in out
+    workdir = next(line.split()[-1] for line in out.splitlines() if line.startswith("Removed "))
+    assert not Path(workdir).exists()

@@ -1,0 +1,124 @@
+"""The Prometheus rendering of snapshots: isolation of bad attributes, golden file, promtool lint."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rnic_exporter import catalog
+from rnic_exporter.model import Snapshot
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sinks.prometheus import ExporterStats, PrometheusSink, render_text
+from rnic_exporter.sources.snapshot import HostReader
+from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.processes import require_binary
+
+GOLDEN = Path(__file__).parent / "golden" / "procfs-fixture.prom"
+FIXTURE_SYS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "procfs-sysfs" / "sys"
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    return samples(text).get((name, frozenset(labels.items())))
+
+
+def read(root: Path, host: SimHost | None = None) -> Snapshot:
+    overlay = host.errno_overlay if host is not None else None
+    return HostReader(SysfsRoot(root, errno_overlay=overlay)).read()
+
+
+def test_malformed_rate_costs_only_that_series(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
+    healthy = render_text(read(host.root, host))
+    host.corrupt("mlx5_1", "ports/1/rate", "garbage\n")
+    text = render_text(read(host.root, host))
+
+    rate = catalog.PORT_ACTIVE_RATE.name
+    assert value(text, rate, device="mlx5_0", port="1") == 50e9
+    assert value(text, rate, device="mlx5_2", port="1") == 50e9
+    assert value(text, rate, device="mlx5_1", port="1") is None
+    unavailable = [k for k in samples(text) if k[0] == catalog.ATTRIBUTE_UNAVAILABLE.name]
+    assert unavailable == [(catalog.ATTRIBUTE_UNAVAILABLE.name,
+                            frozenset({("device", "mlx5_1"), ("port", "1"), ("attribute", "rate"),
+                                       ("reason", "malformed")}))]
+    # Everything else is exactly as before: only the rate series went, one unavailable series came.
+    before, after = samples(healthy), samples(text)
+    gone = set(before) - set(after)
+    assert {k[0] for k in gone} == {rate, catalog.PORT_ACTIVE_WIDTH.name}
+    assert all(dict(k[1])["device"] == "mlx5_1" for k in gone)
+    changed = {k for k in set(before) & set(after) if before[k] != after[k] and not k[0].startswith("rnic_exporter")}
+    assert changed == set()
+
+
+def test_unreadable_value_is_absent_not_zero(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
+    host.corrupt("mlx5_0", "ports/1/counters/symbol_error", "N/A (no PMA)\n")
+    text = render_text(read(host.root, host))
+    assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="symbol_error") is None
+    assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="link_downed") == 0
+    assert value(text, catalog.ATTRIBUTE_UNAVAILABLE.name, device="mlx5_0", port="1",
+                 attribute="counters/symbol_error", reason="malformed") == 1
+
+
+def test_every_exposed_name_is_in_the_catalogue(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
+    host.corrupt("mlx5_0", "ports/1/rate", "x")
+    text = render_text(read(host.root, host), ExporterStats(polls=3, read_errors_by_reason={"malformed": 1}))
+    exposed = {name for name, _ in samples(text)}
+    assert exposed <= set(catalog.BY_NAME), exposed - set(catalog.BY_NAME)
+    for spec in catalog.METRICS:
+        assert re.fullmatch(r"rnic_[a-z0-9_]+", spec.name), spec.name
+        assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name
+        assert spec.name.endswith("_info") == (spec.kind == "info"), spec.name
+
+
+def test_exposition_passes_promtool(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
+    host.gid_shift("mlx5_0")
+    text = render_text(read(host.root, host))
+    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text.encode(), capture_output=True)
+    assert lint.returncode == 0 and not lint.stdout and not lint.stderr, lint.stdout + lint.stderr
+
+
+def test_sink_negotiates_format_and_gzip(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
+    sink = PrometheusSink()
+    sink.update(read(host.root, host), ExporterStats(polls=1))
+    body, headers = sink.render(None, None)
+    assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    om, om_headers = sink.render("application/openmetrics-text; version=1.0.0", None)
+    assert om_headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert om.endswith(b"# EOF\n") and b"# UNIT rnic_port_active_rate_bytes_per_second bytes_per_second" not in om
+    gz, gz_headers = sink.render(None, "gzip, deflate")
+    assert gz_headers["Content-Encoding"] == "gzip" and gzip.decompress(gz) == body
+    # The same bytes are served until the next poll: a scrape renders nothing new.
+    assert sink.render(None, None)[0] is body
+    host.set_speed("mlx5_0", 100)
+    sink.update(read(host.root, host), ExporterStats(polls=2))
+    new_body, _ = sink.render(None, None)
+    assert value(new_body.decode(), catalog.PORT_ACTIVE_RATE.name, device="mlx5_0", port="1") == 12.5e9
+
+
+def test_golden_exposition_of_captured_tree(request: pytest.FixtureRequest) -> None:
+    if not FIXTURE_SYS.is_dir():
+        pytest.fail(f"captured fixture tree missing at {FIXTURE_SYS}")
+    snap = dataclasses.replace(read(FIXTURE_SYS), taken_at=1_700_000_000.0, read_seconds=0.001)
+    text = render_text(snap)
+    text = re.sub(r'^rnic_exporter_build_info\{.*\n', "", text, flags=re.M)  # carries the Python version
+    if request.config.getoption("--update-golden"):
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "exposition changed; review and rerun with --update-golden"
