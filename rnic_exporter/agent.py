@@ -58,6 +58,7 @@ class Agent:
         self._announced_empty = False
         self._lock = threading.Lock()
         self.force_full_gids = threading.Event()
+        self.config_reload_ok = True
 
     def poll_once(self) -> Snapshot:
         with self._lock:
@@ -70,7 +71,8 @@ class Agent:
             self._log_changes(snap)
             self.last = snap
             self.prometheus.update(snap, ExporterStats(polls=self.polls,
-                                                       read_errors_by_reason=dict(self.read_errors)))
+                                                       read_errors_by_reason=dict(self.read_errors),
+                                                       config_reload_ok=self.config_reload_ok))
             return snap
 
     def _log_changes(self, snap: Snapshot) -> None:
@@ -197,7 +199,9 @@ def _reload(agent: Agent, config: ServeConfig, explicit: frozenset[str]) -> Serv
         new = apply_file(config, set(explicit))
     except ConfigError as exc:
         log.error("config reload failed; keeping the running config", extra={"fields": {"err": str(exc)}})
+        agent.config_reload_ok = False
         return config
+    agent.config_reload_ok = True
     agent.config = new
     agent.reader.settings = new.reader
     log.info("config reloaded", extra={"fields": {"file": str(config.config_file)}})

@@ -107,6 +107,9 @@ LAST_POLL = _m("rnic_exporter_last_poll_timestamp_seconds", "gauge", (),
 POLLS = _m("rnic_exporter_polls_total", "counter", (), "Polls completed since the exporter started.")
 READ_ERRORS = _m("rnic_exporter_read_errors_total", "counter", ("reason",),
                  "Attribute reads that failed or did not parse, by reason, since the exporter started.")
+CONFIG_RELOAD_OK = _m("rnic_exporter_config_last_reload_successful", "gauge", (),
+                      "1 when the last config file (re)load succeeded, 0 when it failed and the previous "
+                      "config is still running.")
 BUILD_INFO = _m("rnic_exporter_build_info", "info", ("version", "python_version"),
                 "rnic-exporter build information; always 1.")
 
@@ -116,7 +119,7 @@ METRICS: tuple[MetricSpec, ...] = (
     PORT_PMA, PORT_HW_STAT, DEVICE_HW_STAT, PORT_PMA_SATURATED,
     PCIE_LINK_SPEED, PCIE_LINK_WIDTH, NETDEV_SPEED, NETDEV_UP, NETDEV_CARRIER_CHANGES, NETDEV_MTU,
     GID_ENTRY_INFO, GID_TABLE_HASH, GID_ENTRIES, GID_TABLE_SIZE, NCCL_GID_INDEX, ATTRIBUTE_UNAVAILABLE,
-    DEVICES, POLL_DURATION, LAST_POLL, POLLS, READ_ERRORS, BUILD_INFO,
+    DEVICES, POLL_DURATION, LAST_POLL, POLLS, READ_ERRORS, CONFIG_RELOAD_OK, BUILD_INFO,
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})

@@ -47,6 +47,10 @@ class NcclSettings:
                 address_range = ipaddress.ip_network(raw_range, strict=False)
             except ValueError as exc:
                 raise ConfigError(f"NCCL_IB_ADDR_RANGE={raw_range!r} is not a CIDR: {exc}") from None
+            # NCCL parses the base with inet_pton(family): a range of the other family fails to
+            # parse, is logged and ignored, and every GID then matches.
+            if (address_range.version == 4) != (family == AF_INET):
+                address_range = None
         return cls(
             address_family=family,
             address_range=address_range,
@@ -104,6 +108,9 @@ def select_gid_index(
 ) -> int | None:
     """The index NCCL would pick, or None when the table is empty or unknown.
 
+    A populated slot whose type could not be read makes NCCL fail (ncclSystemError) as soon as
+    it compares that slot's version, so there is then no index it would pick: None.
+
     `gids` are the populated slots; every other slot reads as the zero GID with no type, which
     is also what NCCL sees (ibv_query_gid gives zero, the type file EINVAL).
     """
@@ -118,6 +125,7 @@ def select_gid_index(
 
     # Per slot: (family, valid, version, in range). Empty slots read as the zero GID with no type.
     empty = (gid_family(ZERO_GID), False, None, _in_range(ZERO_GID, settings))
+    unreadable = {entry.index for entry in gids if entry.type is None}
     slots = {
         entry.index: (gid_family(entry.gid), gid_is_valid(entry.gid), entry.roce_version,
                       _in_range(entry.gid, settings))
@@ -133,6 +141,8 @@ def select_gid_index(
             continue
         if cand_family != settings.address_family or not cand_valid or not cand_in_range:
             continue
+        if candidate in unreadable or pick in unreadable:
+            return None
         if (cur[2] != cand_version or not cur[1]) and cand_version == settings.roce_version:
             pick, cur = candidate, cand
     return pick

@@ -170,6 +170,13 @@ def test_serve_reloads_config_on_sighup_and_stops_on_sigterm(host: SimHost, tmp_
         wait_for(lambda: devices() == "rnic_devices 1.0", timeout=10, what="reload to exclude mlx5_1")
         config.write_text("collector: [not, a, mapping\n")
         proc.send_signal(signal.SIGHUP)
+
+        def reload_failed() -> bool:
+            body = http_get(url, timeout=1)[2].decode()
+            return "rnic_exporter_config_last_reload_successful 0.0" in body
+
+        wait_for(reload_failed, timeout=10, what="the failed reload to be reported")
+        assert devices() == "rnic_devices 1.0"  # still the last good config
         status, _, _ = http_get(f"http://127.0.0.1:{port}/-/healthy")
         assert status == 200
         proc.send_signal(signal.SIGTERM)

@@ -48,8 +48,9 @@ PMA_EXTENDED_COUNTERS = (
 )
 
 # Ethernet speed (Gb/s) -> the IB width/speed mlx5 reports for it (translate_eth_*_proto_oper).
-ETH_RATE_NAMES = {1: (1, "SDR"), 10: (1, "QDR"), 25: (1, "EDR"), 40: (4, "QDR"), 50: (2, "EDR"),
-                  100: (4, "EDR"), 200: (4, "HDR"), 400: (4, "NDR"), 800: (8, "NDR")}
+ETH_RATE_NAMES = {1: (1, "SDR"), 5: (1, "DDR"), 10: (1, "QDR"), 25: (1, "EDR"), 40: (4, "QDR"),
+                  50: (2, "EDR"), 56: (4, "FDR"), 100: (4, "EDR"), 200: (4, "HDR"), 400: (4, "NDR"),
+                  800: (8, "NDR"), 1600: (8, "XDR")}
 IB_LANE_GBPS = {"SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0,
                 "HDR": 50.0, "NDR": 100.0, "XDR": 200.0}
 

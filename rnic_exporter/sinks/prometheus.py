@@ -30,6 +30,7 @@ class ExporterStats:
 
     polls: int = 0
     read_errors_by_reason: Mapping[str, int] = field(default_factory=dict)
+    config_reload_ok: bool = True
 
 
 class _Families:
@@ -116,6 +117,7 @@ def snapshot_families(snap: Snapshot, stats: ExporterStats) -> Iterator[Family]:
     f.add(c.POLLS, (), stats.polls)
     for reason, count in sorted(stats.read_errors_by_reason.items()):
         f.add(c.READ_ERRORS, (reason,), count)
+    f.add(c.CONFIG_RELOAD_OK, (), 1 if stats.config_reload_ok else 0)
     f.add(c.BUILD_INFO, (__version__, platform.python_version()), 1)
     yield from f
 

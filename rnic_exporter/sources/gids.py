@@ -58,11 +58,13 @@ def read_gid_slot(log: ErrorLog, port_dir: str, index: int, device: str, port: i
     gid = log.read(port_dir, f"gids/{index}", parse_gid, device=device, port=port)
     if gid is None or gid in (ZERO_GID, _BARE_LINK_LOCAL):
         return None
+    errors_before = len(log.errors)
     gid_type = log.read(port_dir, f"gid_attrs/types/{index}", parse_gid_type, device=device, port=port,
                         expected=_EMPTY_SLOT)
-    if gid_type is None:
-        # A non-zero GID whose type answers EINVAL is being deleted between our two reads.
+    if gid_type is None and len(log.errors) == errors_before:
+        # EINVAL (or empty) for a non-zero GID: the slot is being deleted between our two reads.
         return None
+    # Any other failure keeps the entry with an unknown type (recorded in the log).
     netdev = log.read(port_dir, f"gid_attrs/ndevs/{index}", parse_netdev_name, device=device, port=port,
                       expected=_EMPTY_SLOT)
     return GidEntry(index=index, gid=gid, type=gid_type, netdev=netdev)

@@ -308,6 +308,7 @@ class HostReader:
                 changed = self._sweep(log, port_dir, device, port, cache)
             if not changed:
                 return cache.entries, len(cache.indices), cache.nccl_gid_index
+            del log.errors[errors_before:]  # the full read below reports them once
         self.full_gid_reads += 1
         indices = gid_source.list_gid_indices(log, port_dir, device, port)
         entries = gid_source.read_gid_slots(log, port_dir, indices, device, port)

@@ -1,0 +1,75 @@
+"""Fixtures every test module may use: the captured sysfs tree and the simulated host."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rnic_exporter.model import Snapshot
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.snapshot import HostReader
+from rnic_exporter.sources.sysfs import SysfsRoot
+
+FIXTURE_ENV = "RNIC_FIXTURE_SYS"
+_FIXTURE_DEFAULT = Path(__file__).resolve().parents[2] / "shared/fixtures/procfs-sysfs/sys"
+_SIM_DEFAULTS: dict[str, Any] = {"roce": 2, "infiniband": 1, "gid_table_size": 16}
+
+
+@pytest.fixture(scope="session")
+def fixture_sys() -> Path:
+    """The captured tree from prometheus/procfs (hfi1_0, mlx4_0, mlx5_0). Never write to it: use `fixture_copy`.
+
+    `RNIC_FIXTURE_SYS` points elsewhere; a missing tree fails the tests that need it, it never skips them.
+    """
+    override = os.environ.get(FIXTURE_ENV)
+    path = Path(override) if override else _FIXTURE_DEFAULT
+    if not (path / "class/infiniband").is_dir():
+        pytest.fail(f"captured sysfs tree not found at {path}: set {FIXTURE_ENV} to its sys/ directory",
+                    pytrace=False)
+    return path
+
+
+@pytest.fixture
+def fixture_copy(fixture_sys: Path, tmp_path: Path) -> Path:
+    """A writable copy of the captured tree, for tests that break files on purpose."""
+    dest = tmp_path / "fixture-sys"
+    shutil.copytree(fixture_sys, dest, symlinks=True)
+    for dirpath, _dirnames, filenames in os.walk(dest):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o644)
+    return dest
+
+
+@pytest.fixture
+def sim_host(request: pytest.FixtureRequest, tmp_path: Path) -> SimHost:
+    """`SimHost.build(tmp_path/"sys", roce=2, infiniband=1, gid_table_size=16)`: mlx5_0 and mlx5_1 RoCE, mlx5_2 IB.
+
+    Other build arguments per test: `@pytest.mark.parametrize("sim_host", [{"gid_table_size": 255}], indirect=True)`.
+    """
+    kwargs = {**_SIM_DEFAULTS, **getattr(request, "param", {})}
+    return SimHost.build(tmp_path / "sys", **kwargs)
+
+
+@pytest.fixture
+def read_sim() -> Callable[[SimHost], Snapshot]:
+    """One in-process snapshot of a simulated host, its empty GID attributes answering EINVAL as a kernel does.
+
+    `host.errno_overlay` is a copy taken now: a reader kept across host changes must take it again.
+    """
+
+    def read(host: SimHost) -> Snapshot:
+        root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+        try:
+            return HostReader(root).read()
+        finally:
+            root.close()
+
+    return read
