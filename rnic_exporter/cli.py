@@ -72,6 +72,14 @@ def _snapshot(sysfs: str, device_include: str | None = None, device_exclude: str
         reader.close()
 
 
+def _say_if_empty(snap: Any, sysfs: str) -> bool:
+    """A host without RDMA devices is not an error: say so plainly (exit 0)."""
+    if snap.devices:
+        return False
+    click.echo(f"No RDMA devices found under {sysfs}/class/infiniband.")
+    return True
+
+
 def _emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
@@ -88,8 +96,7 @@ def show(sysfs: str, device_include: str | None, device_exclude: str | None, as_
     if as_json:
         _emit_json(views.show_json(snap, sysfs))
         return
-    if not snap.devices:
-        click.echo(f"No RDMA devices found under {sysfs}/class/infiniband.")
+    if _say_if_empty(snap, sysfs):
         return
     click.echo(views.format_table(views.SHOW_COLUMNS, views.show_rows(snap)))
     if snap.errors:
@@ -117,8 +124,7 @@ def gids(sysfs: str, device: str | None, as_json: bool) -> None:
     if as_json:
         _emit_json(views.gids_json(snap, device))
         return
-    if not snap.devices:
-        click.echo(f"No RDMA devices found under {sysfs}/class/infiniband.")
+    if _say_if_empty(snap, sysfs):
         return
     rows = views.gid_rows(snap, device)
     click.echo(views.format_table(views.GID_COLUMNS, rows))

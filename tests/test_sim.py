@@ -357,7 +357,7 @@ def test_port_down_and_up(sim_host: SimHost) -> None:
     assert value(sim_host, f"{port_dir('mlx5_2')}/phys_state") == "2: Polling"
 
 
-def test_set_speed(sim_host: SimHost) -> None:
+def test_set_speed_and_pcie(sim_host: SimHost) -> None:
     rows = [  # device, Gb/s (RoCE), lanes and speed (IB), rate, netdev speed
         ("mlx5_0", 200, None, None, "200 Gb/sec (4X HDR)", "200000"),
         ("mlx5_0", 100, None, None, "100 Gb/sec (4X EDR)", "100000"),
@@ -370,10 +370,7 @@ def test_set_speed(sim_host: SimHost) -> None:
         assert value(sim_host, f"{port_dir(name)}/rate") == rate, (name, gbps, lanes, ib_speed)
         assert value(sim_host, f"class/net/{sim_host.device(name).netdev}/speed") == speed
         assert value(sim_host, f"{port_dir('mlx5_1')}/rate") == "400 Gb/sec (4X NDR)"
-
-
-def test_set_pcie_changes_only_the_current_link(sim_host: SimHost) -> None:
-    dev = sim_host.device("mlx5_1")
+    dev = sim_host.device("mlx5_1")  # PCIe: only the current link of that function changes
     upstream = os.path.dirname(dev.function_dir)
     sim_host.set_pcie("mlx5_1", 16.0, 8)
     assert value(sim_host, f"{dev.function_dir}/current_link_speed") == "16.0 GT/s PCIe"
@@ -381,8 +378,7 @@ def test_set_pcie_changes_only_the_current_link(sim_host: SimHost) -> None:
     assert value(sim_host, f"{dev.function_dir}/max_link_speed") == "32.0 GT/s PCIe"
     assert value(sim_host, f"{dev.function_dir}/max_link_width") == "16"
     assert value(sim_host, f"{upstream}/max_link_speed") == "32.0 GT/s PCIe"
-    other = sim_host.device("mlx5_0").function_dir
-    assert value(sim_host, f"{other}/current_link_speed") == "32.0 GT/s PCIe"
+    assert value(sim_host, f"{sim_host.device('mlx5_0').function_dir}/current_link_speed") == "32.0 GT/s PCIe"
 
 
 def test_remove_and_restore_device(sim_host: SimHost) -> None:
@@ -402,3 +398,40 @@ def test_remove_and_restore_device(sim_host: SimHost) -> None:
         assert os.path.realpath(sim_host.root / rel).startswith(str(os.path.realpath(function))), rel
     assert files_under(function) == before
     assert "class/infiniband/mlx5_1/ports/1/gid_attrs/types/4" in sim_host.errno_overlay
+
+
+def test_fault_methods_work_for_an_unprivileged_user(tmp_path: Path) -> None:
+    """`rnic-exporter demo` runs as an ordinary user: the simulator must rewrite the files it made.
+
+    As root (CI) the scenario runs in a child process that drops to uid/gid 65534 first, since
+    root writes through any file mode; it works in a directory it owns, by relative paths.
+    """
+
+    def play(root: Path) -> None:
+        host = SimHost.build(root, roce=1, gid_table_size=8)
+        host.set_port_up("mlx5_0", False)
+        host.set_speed("mlx5_0", 100)
+        host.add_address("mlx5_0", "10.0.9.1")
+
+    if os.geteuid() != 0:
+        play(tmp_path / "sys")
+        return
+    workdir = tmp_path / "unprivileged"
+    workdir.mkdir()
+    os.chown(workdir, 65534, 65534)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status only
+        status = 1
+        try:
+            os.chdir(workdir)
+            os.setgid(65534)
+            os.setuid(65534)
+            play(Path("sys"))
+            status = 0
+        except PermissionError:
+            status = errno.EACCES
+        finally:
+            os._exit(status)
+    _, wait_status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(wait_status)
+    assert code == 0, "EACCES: the simulator cannot rewrite its own files" if code == errno.EACCES else code

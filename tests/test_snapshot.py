@@ -188,14 +188,15 @@ def expected_from_sim(host: SimHost) -> Content:
     """The snapshot of a healthy simulated host, from the simulator's model and the files it wrote."""
     devices, netdevs, pcie = [], {}, {}
     for dev in sorted(host.devices.values(), key=lambda d: d.name):
-        ib, port_dir, net = f"class/infiniband/{dev.name}", f"class/infiniband/{dev.name}/ports/1", \
-            f"class/net/{dev.netdev}"
+        ib, net = f"class/infiniband/{dev.name}", f"class/net/{dev.netdev}"
+        port_dir = f"{ib}/ports/1"
         table = dev.gid_table
         gids = tuple(GidEntry(i, slot.gid, slot.type, slot.netdev) for i in range(table.size)
                      if (slot := table.visible(i)) is not None)
         if dev.roce:
             lanes, speed = ETH_RATE_NAMES[dev.gbps]
             rate = LinkRate(float(dev.gbps), lanes, speed)
+            # NCCL's net effect on such a table: the lowest-index IPv4 RoCE v2 GID (facts §3)
             nccl = table.index_of(dev.addresses[0], ROCE_V2) if dev.addresses else 0
         else:
             rate = LinkRate(IB_LANE_GBPS[dev.ib_speed] * dev.lanes, dev.lanes, dev.ib_speed)
@@ -445,7 +446,7 @@ def test_one_fault_costs_one_attribute(two_nics: SimHost, healthy: Snapshot, fau
     assert content(after) == content(healthy) and after.errors == (), "the fault was not undone"
 
     want = fault.expect(healthy)
-    assert want != healthy or fault.error is not None
+    assert content(want) != content(healthy)  # every row loses a value
     errors = [fault.error] if fault.error is not None else []
     assert first.device("mlx5_0") == healthy.device("mlx5_0")
     assert (content(first), error_rows(first)) == (content(want), errors), "first poll of a new reader"
@@ -504,6 +505,7 @@ def assert_partial(got: object, want: object) -> None:
             assert have is None or have == full, f.name
 
 
+@pytest.mark.parametrize("sim_host", [{"gid_table_size": 8}], indirect=True)  # each trial rewrites the NIC
 def test_device_removed_mid_read(sim_host: SimHost) -> None:
     healthy = HostReader(RemovingRoot(sim_host, VICTIM, -1)).read()
     assert healthy.errors == ()
@@ -515,8 +517,9 @@ def test_device_removed_mid_read(sim_host: SimHost) -> None:
     reads = [i for i, rel in enumerate(recorder.trail) if rel.startswith(mine)]
     first, last = reads[0], reads[-1]
     assert last - first > 50 and last < len(recorder.trail) - 50  # mlx5_2 is read after the victim
-    points = sorted({first, last, last + 1, *range(first, last, max(1, (last - first) // 6))})
+    points = sorted({first, last, last + 1, *range(first, last, max(1, (last - first) // 5))})
     others = ("mlx5_0", "mlx5_2")
+    cut_short = 0
     for at in points:
         snap = HostReader(RemovingRoot(sim_host, VICTIM, at)).read()
         assert sim_host.removed == {VICTIM}, at
@@ -527,6 +530,7 @@ def test_device_removed_mid_read(sim_host: SimHost) -> None:
             bdf = sim_host.device(name).pci_address
             assert snap.pcie[bdf] == healthy.pcie[bdf], (at, bdf)
         assert {e.device for e in snap.errors} <= {VICTIM}, (at, snap.errors)
+        cut_short += bool(snap.errors)
         victim = snap.device(VICTIM)
         if victim is not None:
             assert_partial(victim, healthy.device(VICTIM))
@@ -535,6 +539,7 @@ def test_device_removed_mid_read(sim_host: SimHost) -> None:
         if VICTIM_BDF in snap.pcie:
             assert_partial(snap.pcie[VICTIM_BDF], healthy.pcie[VICTIM_BDF])
         sim_host.restore_device(VICTIM)
+    assert cut_short >= len(points) // 2  # the removal did land in the middle of reading the victim
     again = HostReader(SysfsRoot(sim_host.root, errno_overlay=sim_host.errno_overlay)).read()
     assert content(again) == content(healthy) and again.errors == ()
 

@@ -192,7 +192,7 @@ class SimHost:
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         data = f"{value}\n".encode()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o444)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             os.pwrite(fd, data, 0)
             os.ftruncate(fd, len(data))
@@ -202,7 +202,7 @@ class SimHost:
     def _write_empty(self, rel: str) -> None:
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o444)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.ftruncate(fd, 0)
         os.close(fd)
 
@@ -445,7 +445,7 @@ class SimHost:
         """Write `text` into `class/infiniband/<name>/<rel>` (a malformed value)."""
         dev = self.devices[name]
         path = self.root / self._ib_dir(dev) / rel
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o444)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             data = text.encode()
             os.pwrite(fd, data, 0)

@@ -43,14 +43,8 @@ def parse_netdev_name(text: str) -> str | None:
 
 def list_gid_indices(log: ErrorLog, port_dir: str, device: str, port: int) -> list[int]:
     """All slot numbers, discovered by listing `gids/` (never a hard-coded table size)."""
-    names = log.listdir(f"{port_dir}/gids", device=device, port=port, attribute="gids", optional=True)
-    indices = []
-    for name in names:
-        if name.isdigit():
-            indices.append(int(name))
-        else:
-            log.add(device, port, f"gids/{name}", "malformed: not a slot number")
-    return sorted(indices)
+    return log.numbered_entries(f"{port_dir}/gids", device=device, port=port, attribute="gids",
+                                what="slot number", optional=True)
 
 
 def read_gid_slot(log: ErrorLog, port_dir: str, index: int, device: str, port: int) -> GidEntry | None:

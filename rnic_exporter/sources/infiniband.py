@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from rnic_exporter.model import CounterValue, LinkRate, NumberedState
-from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError
+from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, errno_reason
 
 CLASS_DIR = "class/infiniband"
 
@@ -124,15 +124,21 @@ def read_counter_values(log: ErrorLog, base: str, subdir: str, names: list[str],
     for name in names:
         rel = f"{subdir}/{name}"
         try:
-            value = int(read_bytes(f"{base}/{rel}"))
+            raw = read_bytes(f"{base}/{rel}")
+        except OSError as exc:  # one failed read, no retry: on mlx5 each read is a firmware command
+            log.add(device, port, rel, errno_reason(exc))
+            continue
+        try:
+            value = int(raw)
             if value >= 0:
                 out[name] = value
                 continue
-        except (OSError, ValueError):
+        except ValueError:
             pass
-        slow = log.read(base, rel, parse_counter, device=device, port=port)
-        if slow is not None:
-            out[name] = slow
+        try:
+            out[name] = parse_counter(raw.decode("utf-8", errors="replace"))
+        except ValueError as exc:
+            log.add(device, port, rel, f"malformed: {exc}")
     return out
 
 

@@ -234,14 +234,8 @@ class HostReader:
         return bdf, function_dir
 
     def _port_numbers(self, log: ErrorLog, name: str) -> list[int]:
-        entries = log.listdir(f"{CLASS_DIR}/{name}/ports", device=name, attribute="ports")
-        numbers = []
-        for entry in entries:
-            if entry.isdigit():
-                numbers.append(int(entry))
-            else:
-                log.add(name, None, f"ports/{entry}", "malformed: not a port number")
-        return sorted(numbers)
+        return log.numbered_entries(f"{CLASS_DIR}/{name}/ports", device=name, port=None, attribute="ports",
+                                    what="port number")
 
     @staticmethod
     def _once(static: dict[str, object], key: str, log: ErrorLog, read: Callable[[], T]) -> T:

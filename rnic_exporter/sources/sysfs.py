@@ -189,3 +189,15 @@ class ErrorLog:
                 return []
             self.add(device, port, attribute, errno_reason(exc))
             return []
+
+    def numbered_entries(self, rel: str, *, device: str, port: int | None, attribute: str, what: str,
+                         optional: bool = False) -> list[int]:
+        """Sorted numeric entries of a directory (`ports/`, `gids/`); any other name is recorded."""
+        numbers = []
+        for entry in self.listdir(rel, device=device, port=port, attribute=attribute, optional=optional):
+            if entry.isdigit():
+                numbers.append(int(entry))
+            else:
+                self.add(device, port, f"{attribute}/{entry}", f"malformed: not a {what}")
+        return sorted(numbers)
+
