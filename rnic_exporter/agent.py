@@ -56,24 +56,18 @@ class Agent:
         self.polls = 0
         self.read_errors: Counter[str] = Counter()
         self._announced_empty = False
-        self._lock = threading.Lock()
-        self.force_full_gids = threading.Event()
         self.config_reload_ok = True
 
     def poll_once(self) -> Snapshot:
-        with self._lock:
-            full = self.force_full_gids.is_set()
-            self.force_full_gids.clear()
-            snap = self.reader.read(full_gid_tables=full)
-            self.polls += 1
-            for err in snap.errors:
-                self.read_errors["malformed" if err.reason.startswith("malformed") else err.reason.split(":")[0]] += 1
-            self._log_changes(snap)
-            self.last = snap
-            self.prometheus.update(snap, ExporterStats(polls=self.polls,
-                                                       read_errors_by_reason=dict(self.read_errors),
-                                                       config_reload_ok=self.config_reload_ok))
-            return snap
+        snap = self.reader.read()
+        self.polls += 1
+        for err in snap.errors:
+            self.read_errors[err.kind] += 1
+        self._log_changes(snap)
+        self.last = snap
+        self.prometheus.update(snap, ExporterStats(polls=self.polls, read_errors_by_reason=dict(self.read_errors),
+                                                   config_reload_ok=self.config_reload_ok))
+        return snap
 
     def _log_changes(self, snap: Snapshot) -> None:
         if not snap.devices and not self._announced_empty:

@@ -162,9 +162,6 @@ def _serve_config(sysfs: str, listen: tuple[str, ...], telemetry_path: str, web_
     from rnic_exporter.agent import ServeConfig
     from rnic_exporter.sources.snapshot import ReaderSettings
 
-    if not telemetry_path.startswith("/") or telemetry_path == "/":
-        raise ConfigError(f"--web.telemetry-path {telemetry_path!r} must start with '/' and not be '/' "
-                          "(the landing page lives there)")
     return ServeConfig(
         sysfs=Path(sysfs), listen=tuple(listen), telemetry_path=telemetry_path, web_config_file=web_config,
         poll_interval_s=poll_interval, reader=ReaderSettings.build(device_include, device_exclude),

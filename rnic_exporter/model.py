@@ -66,6 +66,11 @@ class ReadError:
     attribute: str  # path relative to the object it belongs to, e.g. "ports/1/rate"
     reason: str  # "EINVAL", "ENOENT", "malformed: ..." - short, stable, fit for a label
 
+    @property
+    def kind(self) -> str:
+        """The reason's class, low-cardinality for labels: the errno name or `malformed`."""
+        return self.reason.split(":", 1)[0]
+
     def where(self) -> str:
         port = f" port {self.port}" if self.port is not None else ""
         return f"{self.device}{port} {self.attribute}"

@@ -61,6 +61,10 @@ def _device_errors(snap: Snapshot, device: Device) -> list[ReadError]:
     return [e for e in snap.errors if e.device == device.name and e.port is None]
 
 
+def _unreadable_text(errors: list[ReadError]) -> str:
+    return ",".join(f"{e.attribute}({e.kind})" for e in errors) or "-"
+
+
 def port_ipv4(port: Port) -> list[str]:
     seen: list[str] = []
     for entry in port.gids:
@@ -90,11 +94,11 @@ def show_rows(snap: Snapshot) -> list[tuple[str, ...]]:
                 _pcie_text(link),
                 ",".join(port_ipv4(port)) or "-",
                 "-" if port.nccl_gid_index is None else str(port.nccl_gid_index),
-                ",".join(f"{e.attribute}({e.reason.split(':')[0]})" for e in errors) or "-",
+                _unreadable_text(errors),
             ))
         if not device.ports:
             rows.append((device.name, "-", "?", "no ports read", "?", "-", _pcie_text(link), "-", "-",
-                         ",".join(f"{e.attribute}({e.reason.split(':')[0]})" for e in dev_errors) or "-"))
+                         _unreadable_text(dev_errors)))
     return rows
 
 

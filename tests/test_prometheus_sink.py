@@ -122,3 +122,42 @@ def test_golden_exposition_of_captured_tree(request: pytest.FixtureRequest) -> N
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), "exposition changed; review and rerun with --update-golden"
+
+
+def test_renderer_matches_prometheus_client_in_both_formats(tmp_path: Path) -> None:
+    """Our cached renderer must print exactly what prometheus-client's encoders print."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+    from rnic_exporter.sinks.exposition import Renderer
+    from rnic_exporter.sinks.prometheus import snapshot_families
+
+    host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
+    host.corrupt("mlx5_0", "ports/1/rate", 'bad "quoted" \\ value')
+    families = list(snapshot_families(read(host.root, host), ExporterStats(polls=2)))
+
+    client: list[Metric] = []
+    for family in families:
+        spec = family.spec
+        metric: Metric
+        if spec.kind == "info":
+            metric = InfoMetricFamily(spec.family_name, spec.help, labels=spec.labels)
+            for labels, _ in family.samples:
+                metric.add_metric([], dict(zip(spec.labels, labels, strict=True)))
+        else:
+            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            metric = cls(spec.family_name, spec.help, labels=spec.labels)
+            for labels, v in family.samples:
+                metric.add_metric(list(labels), v)
+        client.append(metric)
+
+    class Registry:
+        def collect(self) -> list[Metric]:
+            return client
+
+    renderer = Renderer()
+    for _ in range(2):  # the second pass serves cached lines
+        text, om = renderer.render(families)
+        assert text == generate_latest(Registry())
+        assert om == generate_openmetrics(Registry())  # type: ignore[no-untyped-call]

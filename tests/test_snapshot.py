@@ -32,7 +32,7 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.gid_table import address_gid
 from rnic_exporter.sim.host import ETH_RATE_NAMES, IB_LANE_GBPS
 from rnic_exporter.sources.netclass import read_netdev
-from rnic_exporter.sources.snapshot import GID_SWEEP_SLOTS, HostReader
+from rnic_exporter.sources.snapshot import GID_SWEEP_SLOTS, HostReader, ReaderSettings
 from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot
 
 Content = tuple[tuple[Device, ...], dict[str, Netdev], dict[str, PcieLink]]
@@ -696,3 +696,12 @@ def test_fixture_copy_is_a_separate_tree(fixture_sys: Path, fixture_copy: Path) 
     assert (fixture_sys / rel).read_text() == "25 Gb/sec (1X EDR)\n"
     shutil.rmtree(fixture_copy / "class/infiniband/hfi1_0")
     assert (fixture_sys / "class/infiniband/hfi1_0").is_dir()
+
+
+def test_new_settings_recompute_the_nccl_pick(tmp_path: Path) -> None:
+    """A config reload that changes NCCL settings must not keep the pick cached under the old ones."""
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
+    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    assert reader.read().ports[0].nccl_gid_index == 3
+    reader.settings = ReaderSettings.build(nccl_env={"NCCL_IB_ROCE_VERSION_NUM": "1"})
+    assert reader.read().ports[0].nccl_gid_index == 2

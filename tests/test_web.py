@@ -462,9 +462,10 @@ def test_port_only_listens_on_ipv4_and_ipv6(provider: FakeProvider) -> None:
             conn.close()
 
 
-def test_bad_telemetry_path_is_a_config_error(provider: FakeProvider) -> None:
+@pytest.mark.parametrize("path", ["metrics", "/", "/-/healthy"])
+def test_bad_telemetry_path_is_a_config_error(provider: FakeProvider, path: str) -> None:
     with pytest.raises(ConfigError, match="telemetry path"):
-        WebServer(["127.0.0.1:0"], "metrics", provider, LANDING)
+        WebServer(["127.0.0.1:0"], path, provider, LANDING)
 
 
 def test_shutdown_closes_keep_alive_connections_promptly(serve: ServerFactory) -> None:

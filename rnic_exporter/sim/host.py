@@ -22,12 +22,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rnic_exporter.model import ROCE_V1, ROCE_V2
 from rnic_exporter.sim.gid_table import GidTable, format_gid, mac_default_gid
+from rnic_exporter.sources.infiniband import LANE_GBPS
 
 MLX5_HW_COUNTERS = (
     "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer",
@@ -51,8 +51,8 @@ PMA_EXTENDED_COUNTERS = (
 ETH_RATE_NAMES = {1: (1, "SDR"), 5: (1, "DDR"), 10: (1, "QDR"), 25: (1, "EDR"), 40: (4, "QDR"),
                   50: (2, "EDR"), 56: (4, "FDR"), 100: (4, "EDR"), 200: (4, "HDR"), 400: (4, "NDR"),
                   800: (8, "NDR"), 1600: (8, "XDR")}
-IB_LANE_GBPS = {"SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0,
-                "HDR": 50.0, "NDR": 100.0, "XDR": 200.0}
+# Per-lane Gb/s of each IB speed name: the reader's table, so writer and parser cannot disagree.
+IB_LANE_GBPS = LANE_GBPS
 
 
 def rate_text(lanes: int, speed: str) -> str:
@@ -470,9 +470,6 @@ class SimHost:
                 dev.counters[f"port_{direction}_packets"] += packets
                 dev.counters[f"unicast_{direction}_packets"] += packets
             self._write_counters(dev)
-
-    def names(self) -> Iterable[str]:
-        return self.devices.keys()
 
 
 __all__ = ["ROCE_V1", "ROCE_V2", "SimDevice", "SimHost", "ethernet_rate_text", "rate_text"]

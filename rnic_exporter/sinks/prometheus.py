@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import platform
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.exposition import choose_encoder
@@ -108,9 +108,8 @@ def snapshot_families(snap: Snapshot, stats: ExporterStats) -> Iterator[Family]:
                 if netdev.mtu is not None:
                     f.add(c.NETDEV_MTU, nl, netdev.mtu)
     for err in snap.errors:
-        reason = "malformed" if err.reason.startswith("malformed") else err.reason.split(":")[0]
         f.add(c.ATTRIBUTE_UNAVAILABLE, (err.device, "" if err.port is None else str(err.port),
-                                        err.attribute, reason), 1)
+                                        err.attribute, err.kind), 1)
     f.add(c.DEVICES, (), len(snap.devices))
     f.add(c.POLL_DURATION, (), snap.read_seconds)
     f.add(c.LAST_POLL, (), snap.taken_at)
@@ -140,18 +139,14 @@ def _gid_families(f: _Families, port: Port) -> None:
 class PrometheusSink:
     """Holds the exposition of the last snapshot, rendered once per poll in both formats."""
 
-    def __init__(self, extra: Callable[[], Iterable[Family]] | None = None) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._extra = extra
         self._renderer = Renderer()
         self._bodies: dict[tuple[bool, bool], bytes] = {}  # (openmetrics, gzip) -> body
         self._gzip_wanted: set[bool] = set()  # formats scrapers asked gzipped: compressed eagerly
 
     def update(self, snap: Snapshot, stats: ExporterStats) -> None:
-        families = list(snapshot_families(snap, stats))
-        if self._extra is not None:
-            families.extend(self._extra())
-        text, om = self._renderer.render(families)
+        text, om = self._renderer.render(snapshot_families(snap, stats))
         bodies = {(False, False): text, (True, False): om}
         for openmetrics in list(self._gzip_wanted):
             bodies[(openmetrics, True)] = _gzip(bodies[(openmetrics, False)])

@@ -90,7 +90,7 @@ class HostReader:
 
     def __init__(self, root: SysfsRoot, settings: ReaderSettings | None = None) -> None:
         self.root = root
-        self.settings = settings or ReaderSettings()
+        self._settings = settings or ReaderSettings()
         self._gid_cache: dict[tuple[str, int], _GidCache] = {}
         self._identity: dict[str, tuple[int, int]] = {}
         self._paths: dict[str, set[str]] = {}  # device -> path prefixes whose fds it owns
@@ -98,6 +98,16 @@ class HostReader:
         # link layer, counter file names): read once per identity, and again while unreadable.
         self._static: dict[str, dict[str, object]] = {}
         self.full_gid_reads = 0
+
+    @property
+    def settings(self) -> ReaderSettings:
+        return self._settings
+
+    @settings.setter
+    def settings(self, settings: ReaderSettings) -> None:
+        """New settings (a config reload): cached NCCL picks were made with the old ones."""
+        self._settings = settings
+        self._gid_cache.clear()
 
     def read(self, *, full_gid_tables: bool = False) -> Snapshot:
         """One snapshot. `full_gid_tables` forces a whole-table GID read on every port."""
@@ -110,9 +120,9 @@ class HostReader:
         pcie: dict[str, PcieLink] = {}
         for name in names:
             fresh = self._check_identity(name)
-            device = self._read_device(log, name, netdevs, pcie, full_gid_tables or fresh)
-            if device is not None:
-                devices.append(device)
+            if fresh is None:
+                continue  # vanished between listing and reading
+            devices.append(self._read_device(log, name, netdevs, pcie, full_gid_tables or fresh))
         self._drop_vanished({d.name for d in devices})
         return Snapshot(
             devices=tuple(devices),
@@ -138,12 +148,12 @@ class HostReader:
             return []
         return sorted(n for n in names if self.settings.wants(n))
 
-    def _check_identity(self, name: str) -> bool:
-        """True when the device is new or was re-registered since the last poll."""
+    def _check_identity(self, name: str) -> bool | None:
+        """True when the device is new or was re-registered since the last poll; None when gone."""
         try:
             st = os.stat(self.root.path(f"{CLASS_DIR}/{name}"))
         except OSError:
-            return True
+            return None
         ident = (st.st_ino, st.st_ctime_ns)
         previous = self._identity.get(name)
         self._identity[name] = ident
@@ -167,10 +177,8 @@ class HostReader:
     # -- one device -------------------------------------------------------------------------
 
     def _read_device(self, log: ErrorLog, name: str, netdevs: dict[str, Netdev],
-                     pcie: dict[str, PcieLink], full_gids: bool) -> Device | None:
+                     pcie: dict[str, PcieLink], full_gids: bool) -> Device:
         base = f"{CLASS_DIR}/{name}"
-        if not self.root.exists(base):
-            return None  # vanished between listing and reading
         owned = self._paths.setdefault(name, {base + "/"})
 
         static = self._static.setdefault(name, {})

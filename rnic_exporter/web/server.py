@@ -585,6 +585,8 @@ def _check_telemetry_path(path: str) -> None:
         raise ConfigError(f"telemetry path {path!r} must be a plain path starting with '/', e.g. '/metrics'")
     if path in HEALTH_PATHS:
         raise ConfigError(f"telemetry path {path!r} is taken by the health endpoint")
+    if path == "/":
+        raise ConfigError("telemetry path '/' is taken by the landing page; use e.g. '/metrics'")
 
 
 def _bind(address: str) -> socket.socket:
