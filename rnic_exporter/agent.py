@@ -12,20 +12,30 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 from rnic_exporter import __version__
 from rnic_exporter import config as config_file
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.events import Event
 from rnic_exporter.model import Snapshot
 from rnic_exporter.sinks.prometheus import ExporterStats, PrometheusSink
 from rnic_exporter.sources.snapshot import HostReader, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 log = logging.getLogger("rnic_exporter.agent")
+
+
+class EventSink(Protocol):
+    """A consumer of every poll's snapshot and events (OTLP). Must return quickly: queue, never block."""
+
+    def publish(self, snap: Snapshot, events: Sequence[Event]) -> None: ...
+
+    def close(self) -> None: ...
 
 # Prometheus' exporter port range 9100-9999 is fully allocated and its guide asks unlisted
 # exporters to stay out of it; 19879 is outside it, below the ephemeral range, and no well-known
@@ -57,6 +67,7 @@ class Agent:
         self.read_errors: Counter[str] = Counter()
         self._announced_empty = False
         self.config_reload_ok = True
+        self.sinks: list[EventSink] = []
 
     def poll_once(self) -> Snapshot:
         snap = self.reader.read()
@@ -67,6 +78,9 @@ class Agent:
         self.last = snap
         self.prometheus.update(snap, ExporterStats(polls=self.polls, read_errors_by_reason=dict(self.read_errors),
                                                    config_reload_ok=self.config_reload_ok))
+        events: Sequence[Event] = ()
+        for sink in self.sinks:
+            sink.publish(snap, events)
         return snap
 
     def _log_changes(self, snap: Snapshot) -> None:
@@ -93,6 +107,8 @@ class Agent:
         return True, "OK"
 
     def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
         self.reader.close()
 
 

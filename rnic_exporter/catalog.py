@@ -113,6 +113,51 @@ CONFIG_RELOAD_OK = _m("rnic_exporter_config_last_reload_successful", "gauge", ()
 BUILD_INFO = _m("rnic_exporter_build_info", "info", ("version", "python_version"),
                 "rnic-exporter build information; always 1.")
 
+# Detection and inventory (built from consecutive snapshots, the persisted state and the config).
+PORT_RATED_RATE = _m("rnic_port_rated_rate_bytes_per_second", "gauge", (*PORT_LABELS, "source"),
+                     "Rated port rate by source: config (configured expectation), ethtool (best link mode "
+                     "the netdev advertises) or baseline (best rate seen while ACTIVE, persisted).",
+                     "bytes_per_second")
+PORT_RATED_WIDTH = _m("rnic_port_rated_width_lanes", "gauge", (*PORT_LABELS, "source"),
+                      "Rated lane count by source (config or baseline).", "lanes")
+LINK_BELOW_RATED = _m("rnic_link_below_rated", "gauge", (*PORT_LABELS, "link"),
+                      "1 while the link runs below its rated speed or width: link=port (IB port rate), "
+                      "netdev (Ethernet speed) or pcie (the device's PCIe link, repeated on each port).")
+DEVICE_PRESENT = _m("rnic_device_present", "gauge", ("device", "pci_address"),
+                    "1 while a device of the persisted inventory is present, 0 once it is gone (kept across "
+                    "restarts and reboots until the inventory is reset).")
+NETDEV_ADDRESS_PRESENT = _m("rnic_netdev_address_present", "gauge", (*NETDEV_LABELS, "address"),
+                            "1 while an expected address (one the netdev has carried, persisted) is on the "
+                            "netdev, 0 while it is missing; from rtnetlink.")
+NETDEV_ADDRESSES = _m("rnic_netdev_addresses", "gauge", (*NETDEV_LABELS, "family"),
+                      "Addresses on the netdev by family (ipv4, ipv6); from rtnetlink.")
+NETDEV_ADDRESS_LOSS_RISK = _m("rnic_netdev_address_loss_risk", "gauge", (*NETDEV_LABELS, "reason"),
+                              "1 when the netdev's addresses may vanish on a port flap (the cause of GID index "
+                              "shifts): reason=networkmanager (NetworkManager manages the netdev) or "
+                              "ipv6_keep_addr_on_down_off.")
+GID_V2_IPV4_INDEX = _m("rnic_gid_roce_v2_ipv4_index", "gauge", (*PORT_LABELS, "address"),
+                       "GID index of the RoCE v2 GID of each IPv4 address on the port; a change means the "
+                       "address moved to another index (running NCCL jobs break).")
+NCCL_CONFIGURED_GID_INDEX_VALID = _m("rnic_nccl_configured_gid_index_valid", "gauge", PORT_LABELS,
+                                     "1 when the configured NCCL_IB_GID_INDEX points at a RoCE v2 IPv4 GID on "
+                                     "the port, 0 when not; absent when no index is configured.")
+PORT_FLAPPING = _m("rnic_port_flapping", "gauge", PORT_LABELS,
+                   "1 while the port is flapping (N up/down transitions within a window, kept for a while).")
+GID_TABLE_CHANGES = _m("rnic_gid_table_changes_total", "counter", PORT_LABELS,
+                       "Times the port's GID table changed since the exporter started.")
+EVENTS = _m("rnic_events_total", "counter", ("event", "device", "port"),
+            "Detection events emitted, by catalogue event name (see rnic_exporter/events.py).")
+STATE_ERRORS = _m("rnic_exporter_state_errors_total", "counter", ("reason",),
+                  "Failures to load or save the state directory (corrupt, foreign, unwritable).")
+EVENT_SOURCE_ERRORS = _m("rnic_exporter_event_source_errors_total", "counter", ("source",),
+                         "Errors of the netlink and udev event sources (the periodic poll keeps working).")
+WAKEUPS = _m("rnic_exporter_wakeups_total", "counter", ("source",),
+             "Polls started early because netlink or udev announced a change.")
+OTLP_EXPORT_FAILURES = _m("rnic_exporter_otlp_export_failures_total", "counter", ("signal",),
+                          "OTLP export attempts that failed (endpoint down, slow or refusing), by signal.")
+OTLP_DROPPED = _m("rnic_exporter_otlp_dropped_total", "counter", ("signal",),
+                  "OTLP items dropped because the bounded export queue was full, by signal.")
+
 METRICS: tuple[MetricSpec, ...] = (
     DEVICE_INFO, PORT_INFO, PORT_STATE, PORT_PHYSICAL_STATE, PORT_UP, PORT_ACTIVE_RATE, PORT_ACTIVE_WIDTH,
     PORT_DATA_RECEIVED, PORT_DATA_TRANSMITTED, PORT_PACKETS_RECEIVED, PORT_PACKETS_TRANSMITTED,
@@ -120,6 +165,10 @@ METRICS: tuple[MetricSpec, ...] = (
     PCIE_LINK_SPEED, PCIE_LINK_WIDTH, NETDEV_SPEED, NETDEV_UP, NETDEV_CARRIER_CHANGES, NETDEV_MTU,
     GID_ENTRY_INFO, GID_TABLE_HASH, GID_ENTRIES, GID_TABLE_SIZE, NCCL_GID_INDEX, ATTRIBUTE_UNAVAILABLE,
     DEVICES, POLL_DURATION, LAST_POLL, POLLS, READ_ERRORS, CONFIG_RELOAD_OK, BUILD_INFO,
+    PORT_RATED_RATE, PORT_RATED_WIDTH, LINK_BELOW_RATED, DEVICE_PRESENT, NETDEV_ADDRESS_PRESENT,
+    NETDEV_ADDRESSES, NETDEV_ADDRESS_LOSS_RISK, GID_V2_IPV4_INDEX, NCCL_CONFIGURED_GID_INDEX_VALID,
+    PORT_FLAPPING, GID_TABLE_CHANGES, EVENTS, STATE_ERRORS, EVENT_SOURCE_ERRORS, WAKEUPS,
+    OTLP_EXPORT_FAILURES, OTLP_DROPPED,
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})

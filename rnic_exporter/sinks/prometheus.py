@@ -7,9 +7,10 @@ A scrape never touches sysfs and renders nothing new: the agent hands each snaps
 from __future__ import annotations
 
 import gzip
+import itertools
 import platform
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.exposition import choose_encoder
@@ -145,8 +146,9 @@ class PrometheusSink:
         self._bodies: dict[tuple[bool, bool], bytes] = {}  # (openmetrics, gzip) -> body
         self._gzip_wanted: set[bool] = set()  # formats scrapers asked gzipped: compressed eagerly
 
-    def update(self, snap: Snapshot, stats: ExporterStats) -> None:
-        text, om = self._renderer.render(snapshot_families(snap, stats))
+    def update(self, snap: Snapshot, stats: ExporterStats, extra: Iterable[Family] = ()) -> None:
+        """Render `snap` plus `extra` families (detection state, OTLP counters) for the next scrapes."""
+        text, om = self._renderer.render(itertools.chain(snapshot_families(snap, stats), extra))
         bodies = {(False, False): text, (True, False): om}
         for openmetrics in list(self._gzip_wanted):
             bodies[(openmetrics, True)] = _gzip(bodies[(openmetrics, False)])
