@@ -12,6 +12,21 @@ environment variable beats the file; the file beats the built-in default.
     ib_addr_family = "AF_INET"
     ib_addr_range = "10.0.0.0/8"
     ib_roce_version_num = 2
+    [inventory]
+    expected_devices = 8          # check and alerts: fewer present is a problem
+    [flapping]
+    transitions = 4               # up/down transitions within window_seconds make a port flapping
+    window_seconds = 300
+    clear_after_seconds = 900     # quiet time before it counts as stable again
+    [addresses]
+    forget_after_seconds = 86400  # an expected address missing this long stops being expected
+    [[rated]]                     # expectations; all given match keys must agree; last match wins
+    match = { hca_type = "MT4129" }   # keys: device, pci_address, hca_type, board_id
+    port_rate_gbps = 400
+    port_width = 4
+    netdev_speed_gbps = 400
+    pcie_speed_gts = 32
+    pcie_width = 16
 """
 
 from __future__ import annotations
@@ -19,12 +34,13 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.errors import ConfigError
 
 
@@ -37,12 +53,34 @@ class FileConfig:
     device_exclude: str | None = None
     nccl_env: Mapping[str, str] = field(default_factory=dict)  # NCCL_* names -> values, as NCCL reads them
     nccl_gid_index: int | None = None
+    expected_devices: int | None = None
+    flap_transitions: int | None = None
+    flap_window_seconds: float | None = None
+    flap_clear_after_seconds: float | None = None
+    address_forget_after_seconds: float | None = None
+    rated: tuple[RatedExpectation, ...] = ()
+
+    def detection(self, base: DetectionSettings) -> DetectionSettings:
+        """`base` (built-in defaults, flags) overlaid with what this file sets."""
+        flap = FlapSettings(
+            transitions=self.flap_transitions or base.flap.transitions,
+            window_s=self.flap_window_seconds or base.flap.window_s,
+            clear_after_s=self.flap_clear_after_seconds or base.flap.clear_after_s)
+        return replace(base, rated=self.rated or base.rated, flap=flap,
+                       expected_devices=self.expected_devices if self.expected_devices is not None
+                       else base.expected_devices,
+                       nccl_gid_index=self.nccl_gid_index if self.nccl_gid_index is not None else base.nccl_gid_index,
+                       address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s)
+
+
+def _positive(path: str, value: Any, what: str = "a positive number") -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{path}: expected {what}, got {value!r}")
+    return float(value)
 
 
 def _number(path: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{path}: expected a positive number of seconds, got {value!r}")
-    return float(value)
+    return _positive(path, value, "a positive number of seconds")
 
 
 def _regex(path: str, value: Any) -> str:
@@ -61,6 +99,57 @@ def _int(path: str, value: Any) -> int:
     return value
 
 
+def _count(path: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{path}: expected a positive integer, got {value!r}")
+    return value
+
+
+def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: expected a list of tables ([[rated]] in TOML, a list in YAML), got {value!r}")
+    out = []
+    problems = []
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, Mapping):
+            problems.append(f"{where}: expected a table, got {item!r}")
+            continue
+        match = item.get("match")
+        if not isinstance(match, Mapping) or not match:
+            problems.append(f"{where}.match: expected a table of {', '.join(MATCH_KEYS)}")
+            continue
+        bad = [k for k in match if k not in MATCH_KEYS or not isinstance(match[k], str)]
+        if bad:
+            problems.append(f"{where}.match: unknown key or non-string value {bad[0]!r} "
+                            f"(keys: {', '.join(MATCH_KEYS)})")
+            continue
+        values: dict[str, Any] = {}
+        for key, raw in item.items():
+            if key == "match":
+                continue
+            if key in ("port_rate_gbps", "netdev_speed_gbps", "pcie_speed_gts"):
+                try:
+                    values[key] = _positive(f"{where}.{key}", raw)
+                except ValueError as exc:
+                    problems.append(str(exc))
+            elif key in ("port_width", "pcie_width"):
+                try:
+                    values[key] = _count(f"{where}.{key}", raw)
+                except ValueError as exc:
+                    problems.append(str(exc))
+            else:
+                problems.append(f"{where}.{key}: unknown key (port_rate_gbps, port_width, netdev_speed_gbps, "
+                                "pcie_speed_gts, pcie_width, match)")
+        if not values:
+            problems.append(f"{where}: sets no rated value")
+            continue
+        out.append(RatedExpectation(match=tuple(sorted((str(k), str(v)) for k, v in match.items())), **values))
+    if problems:
+        raise ValueError("; ".join(problems))
+    return tuple(out)
+
+
 def _str(path: str, value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{path}: expected a string, got {value!r}")
@@ -76,6 +165,12 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "nccl.ib_addr_family": (_str, "env:NCCL_IB_ADDR_FAMILY"),
     "nccl.ib_addr_range": (_str, "env:NCCL_IB_ADDR_RANGE"),
     "nccl.ib_roce_version_num": (_int, "env:NCCL_IB_ROCE_VERSION_NUM"),
+    "inventory.expected_devices": (_count, "expected_devices"),
+    "flapping.transitions": (_count, "flap_transitions"),
+    "flapping.window_seconds": (_number, "flap_window_seconds"),
+    "flapping.clear_after_seconds": (_number, "flap_clear_after_seconds"),
+    "addresses.forget_after_seconds": (_number, "address_forget_after_seconds"),
+    "rated": (_rated, "rated"),
 }
 _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}
 

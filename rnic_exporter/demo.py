@@ -75,7 +75,7 @@ def run_demo(*, devices: int, step_seconds: float, listen: tuple[str, ...], poll
                                   name="demo-player", daemon=True)
         player.start()
         config = agent.ServeConfig(sysfs=workdir / "sys", listen=listen, poll_interval_s=poll_interval,
-                                   reader=ReaderSettings.build())
+                                   reader=ReaderSettings.build(), state_dir=workdir / "state")
         return agent.run(config, stop=stop)
     finally:
         stop.set()

@@ -73,3 +73,14 @@ def read_sim() -> Callable[[SimHost], Snapshot]:
             root.close()
 
     return read
+
+
+@pytest.fixture(autouse=True)
+def private_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every exporter a test starts (in-process or as a child) keeps its inventory under tmp_path,
+    never in the host's /var/lib/rnic-exporter, so tests cannot see each other's devices."""
+    state = tmp_path / "state"
+    for command in ("SERVE", "CHECK"):
+        monkeypatch.setenv(f"RNIC_EXPORTER_{command}_STATE_DIR", str(state))
+    monkeypatch.delenv("NCCL_IB_GID_INDEX", raising=False)
+    return state

@@ -1,0 +1,292 @@
+"""One moment judged: for every port and device, what is true now and what it is measured against.
+
+Pure: the snapshot, the addresses netlink reports, the persisted state and the settings in; frozen
+views out. Events are differences between two of these (`diff.py`); `check` explains one
+(`problems.py`); the gauges are drawn from one (`metrics.py`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
+from rnic_exporter.detect.state import State, device_key, port_key
+from rnic_exporter.model import ROCE_V2, Device, PcieLink, Port, Snapshot
+from rnic_exporter.sources.ethtool import AdvertisedLink
+
+PORT, NETDEV, PCIE = "port", "netdev", "pcie"
+SOURCE_CONFIG, SOURCE_ETHTOOL, SOURCE_BASELINE, SOURCE_DEVICE = "config", "ethtool", "baseline", "device"
+RATED_SOURCES = (SOURCE_CONFIG, SOURCE_ETHTOOL, SOURCE_BASELINE)  # best first
+_TOLERANCE = 0.999  # float noise between "400 Gb/sec" parsed and 400e9/8 computed
+
+
+class AddressLike(Protocol):
+    """What detection needs of a netlink address (sources.netlink.IpAddress has it)."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def family(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Rated:
+    source: str
+    rate_bytes_per_second: float | None
+    lanes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class LinkJudgement:
+    link: str  # port | netdev | pcie
+    below: bool
+    active: str  # human text, e.g. "200 Gb/s x4"
+    rated: str  # human text with the source, e.g. "400 Gb/s x4 (config)"
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class PortView:
+    device: str
+    port: int
+    pci_address: str | None
+    netdev: str | None
+    link_layer: str | None
+    up: bool | None
+    gid_hash: int | None
+    v2_ipv4_index: Mapping[str, int]  # IPv4 address -> index of its RoCE v2 GID
+    moved: Mapping[str, tuple[int, int]]  # address -> (remembered index, index now)
+    nccl_index: int | None
+    configured_index: int | None
+    configured_index_valid: bool | None  # None: no index configured, or not a RoCE port
+    configured_index_content: str  # what sits at the configured index, for messages
+    addresses: Mapping[str, str] | None  # address -> family; None when unknown
+    addresses_from: str  # "netlink", or "gid_table" when netlink is unavailable or does not know the netdev
+    expected: Mapping[str, bool]  # remembered address -> present now
+    rated: tuple[Rated, ...]
+    links: tuple[LinkJudgement, ...]
+    flapping: bool
+    risks: frozenset[str]
+    unreadable: tuple[str, ...] = ()  # attributes of this port that could not be read
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.device, self.port)
+
+    def link(self, name: str) -> LinkJudgement | None:
+        for judgement in self.links:
+            if judgement.link == name:
+                return judgement
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    key: str
+    name: str
+    pci_address: str | None
+    present: bool
+    known: bool  # in the persisted inventory before this poll
+
+
+@dataclass(frozen=True, slots=True)
+class HostConditions:
+    time: float
+    ports: Mapping[tuple[str, int], PortView]
+    devices: Mapping[str, DeviceView]
+    expected_devices: int | None = None
+    device_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device -> unreadable attrs
+
+    @property
+    def present_devices(self) -> int:
+        return sum(1 for d in self.devices.values() if d.present)
+
+
+def _gbps(rate_bytes_per_second: float) -> str:
+    return f"{rate_bytes_per_second * 8 / 1e9:g} Gb/s"
+
+
+def _describe(rate: float | None, lanes: int | None) -> str:
+    parts = [_gbps(rate) if rate is not None else "", f"x{lanes}" if lanes else ""]
+    return " ".join(p for p in parts if p) or "unknown"
+
+
+def port_ratings(port: Port, expectation: RatedExpectation | None, advertised: AdvertisedLink | None,
+                 state: State) -> tuple[Rated, ...]:
+    """Every rating known for the port, best source first."""
+    out = []
+    if expectation is not None and (expectation.port_rate_gbps is not None or expectation.port_width is not None):
+        rate = None if expectation.port_rate_gbps is None else expectation.port_rate_gbps * 1e9 / 8
+        out.append(Rated(SOURCE_CONFIG, rate, expectation.port_width))
+    if advertised is not None and port.link_layer == "Ethernet":
+        out.append(Rated(SOURCE_ETHTOOL, advertised.speed_mbps * 1e6 / 8, advertised.lanes))
+    baseline = state.baselines.get(port_key(port.device, port.number))
+    if baseline is not None:
+        out.append(Rated(SOURCE_BASELINE, baseline.rate_bytes_per_second, baseline.lanes))
+    return tuple(out)
+
+
+def _first(ratings: tuple[Rated, ...], attr: str) -> tuple[float | int | None, str]:
+    for rated in ratings:
+        value = getattr(rated, attr)
+        if value is not None:
+            return value, rated.source
+    return None, ""
+
+
+def judge_port_link(port: Port, ratings: tuple[Rated, ...]) -> LinkJudgement | None:
+    """Only an ACTIVE port's rate means anything (a down mlx5 port still prints one)."""
+    if not port.is_up or port.rate is None:
+        return None
+    rate, rate_source = _first(ratings, "rate_bytes_per_second")
+    lanes, lanes_source = _first(ratings, "lanes")
+    if rate is None and lanes is None:
+        return None
+    below = (rate is not None and port.rate.bytes_per_second < rate * _TOLERANCE) or (
+        lanes is not None and port.rate.lanes < lanes)
+    source = rate_source or lanes_source
+    return LinkJudgement(PORT, below, _describe(port.rate.bytes_per_second, port.rate.lanes),
+                         f"{_describe(rate, int(lanes) if lanes else None)} ({source})", source)
+
+
+def judge_netdev_link(port: Port, snap: Snapshot, expectation: RatedExpectation | None,
+                      ratings: tuple[Rated, ...]) -> LinkJudgement | None:
+    if port.link_layer != "Ethernet" or port.netdev is None:
+        return None  # an IPoIB netdev's speed says nothing about the IB link
+    netdev = snap.netdevs.get(port.netdev)
+    speed = None if netdev is None else netdev.speed_bytes_per_second
+    if speed is None or not speed:
+        return None
+    if expectation is not None and expectation.netdev_speed_gbps is not None:
+        rated: float | None = expectation.netdev_speed_gbps * 1e9 / 8
+        source = SOURCE_CONFIG
+    else:
+        value, source = _first(ratings, "rate_bytes_per_second")
+        rated = None if value is None else float(value)
+    if rated is None:
+        return None
+    return LinkJudgement(NETDEV, speed < rated * _TOLERANCE, _gbps(speed), f"{_gbps(rated)} ({source})", source)
+
+
+def judge_pcie(link: PcieLink | None, expectation: RatedExpectation | None) -> LinkJudgement | None:
+    if link is None or link.current_speed_gts is None or link.current_width is None:
+        return None
+    speed, width = link.expected_speed_gts, link.expected_width
+    source = SOURCE_DEVICE
+    if expectation is not None and (expectation.pcie_speed_gts is not None or expectation.pcie_width is not None):
+        speed = expectation.pcie_speed_gts if expectation.pcie_speed_gts is not None else speed
+        width = expectation.pcie_width if expectation.pcie_width is not None else width
+        source = SOURCE_CONFIG
+    if speed is None and width is None:
+        return None
+    below = (speed is not None and link.current_speed_gts < speed) or (width is not None and link.current_width < width)
+    rated = " ".join(p for p in (f"{speed:g} GT/s" if speed else "", f"x{width}" if width else "") if p)
+    return LinkJudgement(PCIE, below, f"{link.current_speed_gts:g} GT/s x{link.current_width}",
+                         f"{rated} ({source})", source)
+
+
+def v2_ipv4_indices(port: Port) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for entry in port.gids:
+        ipv4 = entry.ipv4
+        if entry.type == ROCE_V2 and ipv4 is not None and ipv4 not in out:
+            out[ipv4] = entry.index
+    return out
+
+
+def _configured_index(port: Port, index: int | None) -> tuple[bool | None, str]:
+    if index is None or port.link_layer != "Ethernet":
+        return None, ""
+    entry = port.gid(index)
+    if entry is None:
+        return False, f"index {index} is empty"
+    content = f"index {index} holds {entry.version_label} {entry.address}"
+    return entry.type == ROCE_V2 and entry.ipv4 is not None, content
+
+
+def _family(address: str) -> str:
+    return "ipv4" if ipaddress.ip_address(address).version == 4 else "ipv6"
+
+
+def gid_table_addresses(port: Port) -> dict[str, str]:
+    """Addresses the GID table shows for the port's netdev: the fallback when netlink is not there."""
+    out: dict[str, str] = {}
+    for entry in port.gids:
+        if entry.is_link_local or entry.netdev is None or entry.netdev != port.netdev:
+            continue
+        out[entry.address] = _family(entry.address)
+    return out
+
+
+def is_expected_candidate(address: str) -> bool:
+    """Addresses worth remembering: link-local ones are regenerated, not configured."""
+    ip = ipaddress.ip_address(address)
+    return not (ip.is_link_local or ip.is_loopback or ip.is_multicast)
+
+
+def judge(snap: Snapshot, state: State, settings: DetectionSettings, *,
+          addresses: Mapping[str, tuple[AddressLike, ...]] | None = None,
+          advertised: Mapping[str, AdvertisedLink] | None = None,
+          risks: Mapping[str, frozenset[str]] | None = None,
+          flapping: Mapping[tuple[str, int], bool] | None = None) -> HostConditions:
+    """Judge `snap` against the state and settings. `addresses`: netlink's view by netdev, or None."""
+    ports: dict[tuple[str, int], PortView] = {}
+    devices: dict[str, DeviceView] = {}
+    errors_by_port: dict[tuple[str, int | None], list[str]] = {}
+    for err in snap.errors:
+        errors_by_port.setdefault((err.device, err.port), []).append(err.attribute)
+    configured = settings.configured_gid_index
+    for dev in snap.devices:
+        key = device_key(dev)
+        devices[key] = DeviceView(key, dev.name, dev.pci_address, True, key in state.devices)
+        expectation = settings.expectation_for(dev)
+        pcie = judge_pcie(snap.pcie.get(dev.pci_address) if dev.pci_address else None, expectation)
+        for port in dev.ports:
+            ports[(dev.name, port.number)] = _port_view(
+                dev, port, snap, state, expectation, pcie, configured, addresses, advertised or {}, risks or {},
+                flapping or {}, tuple(errors_by_port.get((dev.name, port.number), ())))
+    for key, known in state.devices.items():
+        if key not in devices:
+            devices[key] = DeviceView(key, known.name, known.pci_address, False, True)
+    device_errors = {d: tuple(a) for (d, p), a in errors_by_port.items() if p is None}
+    return HostConditions(snap.taken_at, ports, devices, settings.expected_devices, device_errors)
+
+
+def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectation: RatedExpectation | None,
+               pcie: LinkJudgement | None, configured: int | None,
+               addresses: Mapping[str, tuple[AddressLike, ...]] | None, advertised: Mapping[str, AdvertisedLink],
+               risks: Mapping[str, frozenset[str]], flapping: Mapping[tuple[str, int], bool],
+               unreadable: tuple[str, ...]) -> PortView:
+    pk = port_key(dev.name, port.number)
+    netdev = port.netdev
+    ratings = port_ratings(port, expectation, advertised.get(netdev) if netdev else None, state)
+    links = tuple(j for j in (judge_port_link(port, ratings), judge_netdev_link(port, snap, expectation, ratings),
+                              pcie) if j is not None)
+    indices = v2_ipv4_indices(port)
+    remembered = state.addresses.get(pk, {})
+    moved = {a: (known.v2_index, indices[a]) for a, known in remembered.items()
+             if known.v2_index is not None and a in indices and indices[a] != known.v2_index}
+    if addresses is not None and netdev is not None and netdev in addresses:
+        current: dict[str, str] | None = {a.address: a.family for a in addresses.get(netdev, ())}
+        source = "netlink"
+    elif port.link_layer == "Ethernet" and netdev is not None:
+        current, source = gid_table_addresses(port), "gid_table"
+    else:
+        current, source = None, ""
+    expected = {a: a in current for a in remembered} if current is not None else {}
+    valid, content = _configured_index(port, configured)
+    state_known = port.state is not None and port.phys_state is not None
+    return PortView(
+        device=dev.name, port=port.number, pci_address=dev.pci_address, netdev=netdev, link_layer=port.link_layer,
+        up=port.is_up if state_known else None,
+        gid_hash=port.gid_hash if port.gid_table_size else None,
+        v2_ipv4_index=indices, moved={a: (int(o), n) for a, (o, n) in moved.items()},
+        nccl_index=port.nccl_gid_index, configured_index=configured if valid is not None else None,
+        configured_index_valid=valid, configured_index_content=content,
+        addresses=current, addresses_from=source, expected=expected, rated=ratings, links=links,
+        flapping=flapping.get((dev.name, port.number), False),
+        risks=risks.get(netdev, frozenset()) if netdev else frozenset(), unreadable=unreadable)

@@ -1,0 +1,124 @@
+"""Carries detection from poll to poll: the last judgment, flap history, counters and the state file."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator, Mapping
+
+from rnic_exporter import catalog
+from rnic_exporter.detect.conditions import HostConditions, is_expected_candidate, judge
+from rnic_exporter.detect.diff import diff
+from rnic_exporter.detect.flapping import FlapTracker
+from rnic_exporter.detect.inputs import Inputs
+from rnic_exporter.detect.metrics import detection_families
+from rnic_exporter.detect.settings import DetectionSettings
+from rnic_exporter.detect.state import Baseline, KnownAddress, KnownDevice, State, StateStore, device_key, port_key
+from rnic_exporter.events import Event
+from rnic_exporter.model import Snapshot
+from rnic_exporter.sinks.exposition import Family
+
+log = logging.getLogger("rnic_exporter.detect")
+
+# last_seen is refreshed at this granularity so the state file is rewritten only when something
+# real changes, not on every poll.
+_SEEN_GRANULARITY_S = 300.0
+
+
+class Detector:
+    def __init__(self, settings: DetectionSettings, store: StateStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.flaps = FlapTracker(settings.flap)
+        self.last: HostConditions | None = None
+        self.gid_changes: Counter[tuple[str, int]] = Counter()
+        self.events: Counter[tuple[str, str, str]] = Counter()
+        self.state_errors: Counter[str] = Counter()
+        loaded = store.load()
+        self.state: State = loaded.state
+        if loaded.problem is not None:
+            self.state_errors[loaded.reason or "corrupt"] += 1
+            log.warning("state file rebuilt", extra={"fields": {"err": loaded.problem}})
+
+    def reconfigure(self, settings: DetectionSettings) -> None:
+        self.settings = settings
+        self.flaps.settings = settings.flap
+
+    def observe(self, snap: Snapshot, inputs: Inputs | None = None) -> list[Event]:
+        inputs = inputs or Inputs()
+        now = snap.taken_at
+        flapping = {(p.device, p.number): self.flaps.observe(
+            (p.device, p.number), p.is_up if p.state is not None and p.phys_state is not None else None, now)
+            for p in snap.ports}
+        self.flaps.forget(set(flapping))
+        cur = judge(snap, self.state, self.settings, addresses=inputs.addresses, advertised=inputs.advertised,
+                    risks=inputs.risks, flapping=flapping)
+        events = diff(self.last, cur)
+        for event in events:
+            self.events[(event.name, event.device, "" if event.port is None else str(event.port))] += 1
+            if event.name == "rnic.gid.table_changed" and event.port is not None:
+                self.gid_changes[(event.device, event.port)] += 1
+        self.last = cur
+        self._learn(snap, cur)
+        self._save()
+        return events
+
+    def _learn(self, snap: Snapshot, cur: HostConditions) -> None:
+        now = snap.taken_at
+        state = self.state
+        for dev in snap.devices:
+            key = device_key(dev)
+            known = state.devices.get(key)
+            if known is None:
+                state.devices[key] = KnownDevice(dev.name, dev.pci_address, dev.node_guid, dev.hca_type, dev.board_id,
+                                                 first_seen=now, last_seen=now)
+            else:
+                known.name, known.node_guid = dev.name, dev.node_guid or known.node_guid
+                known.hca_type, known.board_id = dev.hca_type or known.hca_type, dev.board_id or known.board_id
+                if now - known.last_seen >= _SEEN_GRANULARITY_S:
+                    known.last_seen = now
+            for port in dev.ports:
+                pk = port_key(dev.name, port.number)
+                if port.is_up and port.rate is not None:
+                    best = state.baselines.get(pk)
+                    if best is None or (port.rate.bytes_per_second, port.rate.lanes) > (
+                            best.rate_bytes_per_second, best.lanes):
+                        state.baselines[pk] = Baseline(port.rate.bytes_per_second, port.rate.lanes)
+        for view in cur.ports.values():
+            if view.addresses is None or view.netdev is None:
+                continue
+            pk = port_key(view.device, view.port)
+            remembered = state.addresses.setdefault(pk, {})
+            for address in view.addresses:
+                if not is_expected_candidate(address):
+                    continue
+                known_address = remembered.get(address)
+                index = view.v2_ipv4_index.get(address)
+                if known_address is None:
+                    remembered[address] = KnownAddress(view.netdev, now, index)
+                    continue
+                if index is not None:
+                    known_address.v2_index = index
+                if now - known_address.last_seen >= _SEEN_GRANULARITY_S or known_address.netdev != view.netdev:
+                    known_address.last_seen, known_address.netdev = now, view.netdev
+            for address in [a for a, k in remembered.items() if a not in view.addresses
+                            and now - k.last_seen > self.settings.address_forget_after_s]:
+                log.info("forgetting an address missing too long", extra={"fields": {
+                    "device": view.device, "port": view.port, "address": address}})
+                del remembered[address]
+            if not remembered:
+                del state.addresses[pk]
+
+    def _save(self) -> None:
+        try:
+            self.store.save(self.state)
+        except OSError as exc:
+            self.state_errors["unwritable"] += 1
+            if self.state_errors["unwritable"] == 1 or self.state_errors["unwritable"] % 100 == 0:
+                log.error("cannot write the state file; the inventory will not survive a restart",
+                          extra={"fields": {"path": str(self.store.path), "err": exc.strerror or str(exc)}})
+
+    def families(self, source_errors: Mapping[str, int], wakeups: Mapping[str, int]) -> Iterator[Family]:
+        return detection_families(self.last, self.gid_changes, self.events, {
+            catalog.STATE_ERRORS: self.state_errors, catalog.EVENT_SOURCE_ERRORS: source_errors,
+            catalog.WAKEUPS: wakeups})

@@ -1,0 +1,37 @@
+"""What detection needs besides sysfs, gathered in one place for the daemon and for `check`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from rnic_exporter.detect.conditions import AddressLike
+from rnic_exporter.model import Snapshot
+from rnic_exporter.sources.ethtool import AdvertisedLink
+from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    addresses: Mapping[str, tuple[AddressLike, ...]] | None = None  # by netdev; None without netlink
+    advertised: Mapping[str, AdvertisedLink] = field(default_factory=dict)  # by netdev
+    risks: Mapping[str, frozenset[str]] = field(default_factory=dict)  # by netdev
+
+
+def gather_inputs(snap: Snapshot, paths: HostPaths, addresses: Mapping[str, tuple[AddressLike, ...]] | None,
+                  advertised: Callable[[str], AdvertisedLink | None]) -> Inputs:
+    """Advertised link modes and address-loss risks of every RoCE netdev in `snap`."""
+    best_modes: dict[str, AdvertisedLink] = {}
+    risks: dict[str, frozenset[str]] = {}
+    for port in snap.ports:
+        netdev = port.netdev
+        if netdev is None or port.link_layer != "Ethernet":
+            continue
+        best = advertised(netdev)
+        if best is not None:
+            best_modes[netdev] = best
+        info = snap.netdevs.get(netdev)
+        has_v6 = addresses is not None and any(
+            a.family == "ipv6" and not a.address.startswith("fe80:") for a in addresses.get(netdev, ()))
+        risks[netdev] = address_loss_risks(paths, netdev, info.ifindex if info else None, has_v6)
+    return Inputs(addresses, best_modes, risks)

@@ -1,0 +1,79 @@
+"""Judgments and detection counters as Prometheus families (the catalogue's detection metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from rnic_exporter import catalog
+from rnic_exporter.catalog import MetricSpec
+from rnic_exporter.detect.conditions import HostConditions
+from rnic_exporter.events import EVENT_SPECS
+from rnic_exporter.sinks.exposition import Family
+from rnic_exporter.sources.hostnet import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
+
+RISK_REASONS = (NETWORKMANAGER, IPV6_KEEP_ADDR_OFF)
+DEVICE_EVENTS = tuple(s.name for s in EVENT_SPECS if s.name.startswith("rnic.device."))
+PORT_EVENTS = tuple(s.name for s in EVENT_SPECS if not s.name.startswith("rnic.device."))
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.families: dict[str, Family] = {}
+
+    def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float) -> None:
+        family = self.families.get(spec.name)
+        if family is None:
+            family = self.families[spec.name] = Family(spec)
+        family.samples.append((labels, value))
+
+
+def detection_families(cur: HostConditions | None, gid_changes: Mapping[tuple[str, int], int],
+                       events: Mapping[tuple[str, str, str], int],
+                       source_counters: Mapping[MetricSpec, Mapping[str, int]]) -> Iterator[Family]:
+    """`events` is keyed (event, device, port-as-text); every known port's and device's series start at 0,
+    so an alert's increase() sees the first event (a counter born at 1 hides it)."""
+    out = _Out()
+    c = catalog
+    if cur is not None:
+        for view in cur.ports.values():
+            pl = (view.device, str(view.port))
+            for rated in view.rated:
+                if rated.rate_bytes_per_second is not None:
+                    out.add(c.PORT_RATED_RATE, (*pl, rated.source), rated.rate_bytes_per_second)
+                if rated.lanes is not None:
+                    out.add(c.PORT_RATED_WIDTH, (*pl, rated.source), rated.lanes)
+            for judgement in view.links:
+                out.add(c.LINK_BELOW_RATED, (*pl, judgement.link), 1 if judgement.below else 0)
+            if view.netdev is not None:
+                nl = (*pl, view.netdev)
+                for address, present in sorted(view.expected.items()):
+                    out.add(c.NETDEV_ADDRESS_PRESENT, (*nl, address), 1 if present else 0)
+                if view.addresses is not None:
+                    families = list(view.addresses.values())
+                    for family in ("ipv4", "ipv6"):
+                        out.add(c.NETDEV_ADDRESSES, (*nl, family), families.count(family))
+                if view.link_layer == "Ethernet":
+                    for reason in RISK_REASONS:
+                        out.add(c.NETDEV_ADDRESS_LOSS_RISK, (*nl, reason), 1 if reason in view.risks else 0)
+            for address, index in sorted(view.v2_ipv4_index.items()):
+                out.add(c.GID_V2_IPV4_INDEX, (*pl, address), index)
+            if view.configured_index_valid is not None:
+                out.add(c.NCCL_CONFIGURED_GID_INDEX_VALID, pl, 1 if view.configured_index_valid else 0)
+            out.add(c.PORT_FLAPPING, pl, 1 if view.flapping else 0)
+            out.add(c.GID_TABLE_CHANGES, pl, gid_changes.get(view.key, 0))
+        for dev in sorted(cur.devices.values(), key=lambda d: d.key):
+            out.add(c.DEVICE_PRESENT, (dev.name, dev.pci_address or ""), 1 if dev.present else 0)
+    counts = dict(events)
+    if cur is not None:
+        for view in cur.ports.values():
+            for name in PORT_EVENTS:
+                counts.setdefault((name, view.device, str(view.port)), 0)
+        for dev in cur.devices.values():
+            for name in DEVICE_EVENTS:
+                counts.setdefault((name, dev.name, ""), 0)
+    for labels, count in sorted(counts.items()):
+        out.add(c.EVENTS, labels, count)
+    for spec, by_label in source_counters.items():
+        for label, count in sorted(by_label.items()):
+            out.add(spec, (label,), count)
+    yield from out.families.values()

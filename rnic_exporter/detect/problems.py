@@ -1,0 +1,106 @@
+"""One judgment explained for a human: every problem present now, what it means and what to do.
+
+Used by `rnic-exporter check` (job prologues, on-call). The wording names the device, port and
+values so the output can be pasted into a ticket as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rnic_exporter.detect.conditions import HostConditions, PortView
+from rnic_exporter.detect.diff import RISK_TEXT
+from rnic_exporter.events import Severity
+from rnic_exporter.model import ReadError
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    code: str
+    severity: Severity
+    where: str
+    what: str
+    meaning: str
+    fix: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_FIX_ADDRESS = ("configure the address with a method that keeps it on link loss (ifupdown's networking service, "
+                "or systemd-networkd with KeepConfiguration=), then restart jobs that use this port")
+_FIX_SPEED = "check the cable and transceiver (ethtool, ibstat); reseat or replace them, then confirm the rate"
+
+
+def _where(view: PortView) -> str:
+    return f"{view.device} port {view.port}" + (f" ({view.netdev})" if view.netdev else "")
+
+
+def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = ()) -> list[Problem]:
+    out: list[Problem] = []
+    for dev in sorted(cur.devices.values(), key=lambda d: d.name):
+        if not dev.present:
+            out.append(Problem("device_missing", "critical", f"{dev.name} ({dev.pci_address or '-'})",
+                               "a device of the inventory is not present",
+                               "jobs scheduled on this node with all RNICs will fail or run without this one",
+                               "look for PCIe or firmware errors (dmesg, lspci -vv); reseat or replace the NIC; "
+                               "delete the state file only if the device was removed on purpose"))
+    if cur.expected_devices is not None and cur.present_devices < cur.expected_devices:
+        out.append(Problem("device_count", "critical", "host",
+                           f"{cur.present_devices} RDMA devices present, {cur.expected_devices} expected",
+                           "a NIC is missing: collectives across this node fail or slow down",
+                           "look for PCIe or driver errors (dmesg, lspci -vv); reseat or replace the NIC"))
+    for view in sorted(cur.ports.values(), key=lambda v: v.key):
+        out.extend(_port_problems(view))
+    for err in errors:
+        where = err.device if err.port is None else f"{err.device} port {err.port}"
+        out.append(Problem("attribute_unreadable", "warning", where, f"{err.attribute}: {err.reason}",
+                           "this value is not monitored until it can be read again",
+                           "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug"))
+    out.sort(key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code))
+    return out
+
+
+def _port_problems(view: PortView) -> list[Problem]:
+    where = _where(view)
+    out = []
+    if view.up is False:
+        out.append(Problem("port_down", "warning", where, "port is not ACTIVE/LinkUp",
+                           "no RDMA traffic can use this port", "check the cable, the switch port and ibstat"))
+    for judgement in view.links:
+        if judgement.below:
+            out.append(Problem(f"{judgement.link}_below_rated", "warning", where,
+                               f"{judgement.link} link runs at {judgement.active}, rated {judgement.rated}",
+                               "collectives run at the speed of the slowest link",
+                               "reseat the NIC or move it to a full-width slot (lspci -vv)" if judgement.link == "pcie"
+                               else _FIX_SPEED))
+    if view.configured_index_valid is False:
+        out.append(Problem("nccl_gid_index_invalid", "critical", where,
+                           f"NCCL_IB_GID_INDEX={view.configured_index} is not a RoCE v2 IPv4 GID "
+                           f"({view.configured_index_content})",
+                           "NCCL init hangs or fails with 'Got completion with error 4'",
+                           "set NCCL_IB_GID_INDEX to the RoCE v2 IPv4 index shown by `rnic-exporter gids` "
+                           f"({_v2_hint(view)}) or unset it to let NCCL auto-select"))
+    if view.link_layer == "Ethernet" and view.nccl_index is None:
+        out.append(Problem("nccl_no_gid", "critical", where, "no GID NCCL's auto-selection could use",
+                           "NCCL cannot use this port for RoCE", "add an IPv4 address to the netdev (ip addr)"))
+    for address, present in sorted(view.expected.items()):
+        if not present:
+            out.append(Problem("address_missing", "critical", where, f"expected address {address} is missing",
+                               "its GIDs are gone; when it returns its RoCE v2 GID may sit at a higher index",
+                               _FIX_ADDRESS))
+    for risk in sorted(view.risks):
+        out.append(Problem(f"risk_{risk}", "warning", where, RISK_TEXT[risk],
+                           "a port flap can remove the address and shift the GID index under running jobs",
+                           _FIX_ADDRESS if risk == "networkmanager"
+                           else "sysctl -w net.ipv6.conf.<netdev>.keep_addr_on_down=1 (persist it in sysctl.d)"))
+    return out
+
+
+def _v2_hint(view: PortView) -> str:
+    if not view.v2_ipv4_index:
+        return "none on this port"
+    return ", ".join(f"{a} at {i}" for a, i in sorted(view.v2_ipv4_index.items()))

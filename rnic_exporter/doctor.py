@@ -1,0 +1,109 @@
+"""`rnic-exporter check`: one judgment of this host now, against the daemon's persisted inventory.
+
+For job prologues and on-call. Reads sysfs once (whole GID tables), the addresses over netlink
+when it can (else from the GID table), and the state directory read-only: `check` never changes
+what the daemon learned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
+from rnic_exporter.detect.inputs import gather_inputs
+from rnic_exporter.detect.problems import Problem, find_problems
+from rnic_exporter.detect.settings import DetectionSettings
+from rnic_exporter.detect.state import StateStore
+from rnic_exporter.model import Snapshot
+from rnic_exporter.sources.ethtool import EthtoolReader
+from rnic_exporter.sources.hostnet import HostPaths
+from rnic_exporter.sources.snapshot import HostReader, ReaderSettings
+from rnic_exporter.sources.sysfs import SysfsRoot
+
+CHECK_SCHEMA = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    problems: tuple[Problem, ...]
+    notes: tuple[str, ...]  # what limited the check (no inventory, no netlink...)
+    devices: int
+    ports: int
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": CHECK_SCHEMA, "healthy": self.healthy, "devices": self.devices, "ports": self.ports,
+                "problems": [p.to_json() for p in self.problems], "notes": list(self.notes)}
+
+
+def _netlink_addresses(notes: list[str]) -> dict[str, tuple[AddressLike, ...]] | None:
+    try:
+        from rnic_exporter.sources.netlink import NetlinkWatcher
+
+        watcher = NetlinkWatcher()
+        watcher.start()
+    except Exception as exc:  # any failure only narrows the check: fall back to the GID tables
+        notes.append(f"netlink unavailable ({exc}); addresses judged from the GID tables")
+        return None
+    try:
+        if not watcher.healthy:
+            notes.append("netlink unavailable; addresses judged from the GID tables")
+            return None
+        return dict(watcher.addresses())
+    finally:
+        watcher.close()
+
+
+def gather(snap: Snapshot, store: StateStore, settings: DetectionSettings, paths: HostPaths,
+           use_netlink: bool = True) -> tuple[HostConditions, list[str]]:
+    notes: list[str] = []
+    loaded = store.load()
+    if loaded.problem is not None:
+        notes.append(f"state: {loaded.problem}")
+    elif store.path is None or not store.path.exists():
+        notes.append("no inventory (state file) found: missing devices are judged only against "
+                     "--expected-devices")
+    addresses = _netlink_addresses(notes) if use_netlink else None
+    ethtool = EthtoolReader()
+    try:
+        inputs = gather_inputs(snap, paths, addresses, ethtool.advertised)
+    finally:
+        ethtool.close()
+    cur = judge(snap, loaded.state, settings, addresses=inputs.addresses, advertised=inputs.advertised,
+                risks=inputs.risks)
+    return cur, notes
+
+
+def run_check(sysfs: Path, state_dir: Path | None, settings: DetectionSettings, reader_settings: ReaderSettings,
+              paths: HostPaths, use_netlink: bool = True) -> CheckReport:
+    """Raises ConfigError for an unusable sysfs path (exit 2)."""
+    reader = HostReader(SysfsRoot(sysfs), reader_settings)
+    with contextlib.closing(reader):
+        snap = reader.read(full_gid_tables=True)
+    cur, notes = gather(snap, StateStore(state_dir), settings, paths, use_netlink)
+    if not snap.devices and not cur.devices:
+        notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
+    return CheckReport(tuple(find_problems(cur, snap.errors)), tuple(notes), len(snap.devices), len(snap.ports))
+
+
+def format_report(report: CheckReport) -> str:
+    lines = []
+    if report.healthy:
+        lines.append(f"OK: {report.devices} RDMA device(s), {report.ports} port(s), no problems found.")
+    else:
+        counts = {s: sum(1 for p in report.problems if p.severity == s) for s in ("critical", "warning", "info")}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        lines.append(f"PROBLEMS: {len(report.problems)} ({summary}) on {report.devices} RDMA device(s), "
+                     f"{report.ports} port(s).")
+        for problem in report.problems:
+            lines += ["", f"[{problem.severity.upper()}] {problem.where}: {problem.what}",
+                      f"  means: {problem.meaning}", f"  do:    {problem.fix}"]
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

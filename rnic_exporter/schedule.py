@@ -1,0 +1,80 @@
+"""When the agent polls: on its interval, and in a short burst after netlink or udev announce a change.
+
+The kernel updates the GID table a work-queue hop after it sends the address message, so one read
+at the message can miss the change. A burst re-reads at growing offsets after the latest
+announcement; each read of the burst re-reads whole GID tables, so a new entry at a so far empty
+slot is found at once instead of by the slow rotating sweep.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Seconds after the latest announcement. The kernel usually settles within milliseconds; the
+# tail covers a loaded host, and a later announcement restarts the burst.
+BURST_OFFSETS = (0.0, 0.05, 0.15, 0.3, 0.6, 1.2)
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    reason: str  # "interval", "event" or "signal"
+    full_gid_tables: bool
+    sources: frozenset[str]  # announcing sources since the previous poll
+
+
+class PollSchedule:
+    """Thread-safe: `announce` from watcher threads, `wait` from the polling thread."""
+
+    def __init__(self, interval_s: float, wake: threading.Event | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.wake = wake or threading.Event()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._next_interval = clock() + interval_s
+        self._burst_start: float | None = None
+        self._burst_step = 0
+        self._sources: set[str] = set()
+
+    def announce(self, source: str) -> None:
+        with self._lock:
+            self._sources.add(source)
+            self._burst_start = self._clock()
+            self._burst_step = 0
+        self.wake.set()
+
+    def _burst_due(self) -> float | None:
+        if self._burst_start is None or self._burst_step >= len(BURST_OFFSETS):
+            return None
+        return self._burst_start + BURST_OFFSETS[self._burst_step]
+
+    def wait(self, stop: threading.Event, interrupt: threading.Event | None = None) -> Due | None:
+        """Block until a poll is due; None when `stop` is set. `interrupt` (reload) returns early."""
+        while not stop.is_set():
+            with self._lock:
+                burst = self._burst_due()
+                due = self._next_interval if burst is None else min(burst, self._next_interval)
+            timeout = due - self._clock()
+            if timeout > 0:
+                self.wake.wait(timeout)
+                self.wake.clear()
+            if stop.is_set():
+                return None
+            now = self._clock()
+            with self._lock:
+                burst = self._burst_due()
+                if burst is not None and burst <= now:
+                    while self._burst_step < len(BURST_OFFSETS) and self._burst_start is not None and (
+                            self._burst_start + BURST_OFFSETS[self._burst_step] <= now):
+                        self._burst_step += 1
+                    sources, self._sources = frozenset(self._sources), set()
+                    return Due("event", True, sources)
+                if self._next_interval <= now:
+                    self._next_interval = now + self.interval_s
+                    return Due("interval", False, frozenset())
+            if interrupt is not None and interrupt.is_set():
+                return Due("signal", False, frozenset())
+        return None

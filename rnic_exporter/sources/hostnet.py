@@ -1,0 +1,61 @@
+"""Host network configuration that decides whether an RNIC's addresses survive a port flap.
+
+Incident 1 (GID index shift) starts with an address manager removing the address on carrier loss.
+Two signs of that risk are readable without privileges:
+- NetworkManager keeps a state file per managed device: `/run/NetworkManager/devices/<ifindex>`
+  (keyfile, `[device] managed=true`). NetworkManager removes IP configuration on carrier loss.
+- IPv6 removes a netdev's addresses on admin down unless `keep_addr_on_down` is set for the
+  netdev or for `all` (`/proc/sys/net/ipv6/conf/<if>/keep_addr_on_down`, > 0 keeps them).
+"""
+
+from __future__ import annotations
+
+import configparser
+from dataclasses import dataclass
+from pathlib import Path
+
+NETWORKMANAGER = "networkmanager"
+IPV6_KEEP_ADDR_OFF = "ipv6_keep_addr_on_down_off"
+
+
+@dataclass(frozen=True, slots=True)
+class HostPaths:
+    procfs: Path = Path("/proc")
+    rootfs: Path = Path("/")
+
+
+def networkmanager_manages(paths: HostPaths, ifindex: int) -> bool:
+    """True when NetworkManager's runtime state marks the device managed."""
+    state = paths.rootfs / "run/NetworkManager/devices" / str(ifindex)
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(state.read_text())
+    except (OSError, UnicodeDecodeError, configparser.Error):
+        return False
+    # NetworkManager writes managed=true/false; a state file without the key is a device it manages.
+    return parser.get("device", "managed", fallback="true").strip().lower() in ("true", "1", "yes")
+
+
+def _keep_addr(paths: HostPaths, conf: str) -> int | None:
+    try:
+        return int((paths.procfs / "sys/net/ipv6/conf" / conf / "keep_addr_on_down").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def ipv6_keeps_addresses(paths: HostPaths, ifname: str) -> bool | None:
+    """None when IPv6 is absent for the netdev (nothing to lose)."""
+    own = _keep_addr(paths, ifname)
+    if own is None:
+        return None
+    return own > 0 or (_keep_addr(paths, "all") or 0) > 0
+
+
+def address_loss_risks(paths: HostPaths, ifname: str, ifindex: int | None, has_global_ipv6: bool) -> frozenset[str]:
+    risks = set()
+    if ifindex is not None and networkmanager_manages(paths, ifindex):
+        risks.add(NETWORKMANAGER)
+    # Only a risk for a netdev that carries IPv6 addresses whose GIDs a flap would delete.
+    if has_global_ipv6 and ipv6_keeps_addresses(paths, ifname) is False:
+        risks.add(IPV6_KEEP_ADDR_OFF)
+    return frozenset(risks)
