@@ -18,7 +18,7 @@ from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.events import EVENT_SPECS
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.sysfs import SysfsRoot
-from tests.support.processes import require_binary
+from tests.support.processes import exporter, free_port, http_get, require_binary
 
 
 def metrics(agent: Agent) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -189,3 +189,51 @@ def test_check_takes_nccl_gid_index_from_the_environment(sim_host: SimHost, tmp_
                              capture_output=True, text=True, timeout=60,
                              env={**os.environ, "NCCL_IB_GID_INDEX": "three"})
     assert garbage.returncode == 2 and "NCCL_IB_GID_INDEX='three' is not an integer" in garbage.stderr
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, _, body = http_get(url)
+    assert status == 200
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def test_nic_removed_while_stopped_is_missing_after_restart(sim_host: SimHost, tmp_path: Path) -> None:
+    """Real daemon, stopped with SIGTERM, NIC removed, started again with the same --state.dir."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    args = ["serve", "--path.sysfs", str(sim_host.root), "--web.listen-address", f"127.0.0.1:{port}",
+            "--state.dir", str(tmp_path / "state"), "--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
+    present = ("rnic_device_present", frozenset({("device", "mlx5_1"), ("pci_address", "0000:19:00.0")}))
+    with exporter(args, ready_url=f"{base}/-/ready", log_path=tmp_path / "first.log"):
+        assert scrape(f"{base}/metrics")[present] == 1
+    assert (tmp_path / "state" / "state.json").is_file()
+    sim_host.remove_device("mlx5_1")
+    with exporter(args, ready_url=f"{base}/-/ready", log_path=tmp_path / "second.log"):
+        values = scrape(f"{base}/metrics")
+        assert values[present] == 0
+        assert values[("rnic_devices", frozenset())] == 2
+        gone = ("rnic_events_total", frozenset({("event", "rnic.device.disappeared"), ("device", "mlx5_1"),
+                                                ("port", "")}))
+        assert values[gone] == 1
+    log_lines = [json.loads(line) for line in (tmp_path / "second.log").read_text().splitlines()]
+    assert [line["device"] for line in log_lines if line.get("event") == "rnic.device.disappeared"] == ["mlx5_1"]
+
+
+def test_a_detection_failure_costs_no_metrics(sim_host: SimHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    agent = make_agent(sim_host, tmp_path / "state")
+
+    def broken(*args: object, **kwargs: object) -> list[object]:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(agent.detector, "observe", broken)
+    with caplog.at_level(logging.ERROR):
+        agent.poll_once(full_gid_tables=True)
+    assert series(agent, "rnic_devices") == 3
+    assert series(agent, "rnic_exporter_event_source_errors_total", source="detection") == 1
+    assert "detection failed" in caplog.text and "ValueError: a bug" in caplog.text
+    agent.close()
