@@ -1,0 +1,281 @@
+"""packaging/kubernetes/: every manifest validated strictly, and wired together as the daemon needs it.
+
+Core kinds go through `kubernetes-validate --strict` (the upstream OpenAPI schemas, offline). It
+does not know the prometheus-operator kinds, so ServiceMonitor and PrometheusRule are checked with
+JSON schemas written below from the fields of the operator's CRDs (monitoring.coreos.com/v1) that
+we use, closed against unknown fields as `--strict` is.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from rnic_exporter import __version__, bundle, config
+from rnic_exporter.cli import main
+from tests.support.processes import require_binary
+
+REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "packaging/kubernetes"
+KUBERNETES_VERSIONS = ("1.37.0", "1.28.0")  # newest bundled, and the oldest still common in GPU clusters
+OPERATOR_GROUP = "monitoring.coreos.com/v1"
+
+# Go duration as the operator's CRDs spell it (`monitoringv1.Duration`).
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                          r"(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_METADATA = {
+    "type": "object", "additionalProperties": False, "required": ["name", "namespace"],
+    "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                   "namespace": {"type": "string"}, "labels": _STRING_MAP, "annotations": _STRING_MAP},
+}
+
+
+def _resource(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": OPERATOR_GROUP}, "kind": {"const": kind}, "metadata": _METADATA,
+                           "spec": spec}}
+
+
+_RELABEL = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
+        "separator": {"type": "string"}, "targetLabel": {"type": "string"}, "regex": {"type": "string"},
+        "modulus": {"type": "integer"}, "replacement": {"type": "string"},
+        "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
+                            "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
+                            "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
+    },
+}
+SERVICE_MONITOR = _resource("ServiceMonitor", {
+    "type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
+    "properties": {
+        "jobLabel": {"type": "string"},
+        "selector": {"type": "object", "additionalProperties": False, "properties": {"matchLabels": _STRING_MAP}},
+        "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
+            "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}},
+        "endpoints": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"port": {"type": "string"}, "path": {"type": "string"},
+                           "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]}, "interval": _DURATION,
+                           "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
+                           "relabelings": {"type": "array", "items": _RELABEL},
+                           "metricRelabelings": {"type": "array", "items": _RELABEL}}}},
+    },
+})
+PROMETHEUS_RULE = _resource("PrometheusRule", {
+    "type": "object", "additionalProperties": False, "required": ["groups"],
+    "properties": {"groups": {"type": "array", "items": {
+        "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "limit": {"type": "integer"},
+            "rules": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False, "required": ["expr"],
+                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                "properties": {"alert": {"type": "string"}, "record": {"type": "string"},
+                               "expr": {"type": ["string", "integer"]}, "for": _DURATION,
+                               "keep_firing_for": _DURATION, "labels": _STRING_MAP, "annotations": _STRING_MAP}}}},
+    }}},
+})
+CRD_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR, "PrometheusRule": PROMETHEUS_RULE}
+
+
+def _documents() -> list[tuple[Path, dict[str, Any]]]:
+    docs = [(path, doc) for path in sorted(K8S.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())
+            if doc is not None]
+    assert docs, f"no manifests in {K8S}"
+    return docs
+
+
+def _one(kind: str) -> dict[str, Any]:
+    found = [doc for _, doc in _documents() if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def _core_files() -> list[Path]:
+    return sorted({path for path, doc in _documents() if doc["apiVersion"] != OPERATOR_GROUP})
+
+
+def _kubernetes_validate(files: list[Path], version: str) -> subprocess.CompletedProcess[str]:
+    binary = Path(sys.executable).with_name("kubernetes-validate")
+    assert binary.is_file(), "kubernetes-validate is not installed; run `bash scripts/test` (it is in the test extra)"
+    return subprocess.run([str(binary), "--strict", "-k", version, *map(str, files)], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_core_manifests_pass_kubernetes_validate_strict(version: str) -> None:
+    files = _core_files()
+    result = _kubernetes_validate(files, version)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    passed = re.findall(r"^INFO (\S+) passed for resource", out, flags=re.M)
+    assert sorted(passed) == sorted(str(f) for f in files), out
+    assert "WARN" not in out and "ERROR" not in out, out
+
+
+def test_kubernetes_validate_catches_a_misspelt_field(tmp_path: Path) -> None:
+    """The strict check is not vacuous: one typo in our DaemonSet fails it."""
+    broken = tmp_path / "daemonset.yaml"
+    broken.write_text((K8S / "daemonset.yaml").read_text().replace("hostNetwork:", "hostNetwrk:"))
+    result = _kubernetes_validate([broken], KUBERNETES_VERSIONS[0])
+    assert result.returncode != 0 and "hostNetwrk" in result.stdout + result.stderr
+
+
+def test_every_manifest_is_validated_by_one_of_the_two_checks() -> None:
+    for path, doc in _documents():
+        if doc["apiVersion"] == OPERATOR_GROUP:
+            assert doc["kind"] in CRD_SCHEMAS, f"{path.name}: no schema for {doc['kind']}"
+            jsonschema.validate(doc, CRD_SCHEMAS[doc["kind"]])
+        else:
+            assert path in _core_files()
+
+
+@pytest.mark.parametrize(("kind", "breakage"), [
+    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(intervall="15s")),
+    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 seconds")),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].update(record="also_a_recording_rule")),
+    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].update(For="5m")),
+])
+def test_crd_schemas_reject_what_the_operator_would(kind: str, breakage: Any) -> None:
+    doc = copy.deepcopy(_one(kind))
+    breakage(doc)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, CRD_SCHEMAS[kind])
+
+
+def test_prometheus_rule_is_generated_from_the_rule_files(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    committed = K8S / "prometheusrule.yaml"
+    expected = bundle.render_prometheus_rule(REPO)
+    if request.config.getoption("--update-golden"):
+        committed.write_text(expected)
+    assert committed.read_text() == expected, (
+        "packaging/kubernetes/prometheusrule.yaml is stale: pytest tests/test_packaging_kubernetes.py --update-golden")
+    # Same rules, value for value, as the files Prometheus loads on bare metal...
+    groups = yaml.safe_load(committed.read_text())["spec"]["groups"]
+    assert groups == bundle.rule_groups(bundle.rule_files(REPO))
+    # ...and promtool accepts them as a rule file.
+    extracted = tmp_path / "from-prometheusrule.yml"
+    extracted.write_text(yaml.safe_dump({"groups": groups}))
+    check = subprocess.run([require_binary("promtool"), "check", "rules", str(extracted)], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _serve_flags() -> set[str]:
+    serve = main.commands["serve"]
+    return {opt for param in serve.params for opt in (*param.opts, *param.secondary_opts)}
+
+
+def _flag_values(args: list[str]) -> dict[str, str]:
+    return dict(arg.split("=", 1) for arg in args if arg.startswith("--") and "=" in arg)
+
+
+def test_daemonset_runs_serve_with_flags_that_exist_and_mounts_what_they_name() -> None:
+    pod = _one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[0] == "serve"
+    assert {arg.split("=", 1)[0] for arg in args[1:]} <= _serve_flags(), args
+    flags = _flag_values(args[1:])
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+
+    def host_path_at(mount_path: str) -> tuple[str, bool]:
+        (mount,) = [m for m in mounts.values() if m["mountPath"] == mount_path]
+        return volumes[mount["name"]]["hostPath"]["path"], mount.get("readOnly", False)
+
+    assert pod["hostNetwork"] is True
+    assert host_path_at(flags["--path.sysfs"]) == ("/sys", True)
+    assert mounts["sys"]["mountPropagation"] == "HostToContainer"
+    assert host_path_at(flags["--state.dir"]) == ("/var/lib/rnic-exporter", False)
+    assert host_path_at(flags["--path.rootfs"] + "/run/NetworkManager") == ("/run/NetworkManager", True)
+    assert host_path_at("/etc/machine-id") == ("/etc/machine-id", True)  # the OTLP resource's host.id
+    assert volumes[mounts["machine-id"]["name"]]["hostPath"]["type"] == "File"  # never created empty
+    # The config file is the ConfigMap's key, mounted where --config points.
+    config_path = Path(flags["--config"])
+    (config_mount,) = [m for m in mounts.values() if m["mountPath"] == str(config_path.parent)]
+    config_map = _one("ConfigMap")
+    assert volumes[config_mount["name"]]["configMap"]["name"] == config_map["metadata"]["name"]
+    assert config_path.name in config_map["data"]
+    # The init container prepares exactly the state directory the exporter uses.
+    (init,) = pod["initContainers"]
+    assert init["volumeMounts"][0]["mountPath"] == flags["--state.dir"]
+    assert f"'{flags['--state.dir']}'" in init["command"][-1]
+
+
+def test_daemonset_is_non_root_locked_down_probed_and_bounded() -> None:
+    daemonset = _one("DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65534
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    init_sc = pod["initContainers"][0]["securityContext"]
+    assert init_sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}  # its one root action, nothing more
+    assert pod["automountServiceAccountToken"] is False
+    tolerated = {t.get("key") for t in pod["tolerations"]}
+    assert "nvidia.com/gpu" in tolerated
+    (port,) = container["ports"]
+    listen = _flag_values(container["args"])["--web.listen-address"]
+    assert listen == f":{port['containerPort']}" and port["hostPort"] == port["containerPort"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/-/healthy", "port": port["name"]}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/-/ready", "port": port["name"]}
+    units = {"m": 1e-3, "Mi": 2**20}
+
+    def quantity(text: str) -> float:
+        number, unit = re.fullmatch(r"(\d+)(m|Mi)", text).groups()  # type: ignore[union-attr]
+        return int(number) * units[unit]
+
+    for name in ("cpu", "memory"):
+        request, limit = container["resources"]["requests"][name], container["resources"]["limits"][name]
+        assert quantity(request) <= quantity(limit), name
+    # 58 MB peak RSS measured with the OTLP sink (daemonset.yaml): the request covers it, the limit doubles it.
+    assert quantity(container["resources"]["requests"]["memory"]) >= 58e6
+    assert quantity(container["resources"]["limits"]["memory"]) >= 2 * 58e6
+    # One version: the image tag and the version label are the package's.
+    assert container["image"].rsplit(":", 1)[1] == __version__
+    assert daemonset["metadata"]["labels"]["app.kubernetes.io/version"] == __version__
+
+
+def test_service_and_servicemonitor_select_the_daemonset_pods() -> None:
+    pod_template = _one("DaemonSet")["spec"]["template"]
+    pod_labels = pod_template["metadata"]["labels"]
+    service = _one("Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    (container,) = pod_template["spec"]["containers"]
+    (service_port,) = service["spec"]["ports"]
+    assert service_port["targetPort"] == container["ports"][0]["name"]
+    monitor = _one("ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [service["metadata"]["namespace"]]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service_port["name"]
+    telemetry = _flag_values(container["args"]).get("--web.telemetry-path", "/metrics")
+    assert endpoint["path"] == telemetry
+    assert _one("ServiceAccount")["metadata"]["name"] == pod_template["spec"]["serviceAccountName"]
+    namespaces = {doc["metadata"]["namespace"] for _, doc in _documents()}
+    assert namespaces == {bundle.K8S_NAMESPACE}
+
+
+def test_configmap_config_is_accepted_by_the_config_loader(tmp_path: Path) -> None:
+    data = _one("ConfigMap")["data"]
+    assert data, "the ConfigMap carries no config file"
+    for name, text in data.items():
+        path = tmp_path / name
+        path.write_text(text)
+        loaded = config.load(path)  # raises ConfigError on any unknown key or bad value
+        assert loaded.poll_interval_seconds == 5
+        assert loaded.device_include == "^mlx5_"
+
