@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
-from rnic_exporter.detect.inputs import gather_inputs
+from rnic_exporter.detect.inputs import gather_inputs, host_risks
 from rnic_exporter.detect.problems import Problem, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
@@ -72,7 +72,7 @@ def gather(snap: Snapshot, store: StateStore, settings: DetectionSettings, paths
     addresses = _netlink_addresses(notes) if use_netlink else None
     ethtool = EthtoolReader()
     try:
-        inputs = gather_inputs(snap, paths, addresses, ethtool.advertised)
+        inputs = gather_inputs(snap, host_risks(paths), addresses, ethtool.advertised)
     finally:
         ethtool.close()
     cur = judge(snap, loaded.state, settings, addresses=inputs.addresses, advertised=inputs.advertised,

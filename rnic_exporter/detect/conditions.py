@@ -7,14 +7,16 @@ views out. Events are differences between two of these (`diff.py`); `check` expl
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.detect.state import State, device_key, port_key
-from rnic_exporter.model import ROCE_V2, Device, PcieLink, Port, Snapshot
+from rnic_exporter.model import ROCE_V2, Device, GidEntry, PcieLink, Port, Snapshot
 from rnic_exporter.sources.ethtool import AdvertisedLink
 
 PORT, NETDEV, PCIE = "port", "netdev", "pcie"
@@ -189,13 +191,21 @@ def judge_pcie(link: PcieLink | None, expectation: RatedExpectation | None) -> L
                          f"{rated} ({source})", source)
 
 
-def v2_ipv4_indices(port: Port) -> dict[str, int]:
+# GID tables rarely change between polls; parsing their addresses each poll would cost more than
+# reading them. Keyed by the entries themselves (frozen, hashable), so a change is a cache miss.
+@functools.lru_cache(maxsize=1024)
+def _v2_ipv4_indices(gids: tuple[GidEntry, ...]) -> Mapping[str, int]:
     out: dict[str, int] = {}
-    for entry in port.gids:
+    for entry in gids:
         ipv4 = entry.ipv4
         if entry.type == ROCE_V2 and ipv4 is not None and ipv4 not in out:
             out[ipv4] = entry.index
-    return out
+    return MappingProxyType(out)
+
+
+def v2_ipv4_indices(port: Port) -> Mapping[str, int]:
+    """IPv4 address -> index of its RoCE v2 GID (the lowest, should there be two)."""
+    return _v2_ipv4_indices(port.gids)
 
 
 def _configured_index(port: Port, index: int | None) -> tuple[bool | None, str]:
@@ -212,16 +222,22 @@ def _family(address: str) -> str:
     return "ipv4" if ipaddress.ip_address(address).version == 4 else "ipv6"
 
 
-def gid_table_addresses(port: Port) -> dict[str, str]:
-    """Addresses the GID table shows for the port's netdev: the fallback when netlink is not there."""
+@functools.lru_cache(maxsize=1024)
+def _gid_table_addresses(gids: tuple[GidEntry, ...], netdev: str | None) -> Mapping[str, str]:
     out: dict[str, str] = {}
-    for entry in port.gids:
-        if entry.is_link_local or entry.netdev is None or entry.netdev != port.netdev:
+    for entry in gids:
+        if entry.is_link_local or entry.netdev is None or entry.netdev != netdev:
             continue
         out[entry.address] = _family(entry.address)
-    return out
+    return MappingProxyType(out)
 
 
+def gid_table_addresses(port: Port) -> Mapping[str, str]:
+    """Addresses the GID table shows for the port's netdev: the fallback when netlink is not there."""
+    return _gid_table_addresses(port.gids, port.netdev)
+
+
+@functools.lru_cache(maxsize=4096)
 def is_expected_candidate(address: str) -> bool:
     """Addresses worth remembering: link-local ones are regenerated, not configured."""
     ip = ipaddress.ip_address(address)
@@ -271,13 +287,16 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
     moved = {a: (known.v2_index, indices[a]) for a, known in remembered.items()
              if known.v2_index is not None and a in indices and indices[a] != known.v2_index}
     if addresses is not None and netdev is not None and netdev in addresses:
-        current: dict[str, str] | None = {a.address: a.family for a in addresses.get(netdev, ())}
+        current: Mapping[str, str] | None = {a.address: a.family for a in addresses.get(netdev, ())}
         source = "netlink"
     elif port.link_layer == "Ethernet" and netdev is not None:
         current, source = gid_table_addresses(port), "gid_table"
     else:
         current, source = None, ""
-    expected = {a: a in current for a in remembered} if current is not None else {}
+    # Expected: what the netdev carried before (remembered) and what it carries now (remembered
+    # from this poll on), so the gauge exists from the first poll.
+    expected = ({a: a in current for a in remembered} | {a: True for a in current if is_expected_candidate(a)}
+                if current is not None else {})
     valid, content = _configured_index(port, configured)
     state_known = port.state is not None and port.phys_state is not None
     return PortView(

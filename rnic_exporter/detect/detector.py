@@ -34,6 +34,7 @@ class Detector:
         self.gid_changes: Counter[tuple[str, int]] = Counter()
         self.events: Counter[tuple[str, str, str]] = Counter()
         self.state_errors: Counter[str] = Counter()
+        self._unsaved = True  # the first poll writes the file (a new or rebuilt state)
         loaded = store.load()
         self.state: State = loaded.state
         if loaded.problem is not None:
@@ -59,11 +60,31 @@ class Detector:
             if event.name == "rnic.gid.table_changed" and event.port is not None:
                 self.gid_changes[(event.device, event.port)] += 1
         self.last = cur
-        self._learn(snap, cur)
-        self._save()
+        if self._learn(snap, cur):
+            self._save()
         return events
 
-    def _learn(self, snap: Snapshot, cur: HostConditions) -> None:
+    def _learn(self, snap: Snapshot, cur: HostConditions) -> bool:
+        """Fold this poll into the state; True when something changed (the file is then rewritten)."""
+        before = self._fingerprint()
+        self._learn_into(snap, cur)
+        after = self._fingerprint()
+        if after == before and not self._unsaved:
+            return False
+        self._unsaved = True
+        return True
+
+    def _fingerprint(self) -> tuple[object, ...]:
+        """Cheap summary of everything _learn_into may change (counts, sums, times, indices)."""
+        state = self.state
+        devices = tuple((k, d.name, d.last_seen, d.node_guid, d.hca_type, d.board_id)
+                        for k, d in state.devices.items())
+        baselines = tuple((k, b.rate_bytes_per_second, b.lanes) for k, b in state.baselines.items())
+        addresses = tuple((k, a, s.netdev, s.last_seen, s.v2_index)
+                          for k, v in state.addresses.items() for a, s in v.items())
+        return devices, baselines, addresses
+
+    def _learn_into(self, snap: Snapshot, cur: HostConditions) -> None:
         now = snap.taken_at
         state = self.state
         for dev in snap.devices:
@@ -112,6 +133,7 @@ class Detector:
     def _save(self) -> None:
         try:
             self.store.save(self.state)
+            self._unsaved = False
         except OSError as exc:
             self.state_errors["unwritable"] += 1
             if self.state_errors["unwritable"] == 1 or self.state_errors["unwritable"] % 100 == 0:

@@ -18,11 +18,21 @@ class Inputs:
     risks: Mapping[str, frozenset[str]] = field(default_factory=dict)  # by netdev
 
 
-def gather_inputs(snap: Snapshot, paths: HostPaths, addresses: Mapping[str, tuple[AddressLike, ...]] | None,
+RiskLookup = Callable[[str, int | None, bool], frozenset[str]]  # (netdev, ifindex, has global IPv6)
+
+
+def host_risks(paths: HostPaths) -> RiskLookup:
+    def lookup(netdev: str, ifindex: int | None, has_global_ipv6: bool) -> frozenset[str]:
+        return address_loss_risks(paths, netdev, ifindex, has_global_ipv6)
+
+    return lookup
+
+
+def gather_inputs(snap: Snapshot, risks: RiskLookup, addresses: Mapping[str, tuple[AddressLike, ...]] | None,
                   advertised: Callable[[str], AdvertisedLink | None]) -> Inputs:
     """Advertised link modes and address-loss risks of every RoCE netdev in `snap`."""
     best_modes: dict[str, AdvertisedLink] = {}
-    risks: dict[str, frozenset[str]] = {}
+    found: dict[str, frozenset[str]] = {}
     for port in snap.ports:
         netdev = port.netdev
         if netdev is None or port.link_layer != "Ethernet":
@@ -33,5 +43,5 @@ def gather_inputs(snap: Snapshot, paths: HostPaths, addresses: Mapping[str, tupl
         info = snap.netdevs.get(netdev)
         has_v6 = addresses is not None and any(
             a.family == "ipv6" and not a.address.startswith("fe80:") for a in addresses.get(netdev, ()))
-        risks[netdev] = address_loss_risks(paths, netdev, info.ifindex if info else None, has_v6)
-    return Inputs(addresses, best_modes, risks)
+        found[netdev] = risks(netdev, info.ifindex if info else None, has_v6)
+    return Inputs(addresses, best_modes, found)
