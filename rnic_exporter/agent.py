@@ -7,12 +7,13 @@ SIGHUP re-reads the config file (a broken file keeps the running config and says
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -20,14 +21,27 @@ from typing import Protocol
 
 from rnic_exporter import __version__
 from rnic_exporter import config as config_file
+from rnic_exporter.detect.conditions import AddressLike
+from rnic_exporter.detect.detector import Detector
+from rnic_exporter.detect.inputs import Inputs, gather_inputs
+from rnic_exporter.detect.settings import DetectionSettings
+from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import Event
 from rnic_exporter.model import Snapshot
+from rnic_exporter.schedule import PollSchedule
+from rnic_exporter.sinks.exposition import Family
+from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.prometheus import ExporterStats, PrometheusSink
+from rnic_exporter.sources.ethtool import AdvertisedLink, EthtoolReader
+from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
 from rnic_exporter.sources.snapshot import HostReader, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 log = logging.getLogger("rnic_exporter.agent")
+event_log = logging.getLogger("rnic_exporter.events")
+_EVENT_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
+RISK_TTL_S = 60.0
 
 
 class EventSink(Protocol):
@@ -35,7 +49,12 @@ class EventSink(Protocol):
 
     def publish(self, snap: Snapshot, events: Sequence[Event]) -> None: ...
 
+    def families(self) -> Iterable[Family]:
+        """The sink's own health metrics for /metrics (export failures, drops)."""
+        ...
+
     def close(self) -> None: ...
+
 
 # Prometheus' exporter port range 9100-9999 is fully allocated and its guide asks unlisted
 # exporters to stay out of it; 19879 is outside it, below the ephemeral range, and no well-known
@@ -53,6 +72,13 @@ class ServeConfig:
     poll_interval_s: float = 5.0
     reader: ReaderSettings = field(default_factory=ReaderSettings)
     config_file: Path | None = None
+    state_dir: Path | None = DEFAULT_STATE_DIR  # None keeps the inventory in memory only
+    host_paths: HostPaths = field(default_factory=HostPaths)
+    detection: DetectionSettings = field(default_factory=DetectionSettings)
+    watch_netlink: bool = True
+    watch_udev: bool = True
+    ethtool: bool = True  # advertised link modes as a rated source (loads pyroute2, ~10 MB)
+    otlp: OtlpSettings | None = None  # None: OTLP off, OpenTelemetry never imported
 
 
 class Agent:
@@ -68,20 +94,71 @@ class Agent:
         self._announced_empty = False
         self.config_reload_ok = True
         self.sinks: list[EventSink] = []
+        self.detection_families: tuple[Family, ...] = ()  # this poll's, shared by every sink
+        self.detector = Detector(config.detection, StateStore(config.state_dir))
+        self.ethtool = EthtoolReader()
+        self._advertised: dict[str, AdvertisedLink | None] = {}  # netdev -> best advertised mode, cached
+        self._risk_cache: dict[tuple[str, int | None, bool], tuple[float, frozenset[str]]] = {}
+        self.source_errors: Counter[str] = Counter()
+        self.wakeups: Counter[str] = Counter()
+        self.addresses: Callable[[], Mapping[str, tuple[AddressLike, ...]]] | None = None  # set with netlink
+        self.rnic_netdevs: frozenset[str] = frozenset()  # read by watcher threads: replaced, never mutated
 
-    def poll_once(self) -> Snapshot:
-        snap = self.reader.read()
+    def poll_once(self, full_gid_tables: bool = False) -> Snapshot:
+        snap = self.reader.read(full_gid_tables=full_gid_tables)
+        self.rnic_netdevs = frozenset(n for port in snap.ports for n in port.netdevs)
         self.polls += 1
         for err in snap.errors:
             self.read_errors[err.kind] += 1
         self._log_changes(snap)
-        self.last = snap
+        events = self._detect(snap)
+        for event in events:
+            event_log.log(_EVENT_LEVEL[event.severity], event.message, extra={"fields": event.fields()})
+        self.detection_families = tuple(self.detector.families(self.source_errors, self.wakeups))
+        extra: list[Iterable[Family]] = [self.detection_families]
+        extra.extend(sink.families() for sink in self.sinks)
         self.prometheus.update(snap, ExporterStats(polls=self.polls, read_errors_by_reason=dict(self.read_errors),
-                                                   config_reload_ok=self.config_reload_ok))
-        events: Sequence[Event] = ()
+                                                   config_reload_ok=self.config_reload_ok),
+                               itertools.chain.from_iterable(extra))
+        self.last = snap  # after the sink has it: readiness means "scrapes see a poll"
         for sink in self.sinks:
             sink.publish(snap, events)
         return snap
+
+    def _detect(self, snap: Snapshot) -> list[Event]:
+        """Detection must never cost the metrics: a failure is logged with its traceback and counted."""
+        try:
+            return self.detector.observe(snap, self._inputs(snap))
+        except Exception:
+            self.source_errors["detection"] += 1
+            log.exception("detection failed for this poll; sysfs metrics are still served")
+            return []
+
+    def _inputs(self, snap: Snapshot) -> Inputs:
+        addresses = self.addresses() if self.addresses is not None else None
+        return gather_inputs(snap, self._risks, addresses, self._advertised_mode)
+
+    def _risks(self, netdev: str, ifindex: int | None, has_global_ipv6: bool) -> frozenset[str]:
+        """Re-read at most every RISK_TTL_S per netdev (and after its link events): the files
+        behind it change when an operator reconfigures, not between polls."""
+        key = (netdev, ifindex, has_global_ipv6)
+        now = time.monotonic()
+        cached = self._risk_cache.get(key)
+        if cached is None or now - cached[0] > RISK_TTL_S:
+            cached = self._risk_cache[key] = (now, address_loss_risks(self.config.host_paths, *key))
+        return cached[1]
+
+    def _advertised_mode(self, netdev: str) -> AdvertisedLink | None:
+        """Cached per netdev: an ethtool netlink round trip per poll would cost more than the poll."""
+        if netdev not in self._advertised:
+            self._advertised[netdev] = self.ethtool.advertised(netdev) if self.config.ethtool else None
+        return self._advertised[netdev]
+
+    def link_changed(self, ifname: str) -> None:
+        """A link event: advertised modes (new module) and the address manager may differ now."""
+        self._advertised.pop(ifname, None)
+        for key in [k for k in self._risk_cache if k[0] == ifname]:
+            del self._risk_cache[key]
 
     def _log_changes(self, snap: Snapshot) -> None:
         if not snap.devices and not self._announced_empty:
@@ -109,6 +186,7 @@ class Agent:
     def close(self) -> None:
         for sink in self.sinks:
             sink.close()
+        self.ethtool.close()
         self.reader.close()
 
 
@@ -127,7 +205,15 @@ def apply_file(config: ServeConfig, explicit: set[str]) -> ServeConfig:
     if "device_exclude" not in explicit and loaded.device_exclude is not None:
         exclude = loaded.device_exclude
     return replace(config, poll_interval_s=interval,
-                   reader=ReaderSettings.build(include, exclude, loaded.nccl_env))
+                   reader=ReaderSettings.build(include, exclude, loaded.nccl_env),
+                   detection=_detection(loaded.detection(config.detection), config.detection, explicit))
+
+
+def _detection(from_file: DetectionSettings, base: DetectionSettings, explicit: set[str]) -> DetectionSettings:
+    """NCCL_IB_GID_INDEX in the environment is what jobs here get: it beats the file's nccl.ib_gid_index."""
+    if "nccl_gid_index" in explicit:
+        return replace(from_file, nccl_gid_index=base.nccl_gid_index)
+    return from_file
 
 
 @contextlib.contextmanager
@@ -163,8 +249,17 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
 
     stop = stop or threading.Event()
     wake, reload = threading.Event(), threading.Event()
-    config = apply_file(config, set(explicit))
+    base = config  # flags and defaults: every (re)load of the file starts from these
+    config = apply_file(base, set(explicit))
     agent = Agent(config)
+    if config.otlp is not None:  # before serving: a missing extra is a one-line error, exit 2
+        from rnic_exporter.sinks.otel import OtelSink
+
+        agent.sinks.append(OtelSink(
+            config.otlp, stats=lambda: ExporterStats(polls=agent.polls, read_errors_by_reason=dict(agent.read_errors),
+                                                     config_reload_ok=agent.config_reload_ok),
+            extra=lambda: agent.detection_families))
+    schedule = PollSchedule(config.poll_interval_s, wake)
     web = WebServer(
         listen_addresses=config.listen,
         telemetry_path=config.telemetry_path,
@@ -179,34 +274,73 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
         web_config_file=config.web_config_file,
         health=agent.healthy,
     )
-    with capture_signals(stop, wake, reload):
+    with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll
-        agent.poll_once()
+        cleanup.callback(agent.close)
+        cleanup.callback(web.shutdown)
+        watchers = start_watchers(config, agent, schedule, cleanup)
+        agent.poll_once(full_gid_tables=True)
         log.info("listening", extra={"fields": {
             "address": ",".join(f"{h}:{p}" for h, p in web.bound), "telemetry_path": config.telemetry_path,
-            "sysfs": str(config.sysfs), "poll_interval_s": config.poll_interval_s, "version": __version__}})
-        try:
-            while not stop.is_set():
-                wake.wait(config.poll_interval_s)
-                wake.clear()
-                if stop.is_set():
-                    break
-                if reload.is_set():
-                    reload.clear()
-                    config = _reload(agent, config, explicit)
-                started = time.monotonic()
-                agent.poll_once()
-                log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6)}})
-        finally:
-            web.shutdown()
-            agent.close()
+            "sysfs": str(config.sysfs), "poll_interval_s": config.poll_interval_s, "version": __version__,
+            "state_dir": str(config.state_dir or ""), "watching": ",".join(sorted(watchers)) or "none"}})
+        while (due := schedule.wait(stop, reload)) is not None:
+            if reload.is_set():
+                reload.clear()
+                config = _reload(agent, base, config, explicit)
+                schedule.interval_s = config.poll_interval_s
+            for source, watcher in watchers.items():
+                agent.source_errors[source] = watcher.errors
+            agent.wakeups.update(due.sources)
+            started = time.monotonic()
+            agent.poll_once(full_gid_tables=due.full_gid_tables)
+            log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6),
+                                                "reason": due.reason}})
     log.info("stopped")
     return 0
 
 
-def _reload(agent: Agent, config: ServeConfig, explicit: frozenset[str]) -> ServeConfig:
+class Watcher(Protocol):
+    errors: int
+
+    def close(self) -> None: ...
+
+
+def start_watchers(config: ServeConfig, agent: Agent, schedule: PollSchedule,
+                   cleanup: contextlib.ExitStack) -> dict[str, Watcher]:
+    """Start netlink and udev listeners that wake the poller; a failure leaves polling alone."""
+    watchers: dict[str, Watcher] = {}
+    if config.watch_netlink:
+        from rnic_exporter.sources.netlink import NetlinkWatcher
+
+        def on_netlink(ifname: str, kind: str) -> None:
+            if ifname in agent.rnic_netdevs:
+                if kind == "link":
+                    agent.link_changed(ifname)
+                schedule.announce("netlink")
+
+        netlink = NetlinkWatcher(on_netlink)
+        netlink.start()
+        cleanup.callback(netlink.close)
+        agent.addresses = netlink.addresses
+        watchers["netlink"] = netlink
+    if config.watch_udev:
+        from rnic_exporter.sources.udev import UdevWatcher
+
+        def on_udev(subsystem: str, action: str, sys_name: str) -> None:
+            if subsystem != "net" or sys_name in agent.rnic_netdevs:
+                schedule.announce("udev")
+
+        udev = UdevWatcher(on_udev)
+        udev.start()
+        cleanup.callback(udev.close)
+        watchers["udev"] = udev
+    return watchers
+
+
+def _reload(agent: Agent, base: ServeConfig, config: ServeConfig, explicit: frozenset[str]) -> ServeConfig:
     try:
-        new = apply_file(config, set(explicit))
+        new = apply_file(base, set(explicit))
     except ConfigError as exc:
         log.error("config reload failed; keeping the running config", extra={"fields": {"err": str(exc)}})
         agent.config_reload_ok = False
@@ -214,5 +348,6 @@ def _reload(agent: Agent, config: ServeConfig, explicit: frozenset[str]) -> Serv
     agent.config_reload_ok = True
     agent.config = new
     agent.reader.settings = new.reader
+    agent.detector.reconfigure(new.detection)
     log.info("config reloaded", extra={"fields": {"file": str(config.config_file)}})
     return new

@@ -6,6 +6,7 @@ Command bodies hold no logic: they turn flags into a config and call one functio
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
@@ -15,6 +16,7 @@ import click
 
 from rnic_exporter import __version__
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.sinks.otel_settings import otlp_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -131,6 +133,30 @@ def gids(sysfs: str, device: str | None, as_json: bool) -> None:
     click.echo(f"n_gids_found={len(rows)}")
 
 
+def host_path_options(f: F) -> F:
+    """Where the host's other trees are, node_exporter style (a container mounts them elsewhere)."""
+    f = click.option("--path.procfs", "procfs", default="/proc", metavar="DIR",
+                     help="procfs mount point (IPv6 keep_addr_on_down per netdev).")(f)
+    f = click.option("--path.rootfs", "rootfs", default="/", metavar="DIR",
+                     help="Host root (NetworkManager's /run/NetworkManager/devices state).")(f)
+    from rnic_exporter.detect.state import DEFAULT_STATE_DIR
+
+    return click.option("--state.dir", "state_dir", default=str(DEFAULT_STATE_DIR), metavar="DIR",
+                        help="Where the device inventory, baselines and expected addresses persist "
+                             "(empty: keep them in memory only).")(f)
+
+
+def _nccl_gid_index_env() -> int | None:
+    """NCCL_IB_GID_INDEX as the jobs on this host would get it; a bad value is a usage error."""
+    raw = os.environ.get("NCCL_IB_GID_INDEX")
+    if raw is None or not raw.strip():
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        fail(f"NCCL_IB_GID_INDEX={raw!r} is not an integer")
+
+
 def serve_options(f: F) -> F:
     from rnic_exporter.agent import DEFAULT_LISTEN
     from rnic_exporter.logsetup import FORMATTERS, LEVELS
@@ -150,6 +176,12 @@ def serve_options(f: F) -> F:
                      help="Seconds between sysfs polls. Scrapes are served from the last poll."),
         click.option("--log.level", "log_level", type=click.Choice(list(LEVELS)), default="info"),
         click.option("--log.format", "log_format", type=click.Choice(sorted(FORMATTERS)), default="logfmt"),
+        click.option("--watch.netlink/--no-watch.netlink", "watch_netlink", default=True,
+                     help="Re-read at once on rtnetlink address and link events (and track addresses)."),
+        click.option("--watch.udev/--no-watch.udev", "watch_udev", default=True,
+                     help="Re-read at once when udev reports RDMA, net or PCI devices added or removed."),
+        click.option("--collector.ethtool/--no-collector.ethtool", "ethtool", default=True,
+                     help="Use the link modes RoCE netdevs advertise (ethtool netlink) as their rated speed."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -158,14 +190,21 @@ def serve_options(f: F) -> F:
 
 def _serve_config(sysfs: str, listen: tuple[str, ...], telemetry_path: str, web_config: Path | None,
                   config_file: Path | None, poll_interval: float, device_include: str | None,
-                  device_exclude: str | None) -> Any:
+                  device_exclude: str | None, host: tuple[str, str, str] = ("/proc", "/", ""),
+                  watch: tuple[bool, bool, bool] = (True, True, True)) -> Any:
     from rnic_exporter.agent import ServeConfig
+    from rnic_exporter.detect.settings import DetectionSettings
+    from rnic_exporter.sources.hostnet import HostPaths
     from rnic_exporter.sources.snapshot import ReaderSettings
 
+    procfs, rootfs, state_dir = host
     return ServeConfig(
         sysfs=Path(sysfs), listen=tuple(listen), telemetry_path=telemetry_path, web_config_file=web_config,
         poll_interval_s=poll_interval, reader=ReaderSettings.build(device_include, device_exclude),
-        config_file=config_file,
+        config_file=config_file, state_dir=Path(state_dir) if state_dir else None,
+        host_paths=HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
+        detection=DetectionSettings(nccl_gid_index=_nccl_gid_index_env()),
+        watch_netlink=watch[0], watch_udev=watch[1], ethtool=watch[2],
     )
 
 
@@ -178,22 +217,90 @@ def _explicit(ctx: click.Context) -> frozenset[str]:
 @main.command()
 @sysfs_option
 @device_filter_options
+@host_path_options
 @serve_options
+@otlp_options
 @click.pass_context
-def serve(ctx: click.Context, sysfs: str, device_include: str | None, device_exclude: str | None,
+def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_exclude: str | None,
+          procfs: str, rootfs: str, state_dir: str,
           listen: tuple[str, ...], telemetry_path: str, web_config: Path | None, config_file: Path | None,
-          poll_interval: float, log_level: str, log_format: str) -> None:
-    """Run the exporter daemon: poll sysfs, serve Prometheus metrics."""
+          poll_interval: float, log_level: str, log_format: str, watch_netlink: bool, watch_udev: bool,
+          ethtool: bool, **otlp_flags: Any) -> None:
+    """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
+    from dataclasses import replace
+
     from rnic_exporter import agent
     from rnic_exporter.logsetup import configure
+    from rnic_exporter.sinks import otel_settings
 
     configure(log_level, log_format)
     try:
         config = _serve_config(sysfs, listen, telemetry_path, web_config, config_file, poll_interval,
-                               device_include, device_exclude)
-        raise SystemExit(agent.run(config, _explicit(ctx)))
+                               device_include, device_exclude, (procfs, rootfs, state_dir),
+                               (watch_netlink, watch_udev, ethtool))
+        config = replace(config, otlp=otel_settings.resolve(otlp_flags))
+        explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())
+        raise SystemExit(agent.run(config, explicit))
     except ConfigError as exc:
         fail(str(exc))
+
+
+@main.command()
+@sysfs_option
+@device_filter_options
+@host_path_options
+@click.option("--config", "config_file", default=None, metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
+              help="The daemon's config file: rated expectations, expected device count, NCCL settings.")
+@click.option("--nccl-gid-index", "nccl_gid_index", type=click.IntRange(min=-1), default=None, metavar="N",
+              help="The NCCL_IB_GID_INDEX your jobs use (default: $NCCL_IB_GID_INDEX, then the config file; "
+                   "-1 = auto-selection).")
+@click.option("--expected-devices", "expected_devices", type=click.IntRange(min=1), default=None, metavar="N",
+              help="RDMA devices this host must have (default: the config file's inventory.expected_devices).")
+@click.option("--no-netlink", "no_netlink", is_flag=True,
+              help="Do not ask rtnetlink for addresses; judge them from the GID tables.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the stable scripting interface).")
+def check(sysfs: str, device_include: str | None, device_exclude: str | None, procfs: str, rootfs: str,
+          state_dir: str, config_file: Path | None, nccl_gid_index: int | None, expected_devices: int | None,
+          no_netlink: bool, as_json: bool) -> None:
+    """Find every RNIC problem on this host now; exit 0 healthy, 1 problems found, 2 usage error.
+
+    Checks links against their rating (IB port, netdev, PCIe), devices against the daemon's
+    inventory (--state.dir) and --expected-devices, NCCL_IB_GID_INDEX against every RoCE port,
+    expected addresses, address managers that drop addresses on a flap, and unreadable
+    attributes. Each problem says what it means for a job and what to do. Use it in job prologues.
+    """
+    from dataclasses import replace
+
+    from rnic_exporter import config as config_module
+    from rnic_exporter.detect.settings import DetectionSettings
+    from rnic_exporter.doctor import format_report, run_check
+    from rnic_exporter.sources.hostnet import HostPaths
+    from rnic_exporter.sources.snapshot import ReaderSettings
+
+    try:
+        env_index = _nccl_gid_index_env()
+        detection = DetectionSettings(nccl_gid_index=env_index)
+        nccl_env: dict[str, str] = {}
+        if config_file is not None:
+            loaded = config_module.load(config_file)
+            detection = loaded.detection(detection)
+            if env_index is not None:
+                detection = replace(detection, nccl_gid_index=env_index)
+            nccl_env = dict(loaded.nccl_env)
+        if nccl_gid_index is not None:
+            detection = replace(detection, nccl_gid_index=nccl_gid_index)
+        if expected_devices is not None:
+            detection = replace(detection, expected_devices=expected_devices)
+        report = run_check(Path(sysfs), Path(state_dir) if state_dir else None, detection,
+                           ReaderSettings.build(device_include, device_exclude, nccl_env),
+                           HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)), use_netlink=not no_netlink)
+    except ConfigError as exc:
+        fail(str(exc))
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        click.echo(format_report(report))
+    raise SystemExit(Exit.OK if report.healthy else Exit.PROBLEMS)
 
 
 @main.command()
@@ -219,6 +326,58 @@ def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interv
                                   poll_interval=poll_interval, echo=click.echo))
     except ConfigError as exc:
         fail(str(exc))
+
+
+@main.command(hidden=True)
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--roce", type=click.IntRange(0, 24), default=2, help="Simulated RoCE RNICs (netdevs ens<N>f0np0).")
+@click.option("--infiniband", type=click.IntRange(0, 24), default=0, help="Simulated InfiniBand RNICs.")
+@click.option("--gid-table-size", "gid_table_size", type=click.IntRange(4, 1024), default=255)
+@click.option("--follow-netlink", "follow", is_flag=True,
+              help="Rewrite the GID tables from the real netdevs' rtnetlink events until SIGTERM.")
+@click.option("--follow.delay", "delay", type=click.FloatRange(0, 5), default=0.03,
+              help="Seconds from an rtnetlink event to the GID table update (the kernel's work-queue hop).")
+@click.option("--hold-gids", "hold_gids", is_flag=True,
+              help="A job holds each IPv4 address's RoCE v2 GID: a re-added address lands at a higher index.")
+def simulate(directory: Path, roce: int, infiniband: int, gid_table_size: int, follow: bool, delay: float,
+             hold_gids: bool) -> None:
+    """Test and demo tool: write a simulated sysfs tree at DIRECTORY, optionally following netlink.
+
+    With --follow-netlink, run inside a network namespace whose veth interfaces are named like
+    the simulated netdevs (ens1f0np0, ...): `ip addr del/add` and `ip link set down/up` there
+    change the simulated GID tables and port states as the kernel would.
+    """
+    from rnic_exporter.logsetup import configure
+    from rnic_exporter.sim.follow import run_simulator
+
+    configure("info", "logfmt")
+    try:
+        raise SystemExit(run_simulator(directory, roce=roce, infiniband=infiniband, gid_table_size=gid_table_size,
+                                       follow=follow, delay_s=delay, hold_gids=hold_gids, echo=click.echo))
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+@main.command()
+@click.option("--out", "out", required=True, metavar="DIR", type=click.Path(path_type=Path),
+              help="Directory to write the files into (created if missing).")
+@click.option("--force", is_flag=True, help="Overwrite files that exist with other content.")
+def bundle(out: Path, force: bool) -> None:
+    """Write the deployment files shipped with this version into DIR.
+
+    Grafana dashboards (dashboards/), Prometheus alert rules (alerts/), and under their own
+    directories: the systemd unit, Kubernetes manifests (DaemonSet, Service, ServiceMonitor,
+    PrometheusRule, ConfigMap), an OpenTelemetry Collector pipeline, Grafana provisioning and an
+    Alertmanager example. Files already there with the same content are left alone.
+    """
+    from rnic_exporter import bundle as bundling
+
+    try:
+        written = bundling.write_bundle(out, force=force)
+    except bundling.BundleError as exc:
+        fail(str(exc))
+    for line in bundling.iter_summary(written, out):
+        click.echo(line)
 
 
 def run() -> None:

@@ -146,3 +146,60 @@ class Prometheus:
 
         wait_for(probe, timeout=timeout, what=f"a value for {promql!r}")
         return holder[-1]
+
+
+class Alertmanager:
+    """A Debian `prometheus-alertmanager` on a free port, alone (no cluster gossip port)."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = workdir / "alertmanager.yml"
+        self.config_path.write_text(json.dumps(config))  # JSON is YAML
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "alertmanager.log"
+
+    def __enter__(self) -> Alertmanager:
+        binary = require_binary("prometheus-alertmanager")
+        self._log = open(self.log_path, "wb")  # closed in __exit__
+        # An empty --cluster.listen-address turns high availability off: no port 9094, no peers.
+        self.proc = subprocess.Popen(
+            [binary, f"--config.file={self.config_path}", f"--storage.path={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=", "--log.level=warn"],
+            stdout=self._log, stderr=self._log)
+        wait_for(self._ready, timeout=30, what="alertmanager /-/ready")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"alertmanager exited: {self.log_path.read_text()}")
+        return http_get(f"{self.url}/-/ready", timeout=1)[0] == 200
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
+        """Push alerts as Prometheus does (API v2)."""
+        request = urllib.request.Request(f"{self.url}/api/v2/alerts", data=json.dumps(alerts).encode(),
+                                         headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            if response.status != 200:
+                raise AssertionError(f"alertmanager refused alerts: {response.status}")
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every alert Alertmanager holds, with `status.state` and `status.inhibitedBy`."""
+        status, _, body = http_get(f"{self.url}/api/v2/alerts")
+        if status != 200:
+            raise AssertionError(f"GET /api/v2/alerts: {status} {body[:300]!r}")
+        result: list[dict[str, Any]] = json.loads(body)
+        return result

@@ -1,0 +1,477 @@
+"""OTLP sink: the catalogue's metrics as observable instruments, detection events as log records.
+
+The poller only swaps a reference (`publish`); everything else runs on two background threads:
+- metrics: the SDK's periodic reader calls our callbacks, which read the last published snapshot
+  (no sysfs access) through the table in `otel_metrics.py`. Instruments are cumulative, so a
+  failed export loses nothing: the next one carries the same totals. Nothing is queued.
+- events: a bounded queue drained by `_LogShipper`, which keeps a failed batch and retries it
+  with exponential backoff; beyond the bound the oldest event is dropped and counted.
+A collector that is down, hanging or refusing is logged once per change of state and counted in
+`rnic_exporter_otlp_export_failures_total` / `_dropped_total` (served on /metrics, see
+`families`). Only this module imports OpenTelemetry (`pip install rnic-exporter[otel]`).
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import re
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rnic_exporter import __version__, catalog
+from rnic_exporter.errors import ConfigError
+from rnic_exporter.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
+from rnic_exporter.model import Snapshot
+from rnic_exporter.sinks import otel_metrics
+from rnic_exporter.sinks.exposition import Family
+from rnic_exporter.sinks.otel_settings import OtlpSettings
+from rnic_exporter.sinks.prometheus import ExporterStats, snapshot_families
+
+try:
+    from opentelemetry._logs import LogRecord, SeverityNumber
+    from opentelemetry.metrics import CallbackOptions, Observation
+    from opentelemetry.sdk._logs import ReadableLogRecord
+    from opentelemetry.sdk._logs.export import LogRecordExporter, LogRecordExportResult
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import (
+        MetricExporter,
+        MetricExportResult,
+        MetricsData,
+        PeriodicExportingMetricReader,
+    )
+    from opentelemetry.sdk.metrics.view import View
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+except ImportError as exc:  # pragma: no cover - exercised through a subprocess that hides the package
+    raise ConfigError(f"OTLP export needs the otel extra: pip install 'rnic-exporter[otel]' ({exc})") from None
+
+log = logging.getLogger("rnic_exporter.otel")
+
+SCOPE = "rnic_exporter"
+MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
+MAX_LOG_BATCH = 512
+BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
+# The SDK's default cap of 2000 attribute sets per instrument would fold big hosts' hw counters
+# into an overflow series; this bounds memory without ever being reached by real hardware.
+CARDINALITY_LIMIT = 50_000
+
+
+def resource(machine_id_files: Sequence[Path] = MACHINE_ID_FILES) -> Resource:
+    """service.*, host.*, process.runtime.*; OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over ours."""
+    attrs: dict[str, str] = {
+        "service.name": "rnic-exporter", "service.version": __version__, "host.name": socket.gethostname(),
+        "process.runtime.name": platform.python_implementation(),
+        "process.runtime.version": platform.python_version(),
+    }
+    for path in machine_id_files:
+        try:
+            machine_id = path.read_text().strip()
+        except OSError:
+            continue
+        if machine_id:
+            attrs["host.id"] = machine_id
+            break
+    return Resource.create(attrs).merge(OTELResourceDetector().detect())
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What one export attempt left behind: the SDK's log lines and, over HTTP, its final result."""
+
+    messages: list[str] = field(default_factory=list)
+    outcome: tuple[str, str] | None = None  # (kind, detail)
+
+
+class _Reasons(logging.Handler):
+    """Takes the OTel SDK's own log records: exporter retry chatter becomes the reason of a failure.
+
+    The SDK logs every failed attempt (and each retry) as a warning or error; a collector that is
+    down for an hour would fill the journal. We log once per change of state instead (`_Health`).
+    Exports run on the thread that asked for them, so a thread-local attempt collects them.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.local = threading.local()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith("opentelemetry.exporter"):
+            attempt: _Attempt | None = getattr(self.local, "attempt", None)
+            if attempt is not None:
+                attempt.messages.append(record.getMessage())
+            log.debug("otel sdk: %s", record.getMessage())
+        else:
+            log.log(record.levelno, "otel sdk: %s", record.getMessage())
+
+    def capture(self) -> _Attempt:
+        attempt = self.local.attempt = _Attempt()
+        return attempt
+
+    def current(self) -> _Attempt | None:
+        attempt: _Attempt | None = getattr(self.local, "attempt", None)
+        return attempt
+
+
+_REASONS = _Reasons()
+_SDK_LOGGER = logging.getLogger("opentelemetry")
+
+
+def _install_reasons() -> None:
+    if _REASONS not in _SDK_LOGGER.handlers:
+        _SDK_LOGGER.addHandler(_REASONS)
+        _SDK_LOGGER.propagate = False
+        _SDK_LOGGER.setLevel(logging.DEBUG)
+
+
+def _error_kind(error: BaseException) -> str:
+    """urllib3's exceptions by family; NewConnectionError subclasses ConnectTimeoutError, so it goes first."""
+    cause = getattr(error, "reason", None)  # MaxRetryError wraps the cause
+    if isinstance(cause, BaseException):
+        error = cause
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if names & {"NewConnectionError", "NameResolutionError", "ConnectionRefusedError", "ProtocolError",
+                "ConnectionError"}:
+        return "unreachable"
+    if names & {"TimeoutError", "Timeout"}:
+        return "timeout"
+    return type(error).__name__
+
+
+def _note_http_results(exporter: Any) -> None:
+    """The HTTP exporters log only "failed due to timeout, max retries or shutdown" when a collector is
+    down or hangs; their client's final result says which, so we read it (pinned SDK: `_client.export`)."""
+    client: Any = getattr(exporter, "_client", None)
+    inner = getattr(client, "export", None)
+    if inner is None:
+        return
+
+    def export(data: bytes) -> Any:
+        result = inner(data)
+        attempt = _REASONS.current()
+        if attempt is not None and not getattr(result, "success", True):
+            status, error = getattr(result, "status_code", None), getattr(result, "error", None)
+            if status is not None:
+                attempt.outcome = (f"HTTP {status}", f"{status} {getattr(result, 'reason', '') or ''}".strip())
+            elif error is not None:
+                attempt.outcome = (_error_kind(error), str(error)[:300])
+        return result
+
+    client.export = export
+
+
+_GRPC_KINDS = {"UNAVAILABLE": "unreachable", "DEADLINE_EXCEEDED": "timeout"}
+_GRPC_CODE = re.compile(r"StatusCode\.(\w+)")
+
+
+def classify(attempt: _Attempt, error: BaseException | None = None) -> tuple[str, str]:
+    """(kind, detail) of a failed export: kind is short and stable (unreachable, timeout, HTTP 503...)."""
+    if error is not None:
+        return type(error).__name__, str(error)[:300]
+    if attempt.outcome is not None:
+        return attempt.outcome
+    for text in reversed(attempt.messages):
+        m = _GRPC_CODE.search(text)
+        if m:
+            return _GRPC_KINDS.get(m[1], f"gRPC {m[1]}"), text[:300]
+    return "failed", (attempt.messages[-1][:300] if attempt.messages else "no detail")
+
+
+@dataclass(slots=True)
+class _Health:
+    """One signal's export state; logs on change only, counts every failure."""
+
+    signal: str
+    endpoint: str
+    failures: int = 0
+    dropped: int = 0
+    failing: str | None = None  # the failure kind while failing
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, ok: bool, kind: str = "", detail: str = "") -> None:
+        with self.lock:
+            if ok:
+                if self.failing is not None:
+                    log.info("OTLP export recovered", extra={"fields": {
+                        "signal": self.signal, "endpoint": self.endpoint, "failures_total": self.failures}})
+                self.failing = None
+                return
+            self.failures += 1
+            if self.failing != kind:
+                log.warning("OTLP export failing; retrying with backoff", extra={"fields": {
+                    "signal": self.signal, "endpoint": self.endpoint, "reason": kind, "detail": detail}})
+            self.failing = kind
+
+    def drop(self, count: int = 1) -> None:
+        with self.lock:
+            self.dropped += count
+
+
+class _TrackedMetricExporter(MetricExporter):
+    """Wraps the OTLP metric exporter to count failures and log state changes."""
+
+    def __init__(self, inner: MetricExporter, health: _Health) -> None:
+        super().__init__(preferred_temporality=inner._preferred_temporality,
+                         preferred_aggregation=inner._preferred_aggregation)
+        self._inner = inner
+        self._health = health
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        attempt = _REASONS.capture()
+        error: BaseException | None = None
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis)
+        except Exception as exc:  # an exporter bug must not kill the reader thread
+            error, result = exc, MetricExportResult.FAILURE
+        ok = result is MetricExportResult.SUCCESS
+        self._health.record(ok, *(("", "") if ok else classify(attempt, error)))
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis)
+
+
+@dataclass(frozen=True, slots=True)
+class _Published:
+    snap: Snapshot
+    stats: ExporterStats
+    extra: tuple[Family, ...]
+
+
+class _Observer:
+    """Builds every instrument's observations once per collection from the last published state."""
+
+    def __init__(self) -> None:
+        self.state: _Published | None = None
+        self._lock = threading.Lock()
+        self._built_for: _Published | None = None
+        self._observations: dict[str, list[Observation]] = {}
+        self._attrs: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
+
+    def callback(self, name: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            return self.observations().get(name, ())
+
+        return observe
+
+    def observations(self) -> dict[str, list[Observation]]:
+        state = self.state
+        if state is None:
+            return {}
+        with self._lock:
+            if self._built_for is not state:
+                self._observations = self._build(state)
+                self._built_for = state
+            return self._observations
+
+    def _build(self, state: _Published) -> dict[str, list[Observation]]:
+        out: dict[str, list[Observation]] = {}
+        attrs_cache: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
+        families = [*snapshot_families(state.snap, state.stats), *state.extra]
+        for family in families:
+            mapping = otel_metrics.BY_SPEC.get(family.spec.name)
+            if mapping is None:
+                continue  # excluded, with its reason, in otel_metrics.EXCLUDED
+            for labels, value in family.samples:
+                key = (family.spec.name, labels)
+                cached = self._attrs.get(key)
+                if cached is None:
+                    route = mapping.route(labels)
+                    cached = (route.instrument.name, mapping.attributes(route, labels))
+                attrs_cache[key] = cached
+                out.setdefault(cached[0], []).append(Observation(value, cached[1]))
+        self._attrs = attrs_cache  # keeps only live series: a removed NIC's attributes go
+        return out
+
+
+class _LogShipper:
+    """Bounded event queue and the thread that exports it as log records, retrying with backoff."""
+
+    def __init__(self, exporter: LogRecordExporter, res: Resource, health: _Health, limit: int,
+                 max_backoff_s: float) -> None:
+        self._exporter = exporter
+        self._resource = res
+        self._scope = InstrumentationScope(f"{SCOPE}.events", __version__)
+        self._health = health
+        self._limit = limit
+        self._max_backoff_s = max_backoff_s
+        self._queue: deque[tuple[int, Event]] = deque()
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otlp-logs", daemon=True)
+        self._thread.start()
+
+    def put(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            for event in events:
+                if len(self._queue) >= self._limit:
+                    self._queue.popleft()
+                    self._health.drop()
+                self._seq += 1
+                self._queue.append((self._seq, event))
+        self._wake.set()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def record(self, event: Event) -> ReadableLogRecord:
+        attributes = {k: v for k, v in event.fields().items() if k not in ("event", "severity")}
+        now = time.time_ns()
+        return ReadableLogRecord(
+            log_record=LogRecord(
+                timestamp=int(event.time * 1e9) if event.time else now, observed_timestamp=now,
+                severity_number=SeverityNumber(OTEL_SEVERITY_NUMBER[event.severity]),
+                severity_text=OTEL_SEVERITY_TEXT[event.severity], body=event.message,
+                attributes=attributes, event_name=event.name),
+            resource=self._resource, instrumentation_scope=self._scope)
+
+    def _export(self, batch: list[tuple[int, Event]]) -> bool:
+        attempt = _REASONS.capture()
+        error: BaseException | None = None
+        try:
+            ok = self._exporter.export([self.record(e) for _, e in batch]) is LogRecordExportResult.SUCCESS
+        except Exception as exc:  # an exporter bug must not kill the shipper
+            error, ok = exc, False
+        self._health.record(ok, *(("", "") if ok else classify(attempt, error)))
+        return ok
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while True:
+            if backoff:
+                self._stop.wait(backoff)  # new events wait too: they join the retried batch's queue
+            else:
+                self._wake.wait()
+            self._wake.clear()
+            closing = self._stop.is_set()
+            with self._lock:
+                batch = list(self._queue)[:MAX_LOG_BATCH]
+            if not batch:
+                if closing:
+                    return
+                backoff = 0.0
+                continue
+            if self._export(batch):
+                backoff = 0.0
+                with self._lock:
+                    while self._queue and self._queue[0][0] <= batch[-1][0]:
+                        self._queue.popleft()
+                    if self._queue:
+                        self._wake.set()
+            else:
+                backoff = min(max(backoff * 2, BACKOFF_MIN_S), self._max_backoff_s)
+            if closing:
+                return  # one last attempt at close, never an endless one
+
+    def close(self, timeout_s: float) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        self._exporter.shutdown()  # type: ignore[no-untyped-call]
+
+
+def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporter]:
+    """The OTLP exporters for the protocol; a missing extra is a one-line ConfigError."""
+    if settings.protocol == "grpc":
+        try:
+            import grpc
+            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogs
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+        except ImportError:
+            raise ConfigError("--otlp.protocol grpc needs the grpc extra: pip install 'rnic-exporter[grpc]'") from None
+        credentials = None
+        if not settings.insecure:
+            def read(path: Path | None) -> bytes | None:
+                return path.read_bytes() if path else None
+            credentials = grpc.ssl_channel_credentials(read(settings.certificate), read(settings.client_key),
+                                                       read(settings.client_certificate))
+        common: dict[str, Any] = {"endpoint": settings.endpoint, "insecure": settings.insecure,
+                                  "credentials": credentials, "headers": dict(settings.headers),
+                                  "timeout": settings.timeout_s}
+        return GrpcMetrics(**common), GrpcLogs(**common)
+    try:
+        from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogs
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
+    except ImportError:
+        raise ConfigError("OTLP export needs the otel extra: pip install 'rnic-exporter[otel]'") from None
+
+    def transport() -> Urllib3HTTPTransport:
+        # urllib3 instead of the default requests session: requests alone costs ~6 MB of RSS, and
+        # the exporter's `_transport` hook (pinned SDK) takes the same TLS settings.
+        client = settings.client_certificate, settings.client_key
+        return Urllib3HTTPTransport(verify=str(settings.certificate) if settings.certificate else True,
+                                    cert=(str(client[0]), str(client[1])) if client[0] and client[1] else None)
+
+    shared: dict[str, Any] = {"headers": dict(settings.headers), "timeout": settings.timeout_s}
+    metrics = HttpMetrics(endpoint=settings.signal_url("metrics"), _transport=transport(), **shared)
+    logs = HttpLogs(endpoint=settings.signal_url("logs"), _transport=transport(), **shared)
+    _note_http_results(metrics)
+    _note_http_results(logs)
+    return metrics, logs
+
+
+class OtelSink:
+    """An `agent.EventSink`: `publish` costs the poller a reference swap and a queue append."""
+
+    def __init__(self, settings: OtlpSettings, stats: Callable[[], ExporterStats] = ExporterStats,
+                 extra: Callable[[], Iterable[Family]] = tuple, *,
+                 machine_id_files: Sequence[Path] = MACHINE_ID_FILES) -> None:
+        _install_reasons()
+        self.settings = settings
+        self._stats = stats
+        self._extra = extra
+        metric_exporter, log_exporter = _exporters(settings)
+        self.resource = resource(machine_id_files)
+        where = settings.endpoint
+        self.metrics_health = _Health("metrics", where)
+        self.logs_health = _Health("logs", where)
+        self._observer = _Observer()
+        self._reader = PeriodicExportingMetricReader(
+            _TrackedMetricExporter(metric_exporter, self.metrics_health),
+            export_interval_millis=settings.interval_s * 1000, export_timeout_millis=settings.timeout_s * 1000)
+        self._provider = MeterProvider(
+            resource=self.resource, metric_readers=[self._reader], shutdown_on_exit=False,
+            views=[View(instrument_name="*", aggregation_cardinality_limit=CARDINALITY_LIMIT)])
+        meter = self._provider.get_meter(SCOPE, __version__)
+        create = {"counter": meter.create_observable_counter, "gauge": meter.create_observable_gauge,
+                  "updowncounter": meter.create_observable_up_down_counter}
+        for inst in otel_metrics.instruments():
+            create[inst.kind](inst.name, callbacks=[self._observer.callback(inst.name)], unit=inst.unit,
+                              description=inst.description)
+        # Events retry at most a metric interval apart (a minute by default), so they arrive no
+        # later than the metrics once the collector is back.
+        self._logs = _LogShipper(log_exporter, self.resource, self.logs_health, settings.queue_size,
+                                 min(BACKOFF_MAX_S, max(settings.interval_s, BACKOFF_MIN_S)))
+        log.info("exporting over OTLP", extra={"fields": {
+            "endpoint": settings.endpoint, "protocol": settings.protocol, "interval_s": settings.interval_s}})
+
+    def publish(self, snap: Snapshot, events: Sequence[Event]) -> None:
+        self._observer.state = _Published(snap, self._stats(), tuple(self._extra()))
+        if events:
+            self._logs.put(events)
+
+    def families(self) -> list[Family]:
+        """rnic_exporter_otlp_* for /metrics (the agent passes them to PrometheusSink.update)."""
+        failures, dropped = Family(catalog.OTLP_EXPORT_FAILURES), Family(catalog.OTLP_DROPPED)
+        for health in (self.metrics_health, self.logs_health):
+            failures.samples.append(((health.signal,), health.failures))
+            dropped.samples.append(((health.signal,), health.dropped))
+        return [failures, dropped]
+
+    def close(self) -> None:
+        """Last export attempt of both signals, each bounded by --otlp.timeout."""
+        self._logs.close(self.settings.timeout_s + 1)
+        self._provider.shutdown(timeout_millis=(self.settings.timeout_s + 1) * 1000)

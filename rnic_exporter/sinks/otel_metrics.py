@@ -1,0 +1,191 @@
+"""The catalogue's metrics as OpenTelemetry instruments: one table, read by the OTLP sink and the README.
+
+`hw.network.*` / `hw.errors` (semantic conventions, hardware/network.md) where they fit, `rnic.*`
+elsewhere. Attributes keep the catalogue's label names (`device`, `port`, `netdev`...), the same
+names the Prometheus series and the event log records carry, plus what a convention requires
+(`hw.id`, `network.io.direction`, `hw.type`, `error.type`). Units are UCUM. Pure data: importing it
+loads nothing of OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from rnic_exporter import catalog as c
+from rnic_exporter.catalog import MetricSpec
+
+InstrumentKind = Literal["counter", "gauge", "updowncounter"]
+
+
+@dataclass(frozen=True, slots=True)
+class Instrument:
+    name: str
+    kind: InstrumentKind  # observable counter / gauge / up-down counter
+    unit: str  # UCUM
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a catalogue metric's samples go; `only` restricts it to samples whose label has one of the values."""
+
+    instrument: Instrument
+    constant: tuple[tuple[str, str], ...] = ()  # fixed attributes the convention asks for
+    rename: tuple[tuple[str, str], ...] = ()  # catalogue label -> attribute name
+    hw_id: bool = False  # add the required hw.id = "<device>/<port>"
+    only: tuple[str, frozenset[str]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricMapping:
+    spec: MetricSpec
+    routes: tuple[Route, ...]  # the first route whose `only` matches takes the sample
+
+    def route(self, labels: tuple[str, ...]) -> Route:
+        for route in self.routes:
+            if route.only is None or labels[self.spec.labels.index(route.only[0])] in route.only[1]:
+                return route
+        raise LookupError(f"{self.spec.name}: no route for {labels}")  # the table test rules this out
+
+    def attributes(self, route: Route, labels: tuple[str, ...]) -> dict[str, str]:
+        """OTel attributes of one sample; empty label values stay absent, as Prometheus treats them."""
+        names = dict(route.rename)
+        attrs = {names.get(k, k): v for k, v in zip(self.spec.labels, labels, strict=True) if v != ""}
+        if route.hw_id:
+            attrs["hw.id"] = f"{attrs['device']}/{attrs['port']}"
+        attrs.update(route.constant)
+        return attrs
+
+
+def _i(name: str, kind: InstrumentKind, unit: str, spec: MetricSpec | None = None, description: str = "") -> Instrument:
+    return Instrument(name=name, kind=kind, unit=unit, description=description or (spec.help if spec else ""))
+
+
+def _one(spec: MetricSpec, name: str, kind: InstrumentKind, unit: str) -> MetricMapping:
+    return MetricMapping(spec, (Route(_i(name, kind, unit, spec)),))
+
+
+# Shared by two catalogue metrics each (receive/transmit), told apart by network.io.direction.
+HW_NETWORK_IO = _i("hw.network.io", "counter", "By",
+                   description="Bytes received and transmitted by the RDMA port (port_rcv_data/port_xmit_data x 4).")
+HW_NETWORK_PACKETS = _i("hw.network.packets", "counter", "{packet}",
+                        description="Packets received and transmitted by the RDMA port.")
+HW_ERRORS = _i("hw.errors", "counter", "{error}",
+               description="Error counters of the port's PMA PortCounters; error.type is the kernel file name.")
+_RECEIVE = (("network.io.direction", "receive"),)
+_TRANSMIT = (("network.io.direction", "transmit"),)
+
+# PMA PortCounters that count errors (IBTA); they go to hw.errors, the rest to rnic.port.pma.
+PMA_ERROR_COUNTERS = frozenset({
+    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+})
+
+MAPPINGS: tuple[MetricMapping, ...] = (
+    _one(c.DEVICE_INFO, "rnic.device.info", "gauge", "1"),
+    _one(c.PORT_INFO, "rnic.port.info", "gauge", "1"),
+    _one(c.PORT_STATE, "rnic.port.state", "gauge", "1"),
+    _one(c.PORT_PHYSICAL_STATE, "rnic.port.physical_state", "gauge", "1"),
+    MetricMapping(c.PORT_UP, (Route(_i("hw.network.up", "updowncounter", "1", c.PORT_UP), hw_id=True),)),
+    MetricMapping(c.PORT_ACTIVE_RATE, (Route(_i("hw.network.bandwidth.limit", "updowncounter", "By/s",
+                                                c.PORT_ACTIVE_RATE), hw_id=True),)),
+    _one(c.PORT_ACTIVE_WIDTH, "rnic.port.width", "gauge", "{lane}"),
+    MetricMapping(c.PORT_DATA_RECEIVED, (Route(HW_NETWORK_IO, _RECEIVE, hw_id=True),)),
+    MetricMapping(c.PORT_DATA_TRANSMITTED, (Route(HW_NETWORK_IO, _TRANSMIT, hw_id=True),)),
+    MetricMapping(c.PORT_PACKETS_RECEIVED, (Route(HW_NETWORK_PACKETS, _RECEIVE, hw_id=True),)),
+    MetricMapping(c.PORT_PACKETS_TRANSMITTED, (Route(HW_NETWORK_PACKETS, _TRANSMIT, hw_id=True),)),
+    MetricMapping(c.PORT_PMA, (
+        Route(HW_ERRORS, (("hw.type", "network"),), (("counter", "error.type"),), hw_id=True,
+              only=("counter", PMA_ERROR_COUNTERS)),
+        Route(_i("rnic.port.pma", "counter", "{count}", c.PORT_PMA)),
+    )),
+    _one(c.PORT_HW_STAT, "rnic.port.hw_stat", "counter", "{count}"),
+    _one(c.DEVICE_HW_STAT, "rnic.device.hw_stat", "counter", "{count}"),
+    _one(c.PORT_PMA_SATURATED, "rnic.port.pma.saturated", "gauge", "1"),
+    _one(c.PCIE_LINK_SPEED, "rnic.pcie.link.speed", "gauge", "{transfer}/s"),
+    _one(c.PCIE_LINK_WIDTH, "rnic.pcie.link.width", "gauge", "{lane}"),
+    _one(c.NETDEV_SPEED, "rnic.netdev.speed", "gauge", "By/s"),
+    _one(c.NETDEV_UP, "rnic.netdev.up", "gauge", "1"),
+    _one(c.NETDEV_CARRIER_CHANGES, "rnic.netdev.carrier_changes", "counter", "{change}"),
+    _one(c.NETDEV_MTU, "rnic.netdev.mtu", "gauge", "By"),
+    _one(c.GID_ENTRY_INFO, "rnic.gid.entry.info", "gauge", "1"),
+    _one(c.GID_TABLE_HASH, "rnic.gid.table.hash", "gauge", "1"),
+    _one(c.GID_ENTRIES, "rnic.gid.entries", "gauge", "{entry}"),
+    _one(c.GID_TABLE_SIZE, "rnic.gid.table.size", "gauge", "{entry}"),
+    _one(c.NCCL_GID_INDEX, "rnic.nccl.gid_index", "gauge", "1"),
+    _one(c.ATTRIBUTE_UNAVAILABLE, "rnic.attribute.unavailable", "gauge", "1"),
+    _one(c.DEVICES, "rnic.devices", "gauge", "{device}"),
+    _one(c.POLL_DURATION, "rnic.exporter.poll.duration", "gauge", "s"),
+    _one(c.LAST_POLL, "rnic.exporter.poll.last_time", "gauge", "s"),
+    _one(c.POLLS, "rnic.exporter.polls", "counter", "{poll}"),
+    _one(c.READ_ERRORS, "rnic.exporter.read_errors", "counter", "{error}"),
+    _one(c.CONFIG_RELOAD_OK, "rnic.exporter.config.reload_successful", "gauge", "1"),
+    _one(c.PORT_RATED_RATE, "rnic.port.rated_rate", "gauge", "By/s"),
+    _one(c.PORT_RATED_WIDTH, "rnic.port.rated_width", "gauge", "{lane}"),
+    _one(c.LINK_BELOW_RATED, "rnic.link.below_rated", "gauge", "1"),
+    _one(c.DEVICE_PRESENT, "rnic.device.present", "gauge", "1"),
+    _one(c.NETDEV_ADDRESS_PRESENT, "rnic.netdev.address.present", "gauge", "1"),
+    _one(c.NETDEV_ADDRESSES, "rnic.netdev.addresses", "gauge", "{address}"),
+    _one(c.NETDEV_ADDRESS_LOSS_RISK, "rnic.netdev.address_loss_risk", "gauge", "1"),
+    _one(c.GID_V2_IPV4_INDEX, "rnic.gid.roce_v2_ipv4_index", "gauge", "1"),
+    _one(c.NCCL_CONFIGURED_GID_INDEX_VALID, "rnic.nccl.configured_gid_index.valid", "gauge", "1"),
+    _one(c.PORT_FLAPPING, "rnic.port.flapping", "gauge", "1"),
+    _one(c.GID_TABLE_CHANGES, "rnic.gid.table.changes", "counter", "{change}"),
+    _one(c.EVENTS, "rnic.events", "counter", "{event}"),
+    _one(c.STATE_ERRORS, "rnic.exporter.state.errors", "counter", "{error}"),
+    _one(c.EVENT_SOURCE_ERRORS, "rnic.exporter.event_source.errors", "counter", "{error}"),
+    _one(c.WAKEUPS, "rnic.exporter.wakeups", "counter", "{wakeup}"),
+)
+
+EXCLUDED: MappingProxyType[str, str] = MappingProxyType({
+    c.BUILD_INFO.name: "the resource carries it: service.version, process.runtime.name/version",
+    c.OTLP_EXPORT_FAILURES.name: "describes the OTLP channel itself; on /metrics it stays readable while "
+                                 "that channel is down",
+    c.OTLP_DROPPED.name: "describes the OTLP channel itself; on /metrics it stays readable while that "
+                         "channel is down",
+})
+
+BY_SPEC: MappingProxyType[str, MetricMapping] = MappingProxyType({m.spec.name: m for m in MAPPINGS})
+
+
+def instruments() -> Iterator[Instrument]:
+    """Every instrument once, in table order."""
+    seen: set[str] = set()
+    for mapping in MAPPINGS:
+        for route in mapping.routes:
+            if route.instrument.name not in seen:
+                seen.add(route.instrument.name)
+                yield route.instrument
+
+
+def _attribute_note(mapping: MetricMapping, route: Route) -> str:
+    parts = [f"`{k}={v}`" for k, v in route.constant]
+    parts += [f"`{label}` as `{attr}`" for label, attr in route.rename]
+    if route.hw_id:
+        parts.append("`hw.id`")
+    if route.only is not None:
+        parts.append(f"{route.only[0]} in {', '.join(sorted(route.only[1]))}")
+    elif len(mapping.routes) > 1:
+        parts.append("the other counters")
+    return "; ".join(parts)
+
+
+def readme_table() -> str:
+    """The README's Prometheus -> OpenTelemetry table (a test keeps the README equal to this)."""
+    rows = ["| Prometheus | OpenTelemetry | instrument | unit | attributes besides the labels |",
+            "|---|---|---|---|---|"]
+    for spec in c.METRICS:
+        mapping = BY_SPEC.get(spec.name)
+        if mapping is None:
+            rows.append(f"| `{spec.name}` | not exported | | | {EXCLUDED[spec.name]} |")
+            continue
+        for route in mapping.routes:
+            inst = route.instrument
+            rows.append(f"| `{spec.name}` | `{inst.name}` | {inst.kind} | `{inst.unit}` | "
+                        f"{_attribute_note(mapping, route)} |")
+    return "\n".join(rows) + "\n"
