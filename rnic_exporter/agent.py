@@ -114,6 +114,8 @@ class Agent:
         events = self._detect(snap)
         for event in events:
             event_log.log(_EVENT_LEVEL[event.severity], event.message, extra={"fields": event.fields()})
+        if self.ethtool.errors:
+            self.source_errors["ethtool"] = self.ethtool.errors
         self.detection_families = tuple(self.detector.families(self.source_errors, self.wakeups))
         extra: list[Iterable[Family]] = [self.detection_families]
         extra.extend(sink.families() for sink in self.sinks)

@@ -150,7 +150,7 @@ EVENTS = _m("rnic_events_total", "counter", ("event", "device", "port"),
 STATE_ERRORS = _m("rnic_exporter_state_errors_total", "counter", ("reason",),
                   "Failures to load or save the state directory (corrupt, foreign, unwritable).")
 EVENT_SOURCE_ERRORS = _m("rnic_exporter_event_source_errors_total", "counter", ("source",),
-                         "Errors of the netlink and udev event sources and of detection itself; the periodic "
+                         "Errors of the netlink, udev and ethtool sources and of detection itself; the periodic "
                          "poll and the sysfs metrics keep working.")
 WAKEUPS = _m("rnic_exporter_wakeups_total", "counter", ("source",),
              "Polls started early because netlink or udev announced a change.")

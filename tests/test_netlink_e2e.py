@@ -66,9 +66,10 @@ def chain(tmp_path: Path) -> Iterator[tuple[Netns, Daemon, Path]]:
             ns.popen([sys.executable, "-m", "rnic_exporter", "simulate", str(sysfs), "--roce", "2",
                       "--gid-table-size", "16", "--follow-netlink", "--hold-gids"],
                      stdout=sim_log, stderr=subprocess.STDOUT)
-            wait_for(lambda: _v2_gid_file(sysfs, "mlx5_0", 3).is_file()
-                     and _v2_gid_file(sysfs, "mlx5_0", 3).read_text().strip() == _mapped("10.0.0.1"),
-                     timeout=20, what="the simulator to write mlx5_0's GID table")
+            # "following netlink" is printed once the follower listens and holds its slots.
+            wait_for(lambda: "following netlink" in (tmp_path / "simulate.log").read_text(), timeout=20,
+                     what="the simulator to follow netlink")
+            assert _v2_gid_file(sysfs, "mlx5_0", 3).read_text().strip() == _mapped("10.0.0.1")
             log = tmp_path / "serve.log"
             serve_log = open(log, "wb")  # noqa: SIM115 - closed below
             try:

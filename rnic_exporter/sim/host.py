@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,6 +146,12 @@ class SimHost:
         self.devices: dict[str, SimDevice] = {}
         self.removed: set[str] = set()
         self._overlay_extra: dict[str, int] = {}
+        # Held by whoever mutates the host from another thread (the netlink follower, its tests).
+        self.lock = threading.RLock()
+        # What each GID slot's three files hold on disk, per device: a table change rewrites only
+        # the slots that changed (a full 255-slot rewrite costs ~50 ms, far above the kernel's
+        # work-queue hop the follower imitates).
+        self._gids_on_disk: dict[str, dict[int, tuple[str, str | None, str | None]]] = {}
 
     # -- construction ------------------------------------------------------------------------
 
@@ -260,6 +267,7 @@ class SimHost:
         self._write(f"{port}/pkeys/0", "0xffff")
         self._write(f"{port}/hw_counters/lifespan", 10)
         self._write_counters(dev)
+        self._gids_on_disk.pop(dev.name, None)  # a (re)built device gets every slot written
         self._write_gid_table(dev)
 
         net = self._net_dir(dev)
@@ -313,9 +321,14 @@ class SimHost:
     def _write_gid_table(self, dev: SimDevice) -> None:
         port = self._port_dir(dev)
         table = dev.gid_table
+        on_disk = self._gids_on_disk.setdefault(dev.name, {})
         for index in range(table.size):
-            self._write(f"{port}/gids/{index}", table.gid_text(index))
             slot = table.visible(index)
+            content = (table.gid_text(index), None, None) if slot is None else (slot.gid, slot.type, slot.netdev)
+            if on_disk.get(index) == content:
+                continue
+            on_disk[index] = content
+            self._write(f"{port}/gids/{index}", table.gid_text(index))
             if slot is None:
                 self._write_empty(f"{port}/gid_attrs/types/{index}")
                 self._write_empty(f"{port}/gid_attrs/ndevs/{index}")
@@ -431,6 +444,7 @@ class SimHost:
         """The NIC fell off the bus: its PCI function and every class link vanish."""
         dev = self.devices[name]
         self.removed.add(name)
+        self._gids_on_disk.pop(name, None)
         for rel in (f"class/infiniband/{name}", f"class/net/{dev.netdev}", f"bus/pci/devices/{dev.pci_address}"):
             path = self.root / rel
             if path.is_symlink():
@@ -444,6 +458,7 @@ class SimHost:
     def corrupt(self, name: str, rel: str, text: str) -> None:
         """Write `text` into `class/infiniband/<name>/<rel>` (a malformed value)."""
         dev = self.devices[name]
+        self._gids_on_disk.pop(name, None)  # `rel` may be a GID file: rewrite them all next time
         path = self.root / self._ib_dir(dev) / rel
         fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
