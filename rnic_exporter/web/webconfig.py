@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -24,9 +25,6 @@ from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
-
-import bcrypt
-import yaml
 
 from rnic_exporter.errors import ConfigError
 
@@ -152,8 +150,10 @@ def load_web_config(path: Path | str) -> WebConfig:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"web config {source}: cannot read it: {_reason(exc)}") from exc
+    import yaml  # only with a web config: PyYAML costs ~1.4 MB of resident memory
+
     try:
-        document = yaml.load(text, Loader=_StrictLoader)
+        document = yaml.load(text, Loader=_strict_loader())
     except yaml.YAMLError as exc:
         raise ConfigError(f"web config {source}: not valid YAML: {exc}") from exc
     return _Parser(source).web_config(document)
@@ -306,6 +306,8 @@ def parse_basic_authorization(value: str | None) -> tuple[str, bytes] | None:
 
 
 def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
+    import bcrypt  # only with basic auth configured
+
     try:
         return bcrypt.checkpw(password, hashed)
     except ValueError:
@@ -318,24 +320,29 @@ def _bcrypt_cost(hashed: bytes) -> int:
     return int(hashed[4:6])
 
 
-class _StrictLoader(yaml.SafeLoader):
+@functools.cache
+def _strict_loader() -> type[Any]:
     """SafeLoader that rejects duplicate keys, as Go's UnmarshalStrict does.
 
     PyYAML silently keeps the last one, which would make a user listed twice use whichever hash
-    happens to come last.
+    happens to come last. Built on first use so PyYAML is imported only with a web config.
     """
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-        seen: set[object] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
-                )
-            if isinstance(key, Hashable):
-                seen.add(key)
-        return super().construct_mapping(node, deep)
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+            seen: set[object] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, Hashable) and key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
+                        key_node.start_mark)
+                if isinstance(key, Hashable):
+                    seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return StrictLoader
 
 
 class _Parser:
