@@ -6,6 +6,7 @@ import dataclasses
 import gzip
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,86 @@ def test_renderer_matches_prometheus_client_in_both_formats(tmp_path: Path) -> N
         text, om = renderer.render(families)
         assert text == generate_latest(Registry())
         assert om == generate_openmetrics(Registry())  # type: ignore[no-untyped-call]
+
+
+def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: Path) -> None:
+    """The sink re-renders only parts whose sources changed; its bytes must still be exactly what a
+    from-scratch render of the same snapshot and extra families gives, whatever changed between polls."""
+    import itertools
+
+    from rnic_exporter.sinks.exposition import Family, Renderer
+    from rnic_exporter.sinks.prometheus import snapshot_families
+
+    host = SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=16)
+    overlay = host.errno_overlay
+    reader = HostReader(SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    sink = PrometheusSink()
+    detection = catalog.BY_NAME[catalog.PORT_UP.name]  # any spec; the extra families stand in for detection
+
+    def step(change: str) -> None:
+        if change == "traffic":
+            host.add_traffic(1.0)
+        elif change == "speed":
+            host.set_speed("mlx5_1", 100)
+        elif change == "port down":
+            host.set_port_up("mlx5_2", False)
+        elif change == "gid shift":
+            host.gid_shift("mlx5_0")
+        elif change == "fault":
+            overlay["class/infiniband/mlx5_1/ports/1/rate"] = 5  # EIO
+        elif change == "mend":
+            overlay.pop("class/infiniband/mlx5_1/ports/1/rate")
+        elif change == "remove":
+            host.remove_device("mlx5_0")
+        elif change == "restore":
+            host.restore_device("mlx5_0")
+            overlay.update(host.errno_overlay)
+
+    changes = ["none", "none", "traffic", "speed", "port down", "gid shift", "fault", "none", "mend", "remove",
+               "traffic", "restore", "none"]
+    for polls, change in enumerate(changes, start=1):
+        step(change)
+        snap = reader.read()
+        stats = ExporterStats(polls=polls, read_errors_by_reason={"EIO": polls // 3} if polls > 3 else {})
+        extra = [Family(detection, [(("mlx5_9", "1"), float(polls % 2))]), Family(catalog.DEVICES, [])]
+        sink.update(snap, stats, iter(extra))
+        want_text, want_om = Renderer().render(itertools.chain(snapshot_families(snap, stats), extra))
+        assert sink.render(None, None)[0] == want_text, change
+        assert sink.render("application/openmetrics-text; version=1.0.0", None)[0] == want_om, change
+
+
+@pytest.mark.parametrize("accept", [
+    None, "", "*/*", "text/plain", "text/plain;version=0.0.4", "text/plain; version=1.0.0",
+    "text/plain;version=1.0.0;escaping=allow-utf-8", "text/plain;version=1.0.0;escaping=bogus",
+    "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",
+    "application/openmetrics-text;version=0.0.1", "application/openmetrics-text;version=0.0.1,text/plain;q=0.5",
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",  # Prometheus 2.42's
+    "application/openmetrics-text;version=1.0.0;escaping=underscores", "application/json",
+])
+def test_negotiation_is_prometheus_clients(accept: str | None) -> None:
+    from prometheus_client.exposition import choose_encoder
+
+    from rnic_exporter.sinks.exposition import negotiate
+
+    _, client_type = choose_encoder(accept or "")
+    assert negotiate(accept) == (client_type, client_type.startswith("application/openmetrics-text"))
+
+
+def test_gzip_is_compressed_once_per_poll_for_whoever_asks(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
+    sink = PrometheusSink()
+    sink.update(read(host.root, host), ExporterStats(polls=1))
+    first, _ = sink.render(None, "gzip")
+    assert sink.render(None, "gzip")[0] is first
+    sink.update(read(host.root, host), ExporterStats(polls=2))
+    second, _ = sink.render(None, "gzip")
+    assert second is not first and gzip.decompress(second) == sink.render(None, None)[0]
+    assert value(gzip.decompress(second).decode(), catalog.POLLS.name) == 2
+
+
+def test_the_runtime_does_not_import_prometheus_client() -> None:
+    """prometheus-client costs about 12 MB of resident memory; the daemon only needs its formats."""
+    code = ("import sys, rnic_exporter.sinks.prometheus, rnic_exporter.web.server; "
+            "sys.exit(1 if any(m.split('.')[0] == 'prometheus_client' for m in sys.modules) else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -7,6 +7,8 @@ import errno
 import math
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -705,3 +707,158 @@ def test_new_settings_recompute_the_nccl_pick(tmp_path: Path) -> None:
     assert reader.read().ports[0].nccl_gid_index == 3
     reader.settings = ReaderSettings.build(nccl_env={"NCCL_IB_ROCE_VERSION_NUM": "1"})
     assert reader.read().ports[0].nccl_gid_index == 2
+
+
+# -- (f) what a poll reuses, and what it must not -----------------------------------------------
+
+
+def test_unchanged_bytes_keep_their_objects_and_changed_ones_are_seen(sim_host: SimHost,
+                                                                      read_sim: Callable[[SimHost], Snapshot]) -> None:
+    """Objects are reused only while every byte behind them is the same; the sinks rely on that."""
+    reader = held_reader(sim_host)
+    poll(reader, sim_host)
+    first = poll(reader, sim_host)
+    again = poll(reader, sim_host)
+    assert all(a is b for a, b in zip(first.devices, again.devices, strict=True))
+    assert all(again.netdevs[n] is first.netdevs[n] for n in first.netdevs)
+    assert all(again.pcie[a] is first.pcie[a] for a in first.pcie)
+
+    sim_host.add_traffic(1.0)  # data and packet counters move on every up port
+    busy = poll(reader, sim_host)
+    assert content(busy) == content(read_sim(sim_host))
+    for name in ("mlx5_0", "mlx5_1", "mlx5_2"):
+        was, now = first.port(name, 1), busy.port(name, 1)
+        assert was is not None and now is not None
+        assert now.counters is not was.counters and now.counters != was.counters, name
+        assert now.hw_counters is was.hw_counters and now.gids is was.gids, name  # their bytes did not change
+    assert busy.netdevs["ens1f0np0"] is first.netdevs["ens1f0np0"]
+
+    (sim_host.root / "class/infiniband/mlx5_1/node_desc").write_text("renamed-node mlx5_1\n")
+    renamed = poll(reader, sim_host)
+    dev = renamed.device("mlx5_1")
+    assert dev is not None and dev.node_desc == "renamed-node mlx5_1"
+    assert renamed.device("mlx5_0") is busy.device("mlx5_0")
+
+
+def test_a_fault_is_reported_on_every_poll_while_it_lasts(two_nics: SimHost, healthy: Snapshot) -> None:
+    """A reader that keeps polling reports the fault each time, not only when it appears, and
+    forgets it once the attribute reads again (gauges like rnic_attribute_unavailable must not flap)."""
+    for rel, error in ((f"{VPORT}/rate", (VICTIM, 1, "rate", "EIO")),
+                       (f"{VPORT}/gids/2", (VICTIM, 1, "gids/2", "EIO")),
+                       (f"{VPORT}/gid_attrs/ndevs/3", (VICTIM, 1, "gid_attrs/ndevs/3", "EIO")),
+                       (f"class/net/{VICTIM_NETDEV}/mtu", (VICTIM, 1, f"net/{VICTIM_NETDEV}/mtu", "EIO"))):
+        overlay = dict(two_nics.errno_overlay)
+        reader = HostReader(SysfsRoot(two_nics.root, hold_fds=True, errno_overlay=overlay))
+        assert content(reader.read()) == content(healthy)
+        overlay[rel] = errno.EIO
+        faulty = [reader.read() for _ in range(3)]
+        assert [error_rows(s) for s in faulty] == [[error]] * 3, rel
+        assert content(faulty[2]) == content(faulty[0]) != content(healthy), rel
+        del overlay[rel]
+        mended = reader.read()
+        assert (content(mended), mended.errors) == (content(healthy), ()), rel
+
+
+def test_netdev_that_vanishes_and_returns_under_a_steady_rdma_device(sim_host: SimHost) -> None:
+    """IPoIB or a renamed netdev: the RDMA device keeps its registration, the netdev does not."""
+    reader = held_reader(sim_host)
+    before = poll(reader, sim_host)
+    link = sim_host.root / "class/net/ens1f0np0"
+    target = os.readlink(link)
+    link.unlink()
+    gone = poll(reader, sim_host)
+    assert "ens1f0np0" not in gone.netdevs and "ens2f0np0" in gone.netdevs
+    port = gone.port("mlx5_0", 1)
+    assert port is not None and port.netdevs == ("ens1f0np0",)  # the GID table still names it
+    link.symlink_to(target)
+    back = poll(reader, sim_host)
+    assert back.netdevs["ens1f0np0"] == before.netdevs["ens1f0np0"]
+    assert content(back) == content(before) and back.errors == ()
+
+
+@pytest.mark.parametrize("sim_host", [{"gid_table_size": 32}], indirect=True)
+def test_a_steady_poll_reads_each_reported_value_once_plus_a_sweep_slice(sim_host: SimHost) -> None:
+    reader = held_reader(sim_host)
+    poll(reader, sim_host)
+    reads = reader.root.reads
+    snap = poll(reader, sim_host)
+    per_poll = reader.root.reads - reads
+    values = sum(1 + len(d.hw_counters) for d in snap.devices)  # node_desc
+    values += sum(4 + len(p.counters) + len(p.hw_counters) + 3 * len(p.gids) for p in snap.ports)
+    values += 9 * len(snap.netdevs) + 6 * len(snap.pcie)
+    sweep = sum(min(GID_SWEEP_SLOTS, p.gid_table_size - len(p.gids)) for p in snap.ports)
+    assert per_poll == values + sweep
+    assert reader.full_gid_reads == len(snap.ports)  # only the first poll read whole tables
+
+
+def test_recreated_netdev_is_read_through_new_descriptors(sim_host: SimHost) -> None:
+    """A netdev deleted and created again under the same name (driver reload, `ip link add`) is a
+    new kernfs node: descriptors held on the old one must go, even when a GID re-read comes too."""
+    netdir = sim_host.root / "class/net/ens1f0np0"
+    for full in (True, False):
+        reader = held_reader(sim_host)
+        poll(reader, sim_host)
+        # New files behind the same names, as a re-created kernfs node has; the old ones stay
+        # readable through the descriptors held on them, as on a plain file system.
+        for name, value in (("mtu", "4200"), ("ifindex", "77")):
+            (netdir / f"{name}.new").write_text(f"{value}\n")
+            os.replace(netdir / f"{name}.new", netdir / name)
+        snap = poll(reader, sim_host, full_gid_tables=full)
+        netdev = snap.netdevs["ens1f0np0"]
+        assert (netdev.mtu, netdev.ifindex) == (4200, 77), f"full GID read: {full}"
+
+
+def test_held_reads_of_long_and_malformed_values(sim_host: SimHost) -> None:
+    """A value longer than the first read asks for is read whole; a malformed one costs itself only."""
+    reader = held_reader(sim_host)
+    poll(reader, sim_host)
+    long_desc = "gpu-node-01 " + "x" * 300
+    (sim_host.root / "class/infiniband/mlx5_0/node_desc").write_text(long_desc + "\n")
+    sim_host.corrupt("mlx5_1", "ports/1/counters/symbol_error", "N/A (no PMA)\n")
+    snap = poll(reader, sim_host)
+    dev, port = snap.device("mlx5_0"), snap.port("mlx5_1", 1)
+    assert dev is not None and dev.node_desc == long_desc
+    assert port is not None and "symbol_error" not in port.counters and "link_downed" in port.counters
+    assert error_rows(snap) == [("mlx5_1", 1, "counters/symbol_error", "malformed:")]
+
+
+def test_held_descriptor_that_fails_is_dropped_and_reopened(sim_host: SimHost) -> None:
+    """A read that fails through a held descriptor closes it; the next poll opens the path again,
+    so the attribute comes back as soon as it reads again (and nothing leaks meanwhile)."""
+    rel = "class/infiniband/mlx5_1/ports/1/counters/symbol_error"
+    path = sim_host.root / rel
+    saved = path.read_bytes()
+    path.unlink()
+    path.mkdir()  # open() succeeds on a directory, the read fails with EISDIR
+    try:
+        reader = held_reader(sim_host)
+        for _ in range(2):
+            snap = poll(reader, sim_host)
+            assert error_rows(snap) == [("mlx5_1", 1, "counters/symbol_error", "EISDIR")]
+            assert rel not in reader.root._fds
+        held = reader.root.held_fds
+    finally:
+        path.rmdir()
+        path.write_bytes(saved)
+    back = poll(reader, sim_host)
+    port = back.port("mlx5_1", 1)
+    assert back.errors == () and port is not None and "symbol_error" in port.counters
+    assert reader.root.held_fds == held + 1
+
+
+def test_held_descriptors_fit_under_a_service_file_limit(tmp_path: Path) -> None:
+    """systemd starts services with a soft limit of 1024 open files; a 4-RNIC host already holds
+    more than that, so the reader lifts the soft limit (to the hard one) instead of failing reads."""
+    SimHost.build(tmp_path / "sys", roce=4, gid_table_size=255)
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "from rnic_exporter.sources.snapshot import HostReader\n"
+        "from rnic_exporter.sources.sysfs import SysfsRoot\n"
+        f"reader = HostReader(SysfsRoot({str(tmp_path / 'sys')!r}, hold_fds=True))\n"
+        "snaps = [reader.read() for _ in range(2)]\n"
+        "print(len(snaps[1].errors), reader.root.held_fds)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    errors, held = int(out[0]), int(out[1])
+    assert errors == 0 and held > 1024

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import errno
 import re
-from collections.abc import Iterable
+from dataclasses import dataclass
 
-from rnic_exporter.model import ZERO_GID, GidEntry
-from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError
+from rnic_exporter.model import ZERO_GID, GidEntry, ReadError
+from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, Raw, SysfsRoot, interpret
 
 _GID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){7}$")
 # An empty or pending-delete slot answers EINVAL from types/ and ndevs/ by design; an absent
@@ -15,6 +15,8 @@ _GID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){7}$")
 _EMPTY_SLOT = frozenset({errno.EINVAL, errno.ENOENT})
 # "fe80::" with a zero interface id is never a real GID; show_gids skips it too.
 _BARE_LINK_LOCAL = "fe80:0000:0000:0000:0000:0000:0000:0000"
+# What an empty slot's `gids/<i>` holds, byte for byte: such a slot needs no parsing.
+EMPTY_RAWS = frozenset({f"{ZERO_GID}\n".encode(), f"{_BARE_LINK_LOCAL}\n".encode()})
 
 
 def parse_gid(text: str) -> str:
@@ -41,30 +43,88 @@ def parse_netdev_name(text: str) -> str | None:
     return value
 
 
-def list_gid_indices(log: ErrorLog, port_dir: str, device: str, port: int) -> list[int]:
-    """All slot numbers, discovered by listing `gids/` (never a hard-coded table size)."""
-    return log.numbered_entries(f"{port_dir}/gids", device=device, port=port, attribute="gids",
-                                what="slot number", optional=True)
+def slot_rels(port_dir: str, index: int) -> tuple[str, str, str]:
+    return f"{port_dir}/gids/{index}", f"{port_dir}/gid_attrs/types/{index}", f"{port_dir}/gid_attrs/ndevs/{index}"
 
 
-def read_gid_slot(log: ErrorLog, port_dir: str, index: int, device: str, port: int) -> GidEntry | None:
-    """One slot, or None when it is empty (zero GID) or unreadable (recorded in `log`)."""
-    gid = log.read(port_dir, f"gids/{index}", parse_gid, device=device, port=port)
+def gid_slot(index: int, gid_raw: Raw, type_raw: Raw, ndev_raw: Raw) -> tuple[GidEntry | None, list[tuple[str, str]]]:
+    """One slot from its three files: (entry or None when empty, [(attribute, reason)] of what failed).
+
+    The GID is the entry's key: unreadable, there is no entry. A non-zero GID whose type answers
+    EINVAL (or is empty) is being deleted between the reads: no entry either. Any other type or
+    netdev failure keeps the entry with that field unknown.
+    """
+    faults: list[tuple[str, str]] = []
+    gid, reason = interpret(gid_raw, parse_gid, frozenset())
+    if reason is not None:
+        return None, [(f"gids/{index}", reason)]
     if gid is None or gid in (ZERO_GID, _BARE_LINK_LOCAL):
-        return None
-    errors_before = len(log.errors)
-    gid_type = log.read(port_dir, f"gid_attrs/types/{index}", parse_gid_type, device=device, port=port,
-                        expected=_EMPTY_SLOT)
-    if gid_type is None and len(log.errors) == errors_before:
-        # EINVAL (or empty) for a non-zero GID: the slot is being deleted between our two reads.
-        return None
-    # Any other failure keeps the entry with an unknown type (recorded in the log).
-    netdev = log.read(port_dir, f"gid_attrs/ndevs/{index}", parse_netdev_name, device=device, port=port,
-                      expected=_EMPTY_SLOT)
-    return GidEntry(index=index, gid=gid, type=gid_type, netdev=netdev)
+        return None, []
+    gid_type, reason = interpret(type_raw, parse_gid_type, _EMPTY_SLOT)
+    if reason is not None:
+        faults.append((f"gid_attrs/types/{index}", reason))
+    elif gid_type is None:
+        return None, []
+    netdev, reason = interpret(ndev_raw, parse_netdev_name, _EMPTY_SLOT)
+    if reason is not None:
+        faults.append((f"gid_attrs/ndevs/{index}", reason))
+    return GidEntry(index=index, gid=gid, type=gid_type, netdev=netdev), faults
 
 
-def read_gid_slots(log: ErrorLog, port_dir: str, indices: Iterable[int], device: str,
-                   port: int) -> tuple[GidEntry, ...]:
-    entries = (read_gid_slot(log, port_dir, i, device, port) for i in indices)
-    return tuple(e for e in entries if e is not None)
+@dataclass(slots=True)
+class GidTable:
+    """What a whole-table read of one port found, and what later polls watch.
+
+    `watched` are the slots that were not plainly empty (populated, being deleted, or unreadable):
+    their three files are re-read every poll and compared byte for byte with `watched_raws`.
+    `empty` are the rest, swept a slice per poll.
+    """
+
+    size: int
+    entries: tuple[GidEntry, ...]
+    errors: tuple[ReadError, ...]
+    watched: list[int]
+    watched_raws: list[Raw]
+    empty: list[str]  # `gids/<i>` of the other slots, relative to the mount
+    nccl_gid_index: int | None = None
+    sweep_at: int = 0
+
+
+def read_gid_table(root: SysfsRoot, port_dir: str, device: str, port: int) -> GidTable:
+    """Every slot, discovered by listing `gids/` (never a hard-coded table size), in two batches."""
+    log = ErrorLog(root)
+    indices = log.numbered_entries(f"{port_dir}/gids", device=device, port=port, attribute="gids",
+                                   what="slot number", optional=True)
+    gid_rels = [f"{port_dir}/gids/{i}" for i in indices]
+    gid_raws = root.read_many(gid_rels)
+    watched = [i for i, raw in zip(indices, gid_raws, strict=True) if raw not in EMPTY_RAWS]
+    attr_rels: list[str] = []
+    for i in watched:
+        attr_rels.extend(slot_rels(port_dir, i)[1:])
+    attr_raws = root.read_many(attr_rels)
+    by_index = dict(zip(indices, gid_raws, strict=True))
+    entries: list[GidEntry] = []
+    errors = list(log.errors)
+    watched_raws: list[Raw] = []
+    for k, i in enumerate(watched):
+        triple = (by_index[i], attr_raws[2 * k], attr_raws[2 * k + 1])
+        watched_raws.extend(triple)
+        entry, faults = gid_slot(i, *triple)
+        if entry is not None:
+            entries.append(entry)
+        errors.extend(ReadError(device, port, attribute, reason) for attribute, reason in faults)
+    watched_set = set(watched)
+    return GidTable(size=len(indices), entries=tuple(entries), errors=tuple(errors), watched=watched,
+                    watched_raws=watched_raws,
+                    empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set])
+
+
+def sweep(root: SysfsRoot, table: GidTable, slots: int) -> bool:
+    """Read the next `slots` empty slots; True when one of them is no longer plainly empty."""
+    empty = table.empty
+    if not empty:
+        return False
+    start = table.sweep_at % len(empty)
+    chunk = (empty[start:] + empty[:start])[:slots] if start + slots > len(empty) else empty[start:start + slots]
+    table.sweep_at = start + len(chunk)
+    return any(raw not in EMPTY_RAWS for raw in root.read_many(chunk))

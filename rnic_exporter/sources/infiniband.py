@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from rnic_exporter.model import CounterValue, LinkRate, NumberedState
-from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, errno_reason
+from rnic_exporter.sources.plan import Attribute
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, MalformedValueError
 
 CLASS_DIR = "class/infiniband"
 
@@ -84,6 +85,8 @@ def parse_string(text: str) -> str:
 
 def parse_counter(text: str) -> int:
     """A decimal counter. Kernels before ~4.20 print `N/A (no PMA)` when the MAD fails."""
+    if text.isdigit() and text.isascii():  # what the kernel prints: the one check a poll pays
+        return int(text)
     value = text.strip()
     if value.startswith("N/A"):
         raise MalformedValueError(f"{value!r}: the port's PMA did not answer")
@@ -107,6 +110,31 @@ _EXTENDED_ONLY = frozenset({"unicast_xmit_packets", "unicast_rcv_packets",
                             "multicast_xmit_packets", "multicast_rcv_packets"})
 
 
+# Read once per device registration (sysfs.c guarantees the first three and node_type).
+DEVICE_STATIC = (
+    Attribute("node_guid", parse_guid),
+    Attribute("sys_image_guid", parse_guid),
+    Attribute("fw_ver", parse_string),
+    Attribute("hca_type", parse_string, NOT_EXPOSED),
+    Attribute("board_id", parse_string, NOT_EXPOSED),
+    Attribute("hw_rev", parse_string, NOT_EXPOSED),
+    Attribute("node_type", parse_numbered_state),
+)
+DEVICE_POLLED = (Attribute("node_desc", parse_string, NOT_EXPOSED),)  # writable: re-read every poll
+PORT_POLLED = (
+    Attribute("state", parse_numbered_state),
+    Attribute("phys_state", parse_numbered_state),
+    Attribute("rate", parse_rate),
+    Attribute("lid", parse_lid, NOT_EXPOSED),
+)
+
+
+def counter_attributes(subdir: str, names: list[str]) -> list[Attribute]:
+    """`counters/` or `hw_counters/` files; one failed read is one error, no retry (on mlx5 each
+    read is a firmware command)."""
+    return [Attribute(f"{subdir}/{name}", parse_counter) for name in names]
+
+
 def pma_counter_width(name: str, extended: bool) -> int:
     if name in _SET_DEPENDENT:
         return 64 if extended else 32
@@ -115,42 +143,20 @@ def pma_counter_width(name: str, extended: bool) -> int:
     return _PMA_WIDTH.get(name, 64)
 
 
-def read_counter_values(log: ErrorLog, base: str, subdir: str, names: list[str], device: str,
-                        port: int | None) -> dict[str, int]:
-    """Decimal counter files `base/subdir/<name>`. Fast path: int() of the raw bytes; anything
-    int() refuses or a negative value goes through `parse_counter`, which records why."""
-    out: dict[str, int] = {}
-    read_bytes = log.root.read_bytes
-    for name in names:
-        rel = f"{subdir}/{name}"
-        try:
-            raw = read_bytes(f"{base}/{rel}")
-        except OSError as exc:  # one failed read, no retry: on mlx5 each read is a firmware command
-            log.add(device, port, rel, errno_reason(exc))
-            continue
-        try:
-            value = int(raw)
-            if value >= 0:
-                out[name] = value
-                continue
-        except ValueError:
-            pass
-        try:
-            out[name] = parse_counter(raw.decode("utf-8", errors="replace"))
-        except ValueError as exc:
-            log.add(device, port, rel, f"malformed: {exc}")
-    return out
-
-
-def port_counters(raw: dict[str, int]) -> dict[str, CounterValue]:
+def port_counters(raw: dict[str, int], previous: Mapping[str, CounterValue] | None = None) -> dict[str, CounterValue]:
     """`counters/` values in base units: `port_{xmit,rcv}_data` count 4-octet words, so x4 gives bytes.
 
     Saturation: PMA counters stick at 2^width-1; the extended set (64-bit data) is recognised by
-    its unicast/multicast files.
+    its unicast/multicast files. Entries equal to one in `previous` are that object (most
+    counters of a busy port do not move between two polls).
     """
     extended = any(name in _EXTENDED_ONLY for name in raw)
-    return {
-        name: CounterValue(value * 4 if name in _DATA_COUNTERS else value,
-                           value == (1 << pma_counter_width(name, extended)) - 1)
-        for name, value in raw.items()
-    }
+    before = previous or {}
+    out: dict[str, CounterValue] = {}
+    for name, value in raw.items():
+        scaled = value * 4 if name in _DATA_COUNTERS else value
+        saturated = value == (1 << pma_counter_width(name, extended)) - 1
+        kept = before.get(name)
+        out[name] = kept if kept is not None and kept.value == scaled and kept.saturated == saturated \
+            else CounterValue(scaled, saturated)
+    return out

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import re
+from collections.abc import Sequence
+from typing import cast
 
 from rnic_exporter.model import Netdev
-from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, errno_reason
+from rnic_exporter.sources.plan import Attribute
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, MalformedValueError, SysfsRoot, errno_reason, interpret
 
 CLASS_DIR = "class/net"
 
@@ -49,8 +51,50 @@ def parse_mac(text: str) -> str:
     return value
 
 
+NETDEV_POLLED = (
+    Attribute("ifindex", parse_int),
+    Attribute("address", parse_mac),
+    Attribute("mtu", parse_int),
+    Attribute("speed", parse_int, _ADMIN_DOWN),
+    Attribute("operstate", parse_operstate),
+    Attribute("carrier", parse_bool01, _ADMIN_DOWN),
+    Attribute("carrier_changes", parse_int, NOT_EXPOSED),
+    Attribute("carrier_up_count", parse_int, NOT_EXPOSED),
+    Attribute("carrier_down_count", parse_int, NOT_EXPOSED),
+)
+
+
+def netdev_from_values(name: str, values: Sequence[object], pci_address: str | None) -> Netdev:
+    """A `Netdev` from the values of `NETDEV_POLLED`, in that order."""
+    ifindex, address, mtu, speed, operstate, carrier, changes, ups, downs = values
+    return Netdev(
+        name=name,
+        ifindex=cast(int | None, ifindex),
+        address=cast(str | None, address),
+        mtu=cast(int | None, mtu),
+        speed_mbps=cast(int | None, speed),
+        operstate=cast(str | None, operstate),
+        carrier=cast(bool | None, carrier),
+        carrier_changes=cast(int | None, changes),
+        carrier_up_count=cast(int | None, ups),
+        carrier_down_count=cast(int | None, downs),
+        pci_address=pci_address,
+    )
+
+
+def netdev_pci_address(root: SysfsRoot, name: str) -> tuple[str | None, str | None]:
+    """(BDF behind the netdev's `device` link, ReadError reason). Bonds, VLANs and macvlans have no
+    link: that is normal, not a fault."""
+    try:
+        return os.path.basename(root.realpath(f"{CLASS_DIR}/{name}/device")), None
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None, None
+        return None, f"{errno_reason(exc)}: not a symlink to a PCI function"
+
+
 def read_netdev(log: ErrorLog, name: str, device: str, port: int | None) -> Netdev | None:
-    """The netdev's attributes, or None when it does not exist.
+    """The netdev's attributes, or None when it does not exist (a one-shot read).
 
     Errors are filed under the RDMA `device`/`port` that uses the netdev, as `net/<name>/<file>`,
     so one label set (`device`, `port`, `attribute`) covers every unreadable value.
@@ -59,24 +103,13 @@ def read_netdev(log: ErrorLog, name: str, device: str, port: int | None) -> Netd
     if not log.root.exists(base):
         return None
     prefix = f"net/{name}/"
-    pci_address: str | None = None
-    try:
-        pci_address = os.path.basename(log.root.realpath(f"{base}/device"))
-    except OSError as exc:
-        # Bonds, VLANs and macvlans have no device link: that is normal, not a fault.
-        if exc.errno != errno.ENOENT:
-            log.add(device, port, prefix + "device", f"{errno_reason(exc)}: not a symlink to a PCI function")
-    sub = functools.partial(log.read, base, device=device, port=port, label_prefix=prefix)
-    return Netdev(
-        name=name,
-        ifindex=sub("ifindex", parse_int),
-        address=sub("address", parse_mac),
-        mtu=sub("mtu", parse_int),
-        speed_mbps=sub("speed", parse_int, expected=_ADMIN_DOWN),
-        operstate=sub("operstate", parse_operstate),
-        carrier=sub("carrier", parse_bool01, expected=_ADMIN_DOWN),
-        carrier_changes=sub("carrier_changes", parse_int, optional=True),
-        carrier_up_count=sub("carrier_up_count", parse_int, optional=True),
-        carrier_down_count=sub("carrier_down_count", parse_int, optional=True),
-        pci_address=pci_address,
-    )
+    pci_address, reason = netdev_pci_address(log.root, name)
+    if reason is not None:
+        log.add(device, port, prefix + "device", reason)
+    values = []
+    for attr in NETDEV_POLLED:
+        value, reason = interpret(log.root.read_many([f"{base}/{attr.file}"])[0], attr.parse, attr.quiet)
+        if reason is not None:
+            log.add(device, port, prefix + attr.file, reason)
+        values.append(value)
+    return netdev_from_values(name, values, pci_address)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
+from typing import cast
 
 from rnic_exporter.model import PcieLink
-from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError
+from rnic_exporter.sources.plan import Attribute
+from rnic_exporter.sources.sysfs import MalformedValueError, SysfsRoot
 
 # Current kernels print `16.0 GT/s PCIe`; up to about 5.6 `16 GT/s` and `Unknown speed`.
 _SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s(?: PCIe)?$")
@@ -35,30 +38,36 @@ def parse_link_width(text: str) -> int | None:
     return None if width in (0, _BOGUS_WIDTH) else width
 
 
-def read_pcie_link(log: ErrorLog, function_dir: str, device: str) -> PcieLink | None:
-    """Link of the PCI function at `function_dir` (relative to the mount), with its upstream port.
+LINK_POLLED = (
+    Attribute("current_link_speed", parse_link_speed),
+    Attribute("max_link_speed", parse_link_speed),
+    Attribute("current_link_width", parse_link_width),
+    Attribute("max_link_width", parse_link_width),
+)
+# The upstream port's capability: a x16 card in a x8 slot is not "downtrained".
+UPSTREAM_POLLED = (
+    Attribute("max_link_speed", parse_link_speed),
+    Attribute("max_link_width", parse_link_width),
+)
 
-    Conventional PCI devices and non-PCI parents have no link files: None, not an error.
-    Errors are filed as `device/<file>` under the RDMA device (the path through its link).
-    """
-    pci_address = os.path.basename(function_dir)
-    if not log.root.exists(f"{function_dir}/current_link_speed"):
-        return None
-    prefix = "device/"
-    upstream = os.path.dirname(function_dir)
-    has_upstream = log.root.exists(f"{upstream}/max_link_speed")
+
+def link_files(root: SysfsRoot, function_dir: str) -> tuple[bool, bool]:
+    """(the function has link files, its upstream port has). Conventional PCI devices and non-PCI
+    parents have none: no link, not an error."""
+    return (root.exists(f"{function_dir}/current_link_speed"),
+            root.exists(f"{os.path.dirname(function_dir)}/max_link_speed"))
+
+
+def pcie_link(pci_address: str, values: Sequence[object], upstream: Sequence[object] = (None, None)) -> PcieLink:
+    """A `PcieLink` from the values of `LINK_POLLED` and `UPSTREAM_POLLED`, in that order."""
+    current_speed, max_speed, current_width, max_width = values
+    upstream_speed, upstream_width = upstream
     return PcieLink(
         pci_address=pci_address,
-        current_speed_gts=log.read(function_dir, "current_link_speed", parse_link_speed,
-                                   device=device, label_prefix=prefix),
-        max_speed_gts=log.read(function_dir, "max_link_speed", parse_link_speed, device=device,
-                               label_prefix=prefix),
-        current_width=log.read(function_dir, "current_link_width", parse_link_width, device=device,
-                               label_prefix=prefix),
-        max_width=log.read(function_dir, "max_link_width", parse_link_width, device=device,
-                           label_prefix=prefix),
-        upstream_max_speed_gts=log.read(upstream, "max_link_speed", parse_link_speed, device=device,
-                                        label_prefix="device/../") if has_upstream else None,
-        upstream_max_width=log.read(upstream, "max_link_width", parse_link_width, device=device,
-                                    label_prefix="device/../") if has_upstream else None,
+        current_speed_gts=cast(float | None, current_speed),
+        max_speed_gts=cast(float | None, max_speed),
+        current_width=cast(int | None, current_width),
+        max_width=cast(int | None, max_width),
+        upstream_max_speed_gts=cast(float | None, upstream_speed),
+        upstream_max_width=cast(int | None, upstream_width),
     )

@@ -2,10 +2,15 @@
 
 `HostReader` is the reading layer's front: it enumerates, filters, then reads (a read can itself
 upset a restricted NIC, so excluded devices are never touched). It keeps what makes the next poll
-cheap: held file descriptors and each port's last GID table. Populated GID slots are re-read every
-poll; the whole table is re-read when one of them changed, when the caller asks (netlink or udev
-announced a change), and a rotating sweep reads a slice of the empty slots each poll, so a GID
-appearing in an empty slot is never missed for more than a few polls.
+cheap, per device registration (inode and ctime of its class directory):
+- its shape: static attributes, PCI function, ports, counter file names. Learned once; learned
+  again every poll while any of it is unreadable, and when `device/net` or a netdev changes.
+- a `ReadPlan` of every attribute a poll reads, re-read in one pass over held descriptors; only
+  values whose bytes changed are parsed, and objects none of whose values changed are reused.
+- each port's last GID table. Populated GID slots are re-read every poll; the whole table is
+  re-read when one of them changed, when the caller asks (netlink or udev announced a change), and
+  a rotating sweep reads a slice of the empty slots each poll, so a GID appearing in an empty slot
+  is never missed for more than a few polls.
 """
 
 from __future__ import annotations
@@ -14,30 +19,36 @@ import errno
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import cast
 
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model import Device, GidEntry, Netdev, PcieLink, Port, Snapshot
+from rnic_exporter.model import (
+    CounterValue,
+    Device,
+    LinkRate,
+    Netdev,
+    NumberedState,
+    PcieLink,
+    Port,
+    ReadError,
+    Snapshot,
+)
 from rnic_exporter.nccl import NcclSettings, select_gid_index
 from rnic_exporter.sources import gids as gid_source
+from rnic_exporter.sources import netclass, pci
 from rnic_exporter.sources.infiniband import (
     CLASS_DIR,
-    parse_guid,
-    parse_lid,
+    DEVICE_POLLED,
+    DEVICE_STATIC,
+    PORT_POLLED,
+    counter_attributes,
     parse_link_layer,
-    parse_numbered_state,
-    parse_rate,
-    parse_string,
     port_counters,
-    read_counter_values,
 )
-from rnic_exporter.sources.netclass import parse_int, read_netdev
-from rnic_exporter.sources.pci import read_pcie_link
-from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot, errno_reason
-
-T = TypeVar("T")
+from rnic_exporter.sources.plan import RAW_ONLY, Attribute, ReadPlan, under
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, SysfsRoot, errno_reason, interpret
 
 # Empty GID slots checked per port per poll: 255 slots are all seen every 16 polls. Netlink and
 # udev wake-ups force a full read, so the sweep is only the safety net.
@@ -77,12 +88,32 @@ def _compile(flag: str, pattern: str | None) -> re.Pattern[str] | None:
         raise ConfigError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from None
 
 
+
+_BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_GID_SLOT = Attribute("gid slot", RAW_ONLY)
+_DEV_PORT = Attribute("dev_port", netclass.parse_int, NOT_EXPOSED)
+
+
 @dataclass(slots=True)
-class _GidCache:
-    indices: list[int]
-    entries: tuple[GidEntry, ...]
-    nccl_gid_index: int | None
-    sweep_at: int = 0
+class _PortShape:
+    number: int
+    link_layer: str | None
+    counter_names: list[str]
+    hw_names: list[str]
+
+
+@dataclass(slots=True)
+class _Shape:
+    """What does not change while the device stays registered (or is re-learned while unreadable)."""
+
+    static: dict[str, object]
+    pci_address: str | None
+    function_dir: str | None
+    link_files: tuple[bool, bool]
+    dev_netdevs: tuple[str, ...]
+    ports: list[_PortShape]
+    hw_names: list[str]
+    errors: list[ReadError] = field(default_factory=list)
 
 
 class HostReader:
@@ -91,12 +122,7 @@ class HostReader:
     def __init__(self, root: SysfsRoot, settings: ReaderSettings | None = None) -> None:
         self.root = root
         self._settings = settings or ReaderSettings()
-        self._gid_cache: dict[tuple[str, int], _GidCache] = {}
-        self._identity: dict[str, tuple[int, int]] = {}
-        self._paths: dict[str, set[str]] = {}  # device -> path prefixes whose fds it owns
-        # Values that only change when the device is re-registered (firmware version, GUIDs,
-        # link layer, counter file names): read once per identity, and again while unreadable.
-        self._static: dict[str, dict[str, object]] = {}
+        self._devices: dict[str, _DeviceReader] = {}
         self.full_gid_reads = 0
 
     @property
@@ -107,28 +133,36 @@ class HostReader:
     def settings(self, settings: ReaderSettings) -> None:
         """New settings (a config reload): cached NCCL picks were made with the old ones."""
         self._settings = settings
-        self._gid_cache.clear()
+        for device in self._devices.values():
+            device.gids.clear()
 
     def read(self, *, full_gid_tables: bool = False) -> Snapshot:
         """One snapshot. `full_gid_tables` forces a whole-table GID read on every port."""
         started = time.monotonic()
         taken_at = time.time()
-        log = ErrorLog(self.root)
-        names = self._list_devices(log)
+        errors: list[ReadError] = []
+        names = self._list_devices(errors)
         devices: list[Device] = []
         netdevs: dict[str, Netdev] = {}
         pcie: dict[str, PcieLink] = {}
         for name in names:
-            fresh = self._check_identity(name)
-            if fresh is None:
+            ident = self.root.identity(f"{CLASS_DIR}/{name}")
+            if ident is None:
                 continue  # vanished between listing and reading
-            devices.append(self._read_device(log, name, netdevs, pcie, full_gid_tables or fresh))
-        self._drop_vanished({d.name for d in devices})
+            reader = self._devices.get(name)
+            if reader is None or reader.ident != ident:
+                if reader is not None:
+                    reader.forget()  # re-registered: new firmware, counters reset, new fds
+                reader = self._devices[name] = _DeviceReader(self, name, ident)
+            devices.append(reader.read(full_gid_tables, netdevs, pcie, errors))
+        present = {d.name for d in devices}
+        for name in [n for n in self._devices if n not in present]:
+            self._devices.pop(name).forget()
         return Snapshot(
             devices=tuple(devices),
             netdevs=netdevs,
             pcie=pcie,
-            errors=tuple(log.errors),
+            errors=tuple(errors),
             taken_at=taken_at,
             read_seconds=time.monotonic() - started,
         )
@@ -136,212 +170,315 @@ class HostReader:
     def close(self) -> None:
         self.root.close()
 
-    # -- enumeration ------------------------------------------------------------------------
-
-    def _list_devices(self, log: ErrorLog) -> list[str]:
+    def _list_devices(self, errors: list[ReadError]) -> list[str]:
         try:
             names = self.root.listdir(CLASS_DIR)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return []  # no RDMA stack loaded: no devices, not a failure
-            log.add("-", None, CLASS_DIR, errno_reason(exc))
+            errors.append(ReadError("-", None, CLASS_DIR, errno_reason(exc)))
             return []
         return sorted(n for n in names if self.settings.wants(n))
 
-    def _check_identity(self, name: str) -> bool | None:
-        """True when the device is new or was re-registered since the last poll; None when gone."""
-        try:
-            st = os.stat(self.root.path(f"{CLASS_DIR}/{name}"))
-        except OSError:
-            return None
-        ident = (st.st_ino, st.st_ctime_ns)
-        previous = self._identity.get(name)
-        self._identity[name] = ident
-        if previous is not None and previous != ident:
-            self._forget_device(name)
-            return True
-        return previous is None
 
-    def _forget_device(self, name: str) -> None:
-        self._static.pop(name, None)
-        for prefix in self._paths.pop(name, set()):
+class _DeviceReader:
+    """One registration of one RDMA device: its shape, read plan, GID tables and last objects."""
+
+    def __init__(self, host: HostReader, name: str, ident: tuple[int, int]) -> None:
+        self.host = host
+        self.root = host.root
+        self.name = name
+        self.ident = ident
+        self.base = f"{CLASS_DIR}/{name}"
+        self.owned = {self.base + "/"}  # path prefixes whose descriptors this registration holds
+        self.shape: _Shape | None = None
+        self.gids: dict[int, gid_source.GidTable] = {}
+        self.plan: ReadPlan | None = None
+        self._faults: dict[str, list[ReadError]] = {}  # per group, found while planning (GID table reads too)
+        self._plan_faults: dict[str, list[ReadError]] = {}  # those of them that make planning repeat each poll
+        self._port_netdevs: dict[int, tuple[str, ...]] = {}
+        self._netdev_idents: dict[str, tuple[int, int] | None] = {}
+        self._netdev_pci: dict[str, str | None] = {}
+        self._built: dict[str, object] = {}
+        self._ports: dict[int, Port] = {}
+        self._device: Device | None = None
+        self._errors: tuple[ReadError, ...] = ()
+
+    def forget(self) -> None:
+        for prefix in self.owned:
             self.root.forget(prefix)
-        for key in [k for k in self._gid_cache if k[0] == name]:
-            del self._gid_cache[key]
 
-    def _drop_vanished(self, present: set[str]) -> None:
-        for name in [n for n in self._identity if n not in present]:
-            self._forget_device(name)
-            del self._identity[name]
+    # -- one poll ---------------------------------------------------------------------------
 
-    # -- one device -------------------------------------------------------------------------
+    def read(self, full_gids: bool, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink],
+             errors: list[ReadError]) -> Device:
+        shape = self.shape
+        if shape is None or shape.errors or self._dev_netdevs_changed(shape):
+            shape = self.shape = self._discover()
+            self.plan = None
+        fresh_gids: set[int] = set()
+        for port in shape.ports:
+            if full_gids or port.number not in self.gids:
+                self._read_gid_table(port)
+                fresh_gids.add(port.number)
+        plan = self.plan
+        if plan is None or fresh_gids or self._plan_faults or self._netdevs_moved():
+            plan = self._build_plan(shape)
+        changed = plan.refresh(self.root)
+        moved = [port for port in shape.ports
+                 if port.number not in fresh_gids and self._gid_table_moved(plan, port.number)]
+        if moved:
+            for port in moved:
+                self._read_gid_table(port)
+                fresh_gids.add(port.number)
+            plan = self._build_plan(shape)
+            changed = plan.refresh(self.root)
+        if changed or fresh_gids or self._device is None:
+            self._assemble(shape, plan, changed, fresh_gids)
+        device = self._device
+        assert device is not None
+        if shape.pci_address is not None and "pcie" in self._built:
+            pcie.setdefault(shape.pci_address, cast(PcieLink, self._built["pcie"]))
+        for name in self._netdev_pci:
+            netdev = self._built.get(f"netdev:{name}")
+            if netdev is not None:
+                netdevs.setdefault(name, cast(Netdev, netdev))
+        errors.extend(self._errors)
+        return device
 
-    def _read_device(self, log: ErrorLog, name: str, netdevs: dict[str, Netdev],
-                     pcie: dict[str, PcieLink], full_gids: bool) -> Device:
-        base = f"{CLASS_DIR}/{name}"
-        owned = self._paths.setdefault(name, {base + "/"})
-
-        static = self._static.setdefault(name, {})
-
-        def dev_attr(file: str, parse: Callable[[str], T], optional: bool = False) -> T | None:
-            return self._once(static, file, log, lambda: log.read(base, file, parse, device=name,
-                                                                   optional=optional))
-
-        pci_address, function_dir = self._once(static, "device", log, lambda: self._pci_function(log, name))
-        if function_dir is not None:
-            owned.add(function_dir + "/")
-            owned.add(os.path.dirname(function_dir) + "/")
-            if pci_address is not None and pci_address not in pcie:
-                link = read_pcie_link(log, function_dir, name)
-                if link is not None:
-                    pcie[pci_address] = link
-
-        dev_netdevs = tuple(sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net",
-                                               optional=True))) if function_dir is not None else ()
-        ports = []
-        for number in self._port_numbers(log, name):
-            port = self._read_port(log, name, number, dev_netdevs, full_gids, static)
-            ports.append(port)
-            for netdev_name in port.netdevs:
-                if netdev_name not in netdevs:
-                    netdev = read_netdev(log, netdev_name, name, number)
-                    if netdev is not None:
-                        netdevs[netdev_name] = netdev
-                        owned.add(f"class/net/{netdev_name}/")
-                    else:
-                        self.root.forget(f"class/net/{netdev_name}/")
-        return Device(
-            name=name,
-            node_guid=dev_attr("node_guid", parse_guid),
-            sys_image_guid=dev_attr("sys_image_guid", parse_guid),
-            fw_ver=dev_attr("fw_ver", parse_string),
-            hca_type=dev_attr("hca_type", parse_string, optional=True),
-            board_id=dev_attr("board_id", parse_string, optional=True),
-            hw_rev=dev_attr("hw_rev", parse_string, optional=True),
-            node_type=dev_attr("node_type", parse_numbered_state),
-            node_desc=log.read(base, "node_desc", parse_string, device=name, optional=True),  # writable
-            pci_address=pci_address,
-            ports=tuple(ports),
-            hw_counters=self._hw_counters(log, base, name, None, static),
-            netdevs=dev_netdevs,
-        )
-
-    def _pci_function(self, log: ErrorLog, name: str) -> tuple[str | None, str | None]:
-        """(BDF, function dir relative to the mount) through the `device` link, if it is PCI."""
-        rel = f"{CLASS_DIR}/{name}/device"
+    def _dev_netdevs_changed(self, shape: _Shape) -> bool:
+        """IPoIB and representor netdevs come and go without the RDMA device re-registering."""
+        if shape.function_dir is None:
+            return False
         try:
-            target = self.root.realpath(rel)
+            listing = tuple(sorted(self.root.listdir(f"{self.base}/device/net")))
+        except OSError:
+            listing = ()
+        return listing != shape.dev_netdevs
+
+    def _netdevs_moved(self) -> bool:
+        """A netdev appeared, vanished or was re-created since the plan was made."""
+        for name, ident in self._netdev_idents.items():
+            if self.root.identity(f"{netclass.CLASS_DIR}/{name}") != ident:
+                self.root.forget(f"{netclass.CLASS_DIR}/{name}/")
+                return True
+        return False
+
+    def _gid_table_moved(self, plan: ReadPlan, port: int) -> bool:
+        """A watched slot's bytes changed, or the sweep found an empty slot filled."""
+        table = self.gids[port]
+        group = plan.group(f"gids:{port}")
+        if plan.raws[group.start:group.end] != table.watched_raws:
+            return True
+        return gid_source.sweep(self.root, table, GID_SWEEP_SLOTS)
+
+    def _read_gid_table(self, port: _PortShape) -> None:
+        self.host.full_gid_reads += 1
+        table = gid_source.read_gid_table(self.root, f"{self.base}/ports/{port.number}", self.name, port.number)
+        table.nccl_gid_index = select_gid_index(table.entries, table.size, port.link_layer,
+                                                self.host.settings.nccl)
+        self.gids[port.number] = table
+
+    # -- shape ------------------------------------------------------------------------------
+
+    def _discover(self) -> _Shape:
+        log = ErrorLog(self.root)
+        name, base = self.name, self.base
+        static: dict[str, object] = {}
+        raws = self.root.read_many([f"{base}/{attr.file}" for attr in DEVICE_STATIC])
+        for attr, raw in zip(DEVICE_STATIC, raws, strict=True):
+            static[attr.file], reason = interpret(raw, attr.parse, attr.quiet)
+            if reason is not None:
+                log.add(name, None, attr.file, reason)
+        pci_address, function_dir = self._pci_function(log)
+        link_files = (False, False)
+        dev_netdevs: tuple[str, ...] = ()
+        if function_dir is not None:
+            self.owned.update({function_dir + "/", os.path.dirname(function_dir) + "/"})
+            link_files = pci.link_files(self.root, function_dir)
+            dev_netdevs = tuple(sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net",
+                                                   optional=True)))
+        ports = []
+        for number in log.numbered_entries(f"{base}/ports", device=name, port=None, attribute="ports",
+                                           what="port number"):
+            port_dir = f"{base}/ports/{number}"
+            link_layer = log.read(port_dir, "link_layer", parse_link_layer, device=name, port=number)
+            # Drivers without process_mad (irdma, efa, rxe) have no counters/ at all: not an error.
+            counters = sorted(log.listdir(f"{port_dir}/counters", device=name, port=number, attribute="counters",
+                                          optional=True))
+            ports.append(_PortShape(number, link_layer, counters, self._hw_names(log, port_dir, number)))
+        return _Shape(static=static, pci_address=pci_address, function_dir=function_dir, link_files=link_files,
+                      dev_netdevs=dev_netdevs, ports=ports, hw_names=self._hw_names(log, base, None),
+                      errors=log.errors)
+
+    def _hw_names(self, log: ErrorLog, base: str, port: int | None) -> list[str]:
+        """Every `hw_counters/` file whatever the driver calls it, except `lifespan` (a setting)."""
+        names = log.listdir(f"{base}/hw_counters", device=self.name, port=port, attribute="hw_counters",
+                            optional=True)
+        return sorted(n for n in names if n != "lifespan")
+
+    def _pci_function(self, log: ErrorLog) -> tuple[str | None, str | None]:
+        """(BDF, function dir relative to the mount) through the `device` link, if it is PCI."""
+        try:
+            target = self.root.realpath(f"{self.base}/device")
         except OSError as exc:
             if exc.errno != errno.ENOENT:  # software devices (rxe, siw) have no parent: normal
-                log.add(name, None, "device", f"{errno_reason(exc)}: not a symlink to the parent device")
+                log.add(self.name, None, "device", f"{errno_reason(exc)}: not a symlink to the parent device")
             return None, None
         function_dir = os.path.relpath(target, os.path.realpath(self.root.mount))
         bdf = os.path.basename(target)
-        if not re.match(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$", bdf):
+        if not _BDF.match(bdf):
             return None, function_dir  # auxiliary-bus parent (mlx5 sub-function): no BDF
         return bdf, function_dir
 
-    def _port_numbers(self, log: ErrorLog, name: str) -> list[int]:
-        return log.numbered_entries(f"{CLASS_DIR}/{name}/ports", device=name, port=None, attribute="ports",
-                                    what="port number")
+    # -- plan -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _once(static: dict[str, object], key: str, log: ErrorLog, read: Callable[[], T]) -> T:
-        """`read()` the first time, the cached value after - unless the read recorded an error."""
-        if key in static:
-            return static[key]  # type: ignore[return-value]
-        errors_before = len(log.errors)
-        value = read()
-        if len(log.errors) == errors_before:
-            static[key] = value
-        return value
+    def _build_plan(self, shape: _Shape) -> ReadPlan:
+        """Every attribute a poll reads, grouped by the object it makes, in error-report order."""
+        plan = ReadPlan(self.name)
+        faults: dict[str, list[ReadError]] = {}
+        if shape.function_dir is not None and shape.pci_address is not None and shape.link_files[0]:
+            slots = under(shape.function_dir, pci.LINK_POLLED, "device/")
+            if shape.link_files[1]:
+                slots += under(os.path.dirname(shape.function_dir), pci.UPSTREAM_POLLED, "device/../")
+            plan.add_group("pcie", slots, port=None)
+        known, self._netdev_idents = self._netdev_idents, {}
+        self._netdev_pci = {}
+        for port in shape.ports:
+            port_dir = f"{self.base}/ports/{port.number}"
+            table = self.gids[port.number]
+            gid_slots: list[tuple[str, str, Attribute]] = []
+            for index in table.watched:
+                gid_slots.extend((rel, rel, _GID_SLOT) for rel in gid_source.slot_rels(port_dir, index))
+            plan.add_group(f"gids:{port.number}", gid_slots, port=port.number)
+            faults[f"gids:{port.number}"] = list(table.errors)
+            n = port.number
+            plan.add_group(f"port:{n}", under(port_dir, PORT_POLLED), port=n)
+            plan.add_group(f"counters:{n}", under(port_dir, counter_attributes("counters", port.counter_names)), port=n)
+            plan.add_group(f"hw:{n}", under(port_dir, counter_attributes("hw_counters", port.hw_names)), port=n)
+            self._port_netdevs[port.number] = self._choose_netdevs(shape, port.number, table, faults)
+            for name in self._port_netdevs[port.number]:
+                if name not in self._netdev_idents:
+                    self._plan_netdev(plan, name, port.number, faults, known.get(name))
+        plan.add_group("device", under(self.base, DEVICE_POLLED), port=None)
+        plan.add_group("hw:device", under(self.base, counter_attributes("hw_counters", shape.hw_names)), port=None)
+        self.plan = plan
+        self._plan_faults = {key: found for key, found in faults.items() if found and not key.startswith("gids:")}
+        self._faults = faults
+        self._built = {}
+        self._ports = {}
+        return plan
 
-    def _listing(self, log: ErrorLog, static: dict[str, object], rel: str, device: str,
-                 port: int | None, attribute: str) -> list[str]:
-        return self._once(static, rel, log, lambda: sorted(
-            log.listdir(rel, device=device, port=port, attribute=attribute, optional=True)))
+    def _plan_netdev(self, plan: ReadPlan, name: str, port: int, faults: dict[str, list[ReadError]],
+                     known: tuple[int, int] | None) -> None:
+        rel = f"{netclass.CLASS_DIR}/{name}"
+        self._netdev_idents[name] = ident = self.root.identity(rel)
+        if ident is None or ident != known:
+            self.root.forget(rel + "/")  # descriptors of a netdev that went, or of its previous self
+        if ident is None:
+            return  # the port names a netdev that does not exist (any more): no netdev series
+        self.owned.add(rel + "/")
+        pci_address, reason = netclass.netdev_pci_address(self.root, name)
+        self._netdev_pci[name] = pci_address
+        key = f"netdev:{name}"
+        if reason is not None:
+            faults.setdefault(key, []).append(ReadError(self.name, port, f"net/{name}/device", reason))
+        plan.add_group(key, under(rel, netclass.NETDEV_POLLED, f"net/{name}/"), port=port)
 
-    def _hw_counters(self, log: ErrorLog, base: str, device: str, port: int | None,
-                     static: dict[str, object]) -> dict[str, int]:
-        """Every `hw_counters/` file whatever the driver calls it, except `lifespan` (a setting)."""
-        names = [n for n in self._listing(log, static, f"{base}/hw_counters", device, port, "hw_counters")
-                 if n != "lifespan"]
-        return read_counter_values(log, base, "hw_counters", names, device, port)
-
-    def _read_port(self, log: ErrorLog, device: str, number: int, dev_netdevs: tuple[str, ...],
-                   full_gids: bool, static: dict[str, object]) -> Port:
-        port_dir = f"{CLASS_DIR}/{device}/ports/{number}"
-
-        def attr(file: str, parse: Callable[[str], T], optional: bool = False) -> T | None:
-            return log.read(port_dir, file, parse, device=device, port=number, optional=optional)
-
-        link_layer = self._once(static, f"{number}/link_layer", log, lambda: attr("link_layer", parse_link_layer))
-        gids, table_size, nccl_index = self._read_gids(log, port_dir, device, number, full_gids, link_layer)
-        # Drivers without process_mad (irdma, efa, rxe) have no counters/ at all: not an error.
-        pma_names = self._listing(log, static, f"{port_dir}/counters", device, number, "counters")
-        netdevs = self._port_netdevs(log, device, number, gids, dev_netdevs)
-        return Port(
-            device=device,
-            number=number,
-            link_layer=link_layer,
-            state=attr("state", parse_numbered_state),
-            phys_state=attr("phys_state", parse_numbered_state),
-            rate=attr("rate", parse_rate),
-            lid=attr("lid", parse_lid, optional=True),
-            counters=port_counters(read_counter_values(log, port_dir, "counters", pma_names, device, number)),
-            hw_counters=self._hw_counters(log, port_dir, device, number, static),
-            gids=gids,
-            gid_table_size=table_size,
-            netdevs=netdevs,
-            nccl_gid_index=nccl_index,
-        )
-
-    def _read_gids(self, log: ErrorLog, port_dir: str, device: str, port: int, full: bool,
-                   link_layer: str | None) -> tuple[tuple[GidEntry, ...], int, int | None]:
-        """(populated entries, table size, NCCL's pick); the pick is recomputed only on change."""
-        key = (device, port)
-        cache = self._gid_cache.get(key)
-        if not full and cache is not None:
-            errors_before = len(log.errors)
-            current = gid_source.read_gid_slots(log, port_dir, (e.index for e in cache.entries),
-                                                device, port)
-            changed = current != cache.entries or len(log.errors) != errors_before
-            if not changed:
-                changed = self._sweep(log, port_dir, device, port, cache)
-            if not changed:
-                return cache.entries, len(cache.indices), cache.nccl_gid_index
-            del log.errors[errors_before:]  # the full read below reports them once
-        self.full_gid_reads += 1
-        indices = gid_source.list_gid_indices(log, port_dir, device, port)
-        entries = gid_source.read_gid_slots(log, port_dir, indices, device, port)
-        nccl = select_gid_index(entries, len(indices), link_layer, self.settings.nccl)
-        self._gid_cache[key] = _GidCache(indices=indices, entries=entries, nccl_gid_index=nccl)
-        return entries, len(indices), nccl
-
-    def _sweep(self, log: ErrorLog, port_dir: str, device: str, port: int, cache: _GidCache) -> bool:
-        """Read the next slice of empty slots; True when one of them is no longer empty."""
-        populated = {e.index for e in cache.entries}
-        empty = [i for i in cache.indices if i not in populated]
-        if not empty:
-            return False
-        start = cache.sweep_at % len(empty)
-        chunk = (empty[start:] + empty[:start])[:GID_SWEEP_SLOTS]
-        cache.sweep_at = start + len(chunk)
-        return any(gid_source.read_gid_slot(log, port_dir, i, device, port) is not None for i in chunk)
-
-    def _port_netdevs(self, log: ErrorLog, device: str, port: int, gids: tuple[GidEntry, ...],
-                      dev_netdevs: tuple[str, ...]) -> tuple[str, ...]:
+    def _choose_netdevs(self, shape: _Shape, port: int, table: gid_source.GidTable,
+                        faults: dict[str, list[ReadError]]) -> tuple[str, ...]:
         """The port's netdevs: GID ndevs (what ibdev2netdev uses), else `device/net` by `dev_port`."""
         seen: list[str] = []
-        for entry in gids:
+        for entry in table.entries:
             if entry.netdev is not None and entry.netdev not in seen:
                 seen.append(entry.netdev)
-        if seen or not dev_netdevs:
+        if seen or not shape.dev_netdevs:
             return tuple(seen)
         matching = []
-        for name in dev_netdevs:
-            dev_port = log.read(f"class/net/{name}", "dev_port", parse_int, device=device, port=port,
-                                optional=True, label_prefix=f"net/{name}/")
+        for name in shape.dev_netdevs:
+            rel = f"{netclass.CLASS_DIR}/{name}/dev_port"
+            dev_port, reason = interpret(self.root.read_many([rel])[0], _DEV_PORT.parse, _DEV_PORT.quiet)
+            if reason is not None:
+                faults.setdefault(f"port:{port}", []).append(ReadError(self.name, port, f"net/{name}/dev_port", reason))
             if dev_port is None or dev_port == port - 1:
                 matching.append(name)
         return tuple(matching)
+
+    # -- objects ----------------------------------------------------------------------------
+
+    def _assemble(self, shape: _Shape, plan: ReadPlan, changed: set[str], fresh_gids: set[int]) -> None:
+        """Rebuild what changed; everything else keeps its object (the sinks compare identities)."""
+        built = self._built
+        for group in plan.groups:
+            key = group.key
+            if key in built and key not in changed:
+                continue
+            values = plan.group_values(group)
+            kind, _, which = key.partition(":")
+            if kind == "pcie":
+                assert shape.pci_address is not None
+                built[key] = pci.pcie_link(shape.pci_address, values[:4], values[4:] or (None, None))
+            elif kind == "counters":
+                port = self._port_shape(shape, which)
+                built[key] = port_counters({n: cast(int, v) for n, v in zip(port.counter_names, values, strict=True)
+                                            if v is not None}, cast(dict[str, CounterValue] | None, built.get(key)))
+            elif kind == "hw":
+                names = shape.hw_names if which == "device" else self._port_shape(shape, which).hw_names
+                built[key] = {n: cast(int, v) for n, v in zip(names, values, strict=True) if v is not None}
+            elif kind == "netdev":
+                built[key] = netclass.netdev_from_values(which, values, self._netdev_pci[which])
+            else:  # port state, device node_desc, GID slots: used as values
+                built[key] = values
+        stale = {key.partition(":")[2] for key in changed}
+        ports = []
+        for port in shape.ports:
+            n = port.number
+            previous = self._ports.get(n)
+            if previous is None or str(n) in stale or n in fresh_gids:
+                state, phys_state, rate, lid = cast(list[object], built[f"port:{n}"])
+                table = self.gids[n]
+                previous = self._ports[n] = Port(
+                    device=self.name,
+                    number=n,
+                    link_layer=port.link_layer,
+                    state=cast(NumberedState | None, state),
+                    phys_state=cast(NumberedState | None, phys_state),
+                    rate=cast(LinkRate | None, rate),
+                    lid=cast(int | None, lid),
+                    counters=cast(dict[str, CounterValue], built[f"counters:{n}"]),
+                    hw_counters=cast(dict[str, int], built[f"hw:{n}"]),
+                    gids=table.entries,
+                    gid_table_size=table.size,
+                    netdevs=self._port_netdevs[n],
+                    nccl_gid_index=table.nccl_gid_index,
+                )
+            ports.append(previous)
+        static = shape.static
+        (node_desc,) = cast(list[object], built["device"])
+        self._device = Device(
+            name=self.name,
+            node_guid=cast(str | None, static["node_guid"]),
+            sys_image_guid=cast(str | None, static["sys_image_guid"]),
+            fw_ver=cast(str | None, static["fw_ver"]),
+            hca_type=cast(str | None, static["hca_type"]),
+            board_id=cast(str | None, static["board_id"]),
+            hw_rev=cast(str | None, static["hw_rev"]),
+            node_type=cast(NumberedState | None, static["node_type"]),
+            node_desc=cast(str | None, node_desc),
+            pci_address=shape.pci_address,
+            ports=tuple(ports),
+            hw_counters=cast(dict[str, int], built["hw:device"]),
+            netdevs=shape.dev_netdevs,
+        )
+        errors = list(shape.errors)
+        for group in plan.groups:
+            errors.extend(self._faults.get(group.key, ()))
+            errors.extend(plan.group_errors(group))
+        self._errors = tuple(errors)
+
+    @staticmethod
+    def _port_shape(shape: _Shape, which: str) -> _PortShape:
+        for port in shape.ports:
+            if str(port.number) == which:
+                return port
+        raise KeyError(which)

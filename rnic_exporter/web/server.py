@@ -500,6 +500,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, so Prometheus reuses its connection
     server_version = "rnic-exporter"
     _security: _Security | None = None
+    _date: tuple[int, str] = (0, "")
 
     @property
     def front(self) -> WebServer:
@@ -514,7 +515,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return self.server_version  # no Python version in the Server header
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+        if log.isEnabledFor(logging.DEBUG):  # called for every request: format nobody reads costs
+            log.debug("%s %s", self.address_string(), format % args)
+
+    def date_time_string(self, timestamp: float | None = None) -> str:
+        """The Date header, formatted once a second rather than for every response."""
+        if timestamp is not None:
+            return super().date_time_string(timestamp)
+        now = int(time.time())
+        second, text = _Handler._date
+        if second != now:
+            text = super().date_time_string(now)
+            _Handler._date = (now, text)  # one tuple, swapped whole: safe across threads
+        return text
 
     def end_headers(self) -> None:
         # Every response, error pages from the base class included, carries the configured headers.
