@@ -180,3 +180,21 @@ def test_a_full_receive_buffer_is_reported_as_an_overrun(ns: Netns, tmp_path: Pa
         assert watcher.healthy
     finally:
         watcher.close()
+
+
+def test_descriptors_above_1024_still_hear_events(ns: Netns) -> None:
+    """The daemon holds thousands of sysfs descriptors, so the monitor's fd is past select()'s 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    filler = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    try:
+        recorder = Recorder()
+        with watching(ns, recorder) as watcher:
+            ns.ip("link", "add", "rnxh0", "type", "veth", "peer", "name", "rnxh1")
+            wait_for(lambda: recorder.saw("net", "add", "rnxh0"), timeout=5, what="an add uevent on a high fd")
+            assert watcher.healthy and watcher.errors == 0
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

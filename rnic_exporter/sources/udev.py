@@ -8,8 +8,8 @@ Net-device uevents are scoped to the network namespace of the listening socket: 
 host's namespace to hear about the host's netdevs. Port state and carrier changes are not
 uevents (they come over rtnetlink, see `netlink.py`).
 
-One thread owns the monitor. It waits in select() on the monitor and a wake-up pipe, so
-`close()` is prompt; libudev reads one datagram per receive, so select() loses nothing here
+One thread owns the monitor. It waits in poll() on the monitor and a wake-up pipe, so
+`close()` is prompt; libudev reads one datagram per receive, so poll() loses nothing here
 (unlike pyroute2's read-ahead). A full receive buffer (ENOBUFS) means events were lost: the
 owner hears `on_change("*", "overrun", "*")` so it can re-read everything. Other failures are
 counted, logged once per state change, and retried with backoff; nothing is raised to the owner.
@@ -127,9 +127,14 @@ class UdevWatcher:
             self.healthy = True
             self._delay = self._retry_initial_s
             self._ready.set()
+            # poll(), not select(): the exporter holds thousands of sysfs descriptors, so these
+            # fds are above select()'s FD_SETSIZE (1024) on any real host.
+            poller = select.poll()
+            poller.register(monitor.fileno(), select.POLLIN)
+            poller.register(wake_r, select.POLLIN)
             while not self._stop.is_set():
-                readable, _, _ = select.select([monitor.fileno(), wake_r], [], [])
-                if wake_r in readable:
+                ready = {fd for fd, _ in poller.poll()}
+                if wake_r in ready:
                     return
                 self._receive(monitor)
         finally:
