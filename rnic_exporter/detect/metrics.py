@@ -8,7 +8,7 @@ from rnic_exporter import catalog
 from rnic_exporter.catalog import MetricSpec
 from rnic_exporter.detect.conditions import HostConditions
 from rnic_exporter.events import EVENT_SPECS
-from rnic_exporter.sinks.exposition import Family
+from rnic_exporter.sinks.exposition import Family, FamilyBuilder
 from rnic_exporter.sources.hostnet import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
 
 RISK_REASONS = (NETWORKMANAGER, IPV6_KEEP_ADDR_OFF)
@@ -16,23 +16,12 @@ DEVICE_EVENTS = tuple(s.name for s in EVENT_SPECS if s.name.startswith("rnic.dev
 PORT_EVENTS = tuple(s.name for s in EVENT_SPECS if not s.name.startswith("rnic.device."))
 
 
-class _Out:
-    def __init__(self) -> None:
-        self.families: dict[str, Family] = {}
-
-    def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float) -> None:
-        family = self.families.get(spec.name)
-        if family is None:
-            family = self.families[spec.name] = Family(spec)
-        family.samples.append((labels, value))
-
-
 def detection_families(cur: HostConditions | None, gid_changes: Mapping[tuple[str, int], int],
                        events: Mapping[tuple[str, str, str], int],
                        source_counters: Mapping[MetricSpec, Mapping[str, int]]) -> Iterator[Family]:
     """`events` is keyed (event, device, port-as-text); every known port's and device's series start at 0,
     so an alert's increase() sees the first event (a counter born at 1 hides it)."""
-    out = _Out()
+    out = FamilyBuilder()
     c = catalog
     if cur is not None:
         for view in cur.ports.values():
@@ -76,4 +65,4 @@ def detection_families(cur: HostConditions | None, gid_changes: Mapping[tuple[st
     for spec, by_label in source_counters.items():
         for label, count in sorted(by_label.items()):
             out.add(spec, (label,), count)
-    yield from out.families.values()
+    yield from out

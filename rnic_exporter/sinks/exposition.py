@@ -10,7 +10,7 @@ prometheus-client's for the metric kinds we use (tests hold us to both).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rnic_exporter.catalog import MetricSpec
@@ -28,6 +28,22 @@ _ESCAPINGS = ("allow-utf-8", "underscores", "dots", "values")
 class Family:
     spec: MetricSpec
     samples: list[Sample] = field(default_factory=list)
+
+
+class FamilyBuilder:
+    """Samples grouped by metric, in first-seen order, so each metric is declared exactly once."""
+
+    def __init__(self) -> None:
+        self._by_spec: dict[str, Family] = {}
+
+    def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float) -> None:
+        family = self._by_spec.get(spec.name)
+        if family is None:
+            family = self._by_spec[spec.name] = Family(spec)
+        family.samples.append((labels, value))
+
+    def __iter__(self) -> Iterator[Family]:
+        return iter(self._by_spec.values())
 
 
 def go_float(value: float) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from rnic_exporter import __version__, catalog
 from rnic_exporter.catalog import MetricSpec
 from rnic_exporter.model import CounterValue, Device, GidEntry, Netdev, PcieLink, Port, ReadError, Snapshot
-from rnic_exporter.sinks.exposition import Assembler, Family, Fragment, Renderer, negotiate
+from rnic_exporter.sinks.exposition import Assembler, Family, FamilyBuilder, Fragment, Renderer, negotiate
 
 # Level 1 already shrinks the exposition about 8x; higher levels cost several times the CPU for
 # a few percent more.
@@ -39,22 +39,6 @@ class ExporterStats:
 
 class _Samples(Protocol):
     def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float) -> None: ...
-
-
-class _Families:
-    """Samples grouped by metric, in first-seen order, so each metric is declared exactly once."""
-
-    def __init__(self) -> None:
-        self._by_spec: dict[str, Family] = {}
-
-    def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float) -> None:
-        family = self._by_spec.get(spec.name)
-        if family is None:
-            family = self._by_spec[spec.name] = Family(spec)
-        family.samples.append((labels, value))
-
-    def __iter__(self) -> Iterator[Family]:
-        return iter(self._by_spec.values())
 
 
 def _opt(value: str | None) -> str:
@@ -203,7 +187,7 @@ def _parts(snap: Snapshot, stats: ExporterStats) -> Iterator[_Part]:
 
 def snapshot_families(snap: Snapshot, stats: ExporterStats) -> Iterator[Family]:
     """Every family for one snapshot; unreadable values are absent (and counted), never 0."""
-    f = _Families()
+    f = FamilyBuilder()
     for _key, _sources, render, args in _parts(snap, stats):
         render(f, *args)
     yield from f

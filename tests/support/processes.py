@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from tests.support.wait import wait_for
 
@@ -74,36 +74,39 @@ def exporter(args: Sequence[str], *, ready_url: str, env: dict[str, str] | None 
             log.close()
 
 
-class Prometheus:
-    """A Debian `prometheus` server on a free port with a storage dir under `workdir`."""
+class _DebianDaemon:
+    """A Debian Prometheus-family server on a free port, its config as JSON (which is YAML) and its
+    data and log under `workdir`; started on enter, ready when `/-/ready` answers, stopped on exit."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any], rule_files: Sequence[Path] = ()) -> None:
+    binary = ""
+    config_name = ""
+    storage_flag = ""
+    extra_flags: tuple[str, ...] = ()
+
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cfg = dict(config)
-        if rule_files:
-            cfg["rule_files"] = [str(p) for p in rule_files]
-        self.config_path = workdir / "prometheus.yml"
-        self.config_path.write_text(json.dumps(cfg))  # JSON is YAML
+        self.config_path = workdir / self.config_name
+        self.config_path.write_text(json.dumps(config))
         self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = workdir / "prometheus.log"
+        self.log_path = workdir / f"{self.binary}.log"
 
-    def __enter__(self) -> Prometheus:
-        binary = require_binary("prometheus")
+    def __enter__(self) -> Self:
+        binary = require_binary(self.binary)
         self._log = open(self.log_path, "wb")  # closed in __exit__
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.config_path}", f"--storage.tsdb.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--web.enable-lifecycle", "--log.level=warn"],
+            [binary, f"--config.file={self.config_path}", f"{self.storage_flag}={self.workdir / 'data'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", *self.extra_flags, "--log.level=warn"],
             stdout=self._log, stderr=self._log)
-        wait_for(self._ready, timeout=30, what="prometheus /-/ready")
+        wait_for(self._ready, timeout=30, what=f"{self.binary} /-/ready")
         return self
 
     def _ready(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"prometheus exited: {self.log_path.read_text()}")
+            raise AssertionError(f"{self.binary} exited: {self.log_path.read_text()}")
         return http_get(f"{self.url}/-/ready", timeout=1)[0] == 200
 
     def __exit__(self, *exc: object) -> None:
@@ -115,6 +118,21 @@ class Prometheus:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+class Prometheus(_DebianDaemon):
+    """A Debian `prometheus` server on a free port with a storage dir under `workdir`."""
+
+    binary = "prometheus"
+    config_name = "prometheus.yml"
+    storage_flag = "--storage.tsdb.path"
+    extra_flags = ("--web.enable-lifecycle",)
+
+    def __init__(self, workdir: Path, config: dict[str, Any], rule_files: Sequence[Path] = ()) -> None:
+        cfg = dict(config)
+        if rule_files:
+            cfg["rule_files"] = [str(p) for p in rule_files]
+        super().__init__(workdir, cfg)
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
@@ -148,45 +166,14 @@ class Prometheus:
         return holder[-1]
 
 
-class Alertmanager:
+class Alertmanager(_DebianDaemon):
     """A Debian `prometheus-alertmanager` on a free port, alone (no cluster gossip port)."""
 
-    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
-        self.workdir = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.config_path = workdir / "alertmanager.yml"
-        self.config_path.write_text(json.dumps(config))  # JSON is YAML
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = workdir / "alertmanager.log"
-
-    def __enter__(self) -> Alertmanager:
-        binary = require_binary("prometheus-alertmanager")
-        self._log = open(self.log_path, "wb")  # closed in __exit__
-        # An empty --cluster.listen-address turns high availability off: no port 9094, no peers.
-        self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.config_path}", f"--storage.path={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=", "--log.level=warn"],
-            stdout=self._log, stderr=self._log)
-        wait_for(self._ready, timeout=30, what="alertmanager /-/ready")
-        return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"alertmanager exited: {self.log_path.read_text()}")
-        return http_get(f"{self.url}/-/ready", timeout=1)[0] == 200
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+    binary = "prometheus-alertmanager"
+    config_name = "alertmanager.yml"
+    storage_flag = "--storage.path"
+    # An empty --cluster.listen-address turns high availability off: no port 9094, no peers.
+    extra_flags = ("--cluster.listen-address=",)
 
     def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
         """Push alerts as Prometheus does (API v2)."""
