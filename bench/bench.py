@@ -141,6 +141,20 @@ def cpu_per_scrape_ours(sysfs: Path, state_dir: Path, scrapes: int) -> float:
         return (cpu_seconds(proc.pid) - before) * 1000 / scrapes
 
 
+def rss_sinks_only(sysfs: Path, state_dir: Path, interval: float) -> float:
+    """RSS MB of the daemon with the Prometheus sink alone: no netlink/udev watchers, no ethtool
+    (those load pyroute2, which imports its whole package: ~10 MB)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    args = ours_args(sysfs, port, state_dir, "--poll.interval", str(interval), "--no-watch.netlink",
+                     "--no-watch.udev", "--no-collector.ethtool")
+    with running(args, url) as proc:
+        for _ in range(5):
+            get(url)
+            time.sleep(interval)
+        return rss_mb(proc.pid)
+
+
 def _polls(exposition: bytes) -> int:
     for line in exposition.splitlines():
         if line.startswith(b"rnic_exporter_polls_total "):
@@ -191,6 +205,7 @@ def main() -> None:
         ours_cpu, ours_rss, cycles = cpu_per_cycle_ours(sysfs, work / "state", opts.seconds, opts.interval)
         ne_cpu, ne_rss = cpu_per_scrape_node_exporter(sysfs, scrapes=max(cycles, 50))
         scrape_cpu = cpu_per_scrape_ours(sysfs, work / "state", scrapes=500)
+        lean_rss = rss_sinks_only(sysfs, work / "state", opts.interval)
         port = free_port()
         ours_lat = latencies(ours_args(sysfs, port, work / "state"), f"http://127.0.0.1:{port}/metrics", opts.seconds)
         port_small = free_port()
@@ -212,6 +227,7 @@ def main() -> None:
         row("scrape p50, 50 clients", ours_lat[1][0], ne_lat[1][0], "ms")
         row("scrape p99, 50 clients", ours_lat[1][1], ne_lat[1][1], "ms")
         row("RSS", ours_rss, ne_rss, "MB")
+        row("  RSS, Prometheus sink only (no watchers)", lean_rss, ne_rss, "MB")
         print(f"\n## flat in RNIC count: ours on 4 RNICs: p50/p99 1 client "
               f"{small_lat[0][0]:.3f}/{small_lat[0][1]:.3f} ms, "
               f"50 clients {small_lat[1][0]:.3f}/{small_lat[1][1]:.3f} ms")

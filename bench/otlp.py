@@ -116,13 +116,16 @@ def serve(args: list[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
             proc.kill()
 
 
+# The sinks alone: the netlink/udev watchers and ethtool (pyroute2, ~10 MB) are measured by bench.py.
+SINKS_ONLY = ["--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool"]
+
+
 def measure(sysfs: Path, state: Path, seconds: float, interval: float, otlp: list[str]) -> tuple[float, float, int]:
     """(CPU ms per poll, RSS MB at the end, polls in the window)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     args = ["--path.sysfs", str(sysfs), "--web.listen-address", f"127.0.0.1:{port}", "--poll.interval",
-            str(interval), "--state.dir", str(state), "--no-watch.netlink", "--no-watch.udev", "--log.level", "warn",
-            *otlp]
+            str(interval), "--state.dir", str(state), *SINKS_ONLY, "--log.level", "warn", *otlp]
     with serve(args, url) as proc:
         time.sleep(3 * interval)  # warm up: formats rendered once, fds held, first export done
         before_polls, before_cpu = polls(url), cpu_seconds(proc.pid)
