@@ -128,3 +128,18 @@ def test_gid_shift_address_loss_and_flap_seen_through_netlink(chain: tuple[Netns
                  "rnic.port.up"):
         assert (name, "mlx5_0") in seen, (name, seen)
     assert daemon.value("rnic_events_total", event="rnic.gid.table_changed", device="mlx5_1", port="1") == 0
+
+
+def test_ethtool_reader_on_real_netdevs_never_raises() -> None:
+    """veths report a speed but advertise no link modes; a missing netdev is an error, counted."""
+    from rnic_exporter.sources.ethtool import EthtoolReader
+
+    with network_namespace({"ens1f0np0": None}) as ns, ns.entered():
+        reader = EthtoolReader()
+        try:
+            assert reader.advertised("ens1f0np0") is None  # no advertised modes: no ethtool rating
+            assert reader.errors == 0
+            assert reader.advertised("absent0") is None
+            assert reader.errors == 1
+        finally:
+            reader.close()
