@@ -14,24 +14,21 @@ import argparse
 import http.server
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rnic_exporter.sim import SimHost  # noqa: E402
+from harness import cpu_seconds, free_port, get, rss_mb, running  # noqa: E402
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from rnic_exporter.sim import SimHost  # noqa: E402
 
 
 class Sink:
@@ -61,59 +58,14 @@ class Sink:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def rss_mb(pid: int) -> float:
-    m = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
-    return int(m[1]) / 1024 if m else float("nan")
-
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        body: bytes = r.read()
-        return body
-
-
 def polls(url: str) -> int:
     m = re.search(rb"^rnic_exporter_polls_total ([\d.e+]+)$", get(url), re.M)
     assert m is not None
     return int(float(m[1]))
 
 
-@contextmanager
-def serve(args: list[str], url: str) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "serve", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"serve exited with {proc.returncode}: {args}")
-            try:
-                get(url)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{url} did not answer within 30 s") from None
-                time.sleep(0.05)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def serve(args: list[str], url: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    return running([sys.executable, "-m", "rnic_exporter", "serve", *args], url)
 
 
 # The sinks alone: the netlink/udev watchers and ethtool (pyroute2, ~10 MB) are measured by bench.py.

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from rnic_exporter.sources.udev import UdevWatcher, event_source
+from tests.support.limits import assert_failed_once_then_recovered, descriptors_exhausted
 from tests.support.netns import Netns, network_namespace
 from tests.support.wait import wait_for
 
@@ -110,27 +111,18 @@ def test_close_is_prompt_and_leaks_nothing(ns: Netns) -> None:
 def test_failures_are_counted_logged_once_and_retried(ns: Netns, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="rnic_exporter.udev")
     recorder = Recorder()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    with ns.entered():
-        open_now = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
-        resource.setrlimit(resource.RLIMIT_NOFILE, (open_now, hard))  # no new descriptor at all
-        try:
-            watcher = UdevWatcher(recorder, retry_initial_s=0.02, retry_max_s=0.05)
-            watcher.start()
-            assert not watcher.healthy
-            wait_for(lambda: watcher.errors >= 3, timeout=5, what="several failed attempts")
-        finally:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with ns.entered(), descriptors_exhausted():  # no new descriptor at all
+        watcher = UdevWatcher(recorder, retry_initial_s=0.02, retry_max_s=0.05)
+        watcher.start()
+        assert not watcher.healthy
+        wait_for(lambda: watcher.errors >= 3, timeout=5, what="several failed attempts")
     try:
         wait_for(lambda: watcher.healthy, timeout=5, what="recovery once descriptors are available")
         ns.ip("link", "add", "rnxu0", "type", "veth", "peer", "name", "rnxu1")
         wait_for(lambda: recorder.saw("net", "add", "rnxu0"), timeout=5, what="events after recovery")
     finally:
         watcher.close()
-    failures = [r for r in caplog.records if r.levelno == logging.WARNING and "failed" in r.getMessage()]
-    assert len(failures) == 1, [r.getMessage() for r in failures]
-    assert "Too many open files" in failures[0].getMessage()
-    assert any("recovered" in r.getMessage() for r in caplog.records)
+    assert_failed_once_then_recovered(caplog, "failed")
 
 
 def test_a_failing_callback_does_not_stop_the_watcher(ns: Netns) -> None:
