@@ -13,10 +13,10 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
+from types import FrameType, MappingProxyType
 from typing import Protocol
 
 from rnic_exporter import __version__
@@ -102,11 +102,12 @@ class Agent:
         self.source_errors: Counter[str] = Counter()
         self.wakeups: Counter[str] = Counter()
         self.addresses: Callable[[], Mapping[str, tuple[AddressLike, ...]]] | None = None  # set with netlink
-        self.rnic_netdevs: frozenset[str] = frozenset()  # read by watcher threads: replaced, never mutated
+        # netdev -> its RDMA device; read by watcher threads: replaced each poll, never mutated
+        self.rnic_netdevs: Mapping[str, str] = MappingProxyType({})
 
-    def poll_once(self, full_gid_tables: bool = False) -> Snapshot:
+    def poll_once(self, full_gid_tables: bool | Collection[str] = False) -> Snapshot:
         snap = self.reader.read(full_gid_tables=full_gid_tables)
-        self.rnic_netdevs = frozenset(n for port in snap.ports for n in port.netdevs)
+        self.rnic_netdevs = MappingProxyType({n: port.device for port in snap.ports for n in port.netdevs})
         self.polls += 1
         for err in snap.errors:
             self.read_errors[err.kind] += 1
@@ -316,10 +317,11 @@ def start_watchers(config: ServeConfig, agent: Agent, schedule: PollSchedule,
         from rnic_exporter.sources.netlink import NetlinkWatcher
 
         def on_netlink(ifname: str, kind: str) -> None:
-            if ifname in agent.rnic_netdevs:
+            device = agent.rnic_netdevs.get(ifname)
+            if device is not None:
                 if kind == "link":
                     agent.link_changed(ifname)
-                schedule.announce("netlink")
+                schedule.announce("netlink", (device,))
 
         netlink = NetlinkWatcher(on_netlink)
         netlink.start()

@@ -2,15 +2,16 @@
 
 The kernel updates the GID table a work-queue hop after it sends the address message, so one read
 at the message can miss the change. A burst re-reads at growing offsets after the latest
-announcement; each read of the burst re-reads whole GID tables, so a new entry at a so far empty
-slot is found at once instead of by the slow rotating sweep.
+announcement; each read of the burst re-reads the whole GID tables of the devices announced (of
+every device when the source cannot tell), so a new entry at a so far empty slot is found at once
+instead of by the slow rotating sweep.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 # Seconds after the latest announcement. The kernel usually settles within milliseconds; the
@@ -21,7 +22,7 @@ BURST_OFFSETS = (0.0, 0.05, 0.15, 0.3, 0.6, 1.2)
 @dataclass(frozen=True, slots=True)
 class Due:
     reason: str  # "interval", "event" or "signal"
-    full_gid_tables: bool
+    full_gid_tables: bool | frozenset[str]  # True: every device's; a set: those RDMA devices'
     sources: frozenset[str]  # announcing sources since the previous poll
 
 
@@ -38,10 +39,18 @@ class PollSchedule:
         self._burst_start: float | None = None
         self._burst_step = 0
         self._sources: set[str] = set()
+        self._burst_devices: set[str] | None = set()  # None: every device's GID tables
 
-    def announce(self, source: str) -> None:
+    def announce(self, source: str, devices: Collection[str] | None = None) -> None:
+        """A change `source` saw; `devices` are the RDMA devices it concerns (None: unknown, all)."""
         with self._lock:
             self._sources.add(source)
+            if self._burst_due() is None:  # no burst running: this one starts from nothing
+                self._burst_devices = set()
+            if devices is None or self._burst_devices is None:
+                self._burst_devices = None
+            else:
+                self._burst_devices.update(devices)
             self._burst_start = self._clock()
             self._burst_step = 0
         self.wake.set()
@@ -71,7 +80,8 @@ class PollSchedule:
                             self._burst_start + BURST_OFFSETS[self._burst_step] <= now):
                         self._burst_step += 1
                     sources, self._sources = frozenset(self._sources), set()
-                    return Due("event", True, sources)
+                    devices = self._burst_devices
+                    return Due("event", True if devices is None else frozenset(devices), sources)
                 if self._next_interval <= now:
                     self._next_interval = now + self.interval_s
                     return Due("interval", False, frozenset())

@@ -45,7 +45,7 @@ def content(snap: Snapshot) -> Content:
     return snap.devices, dict(snap.netdevs), dict(snap.pcie)
 
 
-def poll(reader: HostReader, host: SimHost, *, full_gid_tables: bool = False) -> Snapshot:
+def poll(reader: HostReader, host: SimHost, *, full_gid_tables: bool | frozenset[str] = False) -> Snapshot:
     """One poll of a reader kept across host changes. `SimHost.errno_overlay` is a copy, not a view,
     so the kernel's EINVAL answers for empty GID slots are taken again first."""
     reader.root.errno_overlay = host.errno_overlay
@@ -862,3 +862,17 @@ def test_held_descriptors_fit_under_a_service_file_limit(tmp_path: Path) -> None
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     errors, held = int(out[0]), int(out[1])
     assert errors == 0 and held > 1024
+
+
+def test_a_named_device_gets_whole_gid_tables_read_and_no_other(sim_host: SimHost) -> None:
+    """Netlink names the netdev, so only its RDMA device's tables are read whole; a new GID in a so
+    far empty slot of that device is seen at once, without waiting for the sweep."""
+    reader = held_reader(sim_host)
+    poll(reader, sim_host)
+    first = reader.full_gid_reads
+    sim_host.add_address("mlx5_0", "10.0.9.9")  # lands in empty slots 4 and 5
+    port = poll(reader, sim_host, full_gid_tables=frozenset({"mlx5_0"})).port("mlx5_0", 1)
+    assert reader.full_gid_reads == first + 1
+    assert port is not None and {g.ipv4 for g in port.gids} >= {"10.0.0.1", "10.0.9.9"}
+    poll(reader, sim_host, full_gid_tables=frozenset({"absent_9"}))
+    assert reader.full_gid_reads == first + 1

@@ -19,7 +19,7 @@ import errno
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -136,8 +136,9 @@ class HostReader:
         for device in self._devices.values():
             device.gids.clear()
 
-    def read(self, *, full_gid_tables: bool = False) -> Snapshot:
-        """One snapshot. `full_gid_tables` forces a whole-table GID read on every port."""
+    def read(self, *, full_gid_tables: bool | Collection[str] = False) -> Snapshot:
+        """One snapshot. `full_gid_tables` forces a whole-table GID read on every port (True) or on
+        the ports of the named devices (netlink announced a change on one of their netdevs)."""
         started = time.monotonic()
         taken_at = time.time()
         errors: list[ReadError] = []
@@ -154,7 +155,8 @@ class HostReader:
                 if reader is not None:
                     reader.forget()  # re-registered: new firmware, counters reset, new fds
                 reader = self._devices[name] = _DeviceReader(self, name, ident)
-            devices.append(reader.read(full_gid_tables, netdevs, pcie, errors))
+            full = full_gid_tables if isinstance(full_gid_tables, bool) else name in full_gid_tables
+            devices.append(reader.read(full, netdevs, pcie, errors))
         present = {d.name for d in devices}
         for name in [n for n in self._devices if n not in present]:
             self._devices.pop(name).forget()
