@@ -34,6 +34,14 @@ class AddressLike(Protocol):
     @property
     def family(self) -> str: ...
 
+    @property
+    def flags(self) -> int: ...  # IFA_F_*
+
+
+# IPv6 privacy (temporary) and deprecated addresses come and go by design: never expected.
+IFA_F_TEMPORARY, IFA_F_DEPRECATED = 0x01, 0x20
+_TRANSIENT = IFA_F_TEMPORARY | IFA_F_DEPRECATED
+
 
 @dataclass(frozen=True, slots=True)
 class Rated:
@@ -68,7 +76,7 @@ class PortView:
     configured_index_content: str  # what sits at the configured index, for messages
     addresses: Mapping[str, str] | None  # address -> family; None when unknown
     addresses_from: str  # "netlink", or "gid_table" when netlink is unavailable or does not know the netdev
-    expected: Mapping[str, bool]  # remembered address -> present now
+    expected: Mapping[str, bool]  # expected address -> present now (what the state learns from)
     rated: tuple[Rated, ...]
     links: tuple[LinkJudgement, ...]
     flapping: bool
@@ -286,8 +294,10 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
     remembered = state.addresses.get(pk, {})
     moved = {a: (known.v2_index, indices[a]) for a, known in remembered.items()
              if known.v2_index is not None and a in indices and indices[a] != known.v2_index}
+    transient: frozenset[str] = frozenset()
     if addresses is not None and netdev is not None and netdev in addresses:
-        current: Mapping[str, str] | None = {a.address: a.family for a in addresses.get(netdev, ())}
+        current: Mapping[str, str] | None = {a.address: a.family for a in addresses[netdev]}
+        transient = frozenset(a.address for a in addresses[netdev] if a.flags & _TRANSIENT)
         source = "netlink"
     elif port.link_layer == "Ethernet" and netdev is not None:
         current, source = gid_table_addresses(port), "gid_table"
@@ -295,7 +305,8 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
         current, source = None, ""
     # Expected: what the netdev carried before (remembered) and what it carries now (remembered
     # from this poll on), so the gauge exists from the first poll.
-    expected = ({a: a in current for a in remembered} | {a: True for a in current if is_expected_candidate(a)}
+    expected = ({a: a in current for a in remembered}
+                | {a: True for a in current if is_expected_candidate(a) and a not in transient}
                 if current is not None else {})
     valid, content = _configured_index(port, configured)
     state_known = port.state is not None and port.phys_state is not None

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from rnic_exporter import catalog
-from rnic_exporter.detect.conditions import HostConditions, is_expected_candidate, judge
+from rnic_exporter.detect.conditions import HostConditions, judge
 from rnic_exporter.detect.diff import diff
 from rnic_exporter.detect.flapping import FlapTracker
 from rnic_exporter.detect.inputs import Inputs
@@ -110,8 +110,8 @@ class Detector:
                 continue
             pk = port_key(view.device, view.port)
             remembered = state.addresses.setdefault(pk, {})
-            for address in view.addresses:
-                if not is_expected_candidate(address):
+            for address, present in view.expected.items():
+                if not present:
                     continue
                 known_address = remembered.get(address)
                 index = view.v2_ipv4_index.get(address)
