@@ -12,7 +12,6 @@ import email.parser
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
@@ -25,7 +24,7 @@ import pytest
 
 from rnic_exporter import __version__, bundle
 from rnic_exporter.sim import SimHost
-from tests.support.processes import free_port, http_get
+from tests.support.processes import free_port, http_get, stop_process
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,17 +152,12 @@ def served(release: Release, sim: SimHost, tmp_path: Path) -> Iterator[str]:
             wait_for(ready, timeout=30, what="serve from the release venv")
             yield base
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def test_fresh_venv_serves_metrics_from_the_installed_package(release: Release, served: str) -> None:
     def scrape() -> str | None:
-        # /-/ready can answer before the first poll's rendering is published (an empty 200): wait for it.
+        # The first scrape after /-/ready already has the first poll; waiting costs nothing if so.
         status, _, body = http_get(f"{served}/metrics")
         assert status == 200
         return body.decode() if b"rnic_devices" in body else None

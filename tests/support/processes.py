@@ -44,6 +44,17 @@ def http_get(url: str, *, headers: dict[str, str] | None = None, context: ssl.SS
         return exc.code, dict(exc.headers), exc.read()
 
 
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
+    """SIGTERM (the clean stop under test), SIGKILL when it does not end within `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @contextmanager
 def exporter(args: Sequence[str], *, ready_url: str, env: dict[str, str] | None = None,
              context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None,
@@ -62,13 +73,7 @@ def exporter(args: Sequence[str], *, ready_url: str, env: dict[str, str] | None 
         wait_for(ready, timeout=20, what=f"exporter at {ready_url}")
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         if log_path:
             assert not isinstance(log, int)
             log.close()
