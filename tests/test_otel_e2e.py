@@ -170,6 +170,10 @@ def test_collector_down_hanging_refusing_then_back(tmp_path: Path) -> None:
             hanging = watch.phase("hanging", "metrics", down)
             rcv.mode = "503"
             refused = watch.phase("answering 503", "metrics", hanging)
+            # Exports started while the collector hung can still time out inside this phase and be
+            # its first failures: wait until a 503 itself was seen (and logged) before healing.
+            wait_for(lambda: any("HTTP 503" in line for line in _fail_lines(log, "metrics", "OTLP export failing")),
+                     timeout=30, what="an export refused with HTTP 503")
             rcv.mode = "ok"
             wait_for(lambda: any(r.event_name == "rnic.link.below_rated" and r.attrs.get("device") == "mlx5_1"
                                  for r in rcv.received.records()), timeout=30,
