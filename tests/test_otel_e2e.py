@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import time
 from collections import Counter
@@ -195,3 +196,26 @@ def test_collector_down_hanging_refusing_then_back(tmp_path: Path) -> None:
             assert refused >= 2 * len(failing)  # six failed exports or more, three lines
             assert len(_fail_lines(log, "metrics", "OTLP export recovered")) == 1
             assert len(_fail_lines(log, "logs", "OTLP export recovered")) == 1
+
+
+def test_stop_is_prompt_while_the_collector_hangs(tmp_path: Path) -> None:
+    """SIGTERM with exports stuck on a collector that never answers: the last export is abandoned
+    after SHUTDOWN_BUDGET_S, not after --otlp.timeout per signal (a pod has 30 s to go)."""
+    from rnic_exporter.sinks.otel import SHUTDOWN_BUDGET_S
+
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tmp_path / "exporter.log"
+    with HttpReceiver() as rcv:
+        rcv.mode = "hang"
+        args = _serve_args(host, tmp_path, port, rcv.url, "--otlp.timeout", "30")
+        with exporter(args, ready_url=f"{base}/-/ready", log_path=log) as proc:
+            wait_for(lambda: "exporting over OTLP" in log.read_text(), timeout=10, what="OTLP export started")
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=SHUTDOWN_BUDGET_S + 15)
+            took = time.monotonic() - started
+        assert proc.returncode == 0
+        assert took < SHUTDOWN_BUDGET_S + 3, f"stop took {took:.1f}s"
+        assert "stopping without it" in log.read_text()

@@ -34,6 +34,8 @@ from rnic_exporter.sinks.exposition import Family
 from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.prometheus import ExporterStats, snapshot_families
 
+SHUTDOWN_BUDGET_S = 5.0  # the whole last export at stop, both signals
+
 try:
     from opentelemetry._logs import LogRecord, SeverityNumber
     from opentelemetry.metrics import CallbackOptions, Observation
@@ -472,6 +474,15 @@ class OtelSink:
         return [failures, dropped]
 
     def close(self) -> None:
-        """Last export attempt of both signals, each bounded by --otlp.timeout."""
-        self._logs.close(self.settings.timeout_s + 1)
-        self._provider.shutdown(timeout_millis=(self.settings.timeout_s + 1) * 1000)
+        """A last export of both signals, bounded in total: a collector that is down must not hold up
+        a stop (Kubernetes kills a pod 30 s after SIGTERM, and the web server is already down)."""
+        budget = min(self.settings.timeout_s + 1, SHUTDOWN_BUDGET_S)
+        flush = threading.Thread(target=self._final_export, args=(budget,), name="otlp-final-export", daemon=True)
+        flush.start()
+        flush.join(budget)
+        if flush.is_alive():
+            log.warning("OTLP: the last export did not finish within %gs; stopping without it", budget)
+
+    def _final_export(self, budget: float) -> None:
+        self._logs.close(budget / 2)
+        self._provider.shutdown(timeout_millis=budget / 2 * 1000)
