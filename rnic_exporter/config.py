@@ -102,6 +102,13 @@ def _count(path: str, value: Any) -> int:
     return value
 
 
+# A [[rated]] table's values (RatedExpectation fields), in the order the error message lists them.
+_RATED_VALUES: Mapping[str, Callable[[str, Any], Any]] = {
+    "port_rate_gbps": _positive, "port_width": _count, "netdev_speed_gbps": _positive,
+    "pcie_speed_gts": _positive, "pcie_width": _count,
+}
+
+
 def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
     if not isinstance(value, list):
         raise ValueError(f"{path}: expected a list of tables ([[rated]] in TOML, a list in YAML), got {value!r}")
@@ -125,19 +132,14 @@ def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
         for key, raw in item.items():
             if key == "match":
                 continue
-            if key in ("port_rate_gbps", "netdev_speed_gbps", "pcie_speed_gts"):
-                try:
-                    values[key] = _positive(f"{where}.{key}", raw)
-                except ValueError as exc:
-                    problems.append(str(exc))
-            elif key in ("port_width", "pcie_width"):
-                try:
-                    values[key] = _count(f"{where}.{key}", raw)
-                except ValueError as exc:
-                    problems.append(str(exc))
-            else:
-                problems.append(f"{where}.{key}: unknown key (port_rate_gbps, port_width, netdev_speed_gbps, "
-                                "pcie_speed_gts, pcie_width, match)")
+            validate = _RATED_VALUES.get(key)
+            if validate is None:
+                problems.append(f"{where}.{key}: unknown key ({', '.join(_RATED_VALUES)}, match)")
+                continue
+            try:
+                values[key] = validate(f"{where}.{key}", raw)
+            except ValueError as exc:
+                problems.append(str(exc))
         if not values:
             problems.append(f"{where}: sets no rated value")
             continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
@@ -21,7 +21,6 @@ from rnic_exporter.sources.ethtool import AdvertisedLink
 
 PORT, NETDEV, PCIE = "port", "netdev", "pcie"
 SOURCE_CONFIG, SOURCE_ETHTOOL, SOURCE_BASELINE, SOURCE_DEVICE = "config", "ethtool", "baseline", "device"
-RATED_SOURCES = (SOURCE_CONFIG, SOURCE_ETHTOOL, SOURCE_BASELINE)  # best first
 _TOLERANCE = 0.999  # float noise between "400 Gb/sec" parsed and 400e9/8 computed
 
 
@@ -81,11 +80,15 @@ class PortView:
     links: tuple[LinkJudgement, ...]
     flapping: bool
     risks: frozenset[str]
-    unreadable: tuple[str, ...] = ()  # attributes of this port that could not be read
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.device, self.port)
+
+    @property
+    def where(self) -> str:
+        """How messages name the port: `mlx5_0 port 1 (ens1f0np0)`."""
+        return f"{self.device} port {self.port}" + (f" ({self.netdev})" if self.netdev else "")
 
     def link(self, name: str) -> LinkJudgement | None:
         for judgement in self.links:
@@ -109,7 +112,6 @@ class HostConditions:
     ports: Mapping[tuple[str, int], PortView]
     devices: Mapping[str, DeviceView]
     expected_devices: int | None = None
-    device_errors: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # device -> unreadable attrs
 
     @property
     def present_devices(self) -> int:
@@ -260,9 +262,6 @@ def judge(snap: Snapshot, state: State, settings: DetectionSettings, *,
     """Judge `snap` against the state and settings. `addresses`: netlink's view by netdev, or None."""
     ports: dict[tuple[str, int], PortView] = {}
     devices: dict[str, DeviceView] = {}
-    errors_by_port: dict[tuple[str, int | None], list[str]] = {}
-    for err in snap.errors:
-        errors_by_port.setdefault((err.device, err.port), []).append(err.attribute)
     configured = settings.configured_gid_index
     for dev in snap.devices:
         key = device_key(dev)
@@ -272,19 +271,17 @@ def judge(snap: Snapshot, state: State, settings: DetectionSettings, *,
         for port in dev.ports:
             ports[(dev.name, port.number)] = _port_view(
                 dev, port, snap, state, expectation, pcie, configured, addresses, advertised or {}, risks or {},
-                flapping or {}, tuple(errors_by_port.get((dev.name, port.number), ())))
+                flapping or {})
     for key, known in state.devices.items():
         if key not in devices:
             devices[key] = DeviceView(key, known.name, known.pci_address, False, True)
-    device_errors = {d: tuple(a) for (d, p), a in errors_by_port.items() if p is None}
-    return HostConditions(snap.taken_at, ports, devices, settings.expected_devices, device_errors)
+    return HostConditions(snap.taken_at, ports, devices, settings.expected_devices)
 
 
 def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectation: RatedExpectation | None,
                pcie: LinkJudgement | None, configured: int | None,
                addresses: Mapping[str, tuple[AddressLike, ...]] | None, advertised: Mapping[str, AdvertisedLink],
-               risks: Mapping[str, frozenset[str]], flapping: Mapping[tuple[str, int], bool],
-               unreadable: tuple[str, ...]) -> PortView:
+               risks: Mapping[str, frozenset[str]], flapping: Mapping[tuple[str, int], bool]) -> PortView:
     pk = port_key(dev.name, port.number)
     netdev = port.netdev
     ratings = port_ratings(port, expectation, advertised.get(netdev) if netdev else None, state)
@@ -319,4 +316,4 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
         configured_index_valid=valid, configured_index_content=content,
         addresses=current, addresses_from=source, expected=expected, rated=ratings, links=links,
         flapping=flapping.get((dev.name, port.number), False),
-        risks=risks.get(netdev, frozenset()) if netdev else frozenset(), unreadable=unreadable)
+        risks=risks.get(netdev, frozenset()) if netdev else frozenset())

@@ -46,13 +46,8 @@ def _on(port: PortView, spec: ev.EventSpec, message: str, *, before: str | None 
                  before=before, after=after, attributes=attributes or {}, severity_override=severity)
 
 
-def _where(port: PortView) -> str:
-    netdev = f" ({port.netdev})" if port.netdev else ""
-    return f"{port.device} port {port.port}{netdev}"
-
-
 def _port(p: PortView | None, c: PortView, out: list[Event]) -> None:
-    where = _where(c)
+    where = c.where
     if p is not None and p.gid_hash is not None and c.gid_hash is not None and p.gid_hash != c.gid_hash:
         out.append(_on(c, ev.GID_TABLE_CHANGED, f"GID table of {where} changed", before=str(p.gid_hash),
                          after=str(c.gid_hash)))

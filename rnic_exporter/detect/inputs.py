@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from rnic_exporter.detect.conditions import AddressLike
+from rnic_exporter.detect.conditions import AddressLike, is_expected_candidate
 from rnic_exporter.model import Snapshot
 from rnic_exporter.sources.ethtool import AdvertisedLink
 from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
@@ -42,6 +42,6 @@ def gather_inputs(snap: Snapshot, risks: RiskLookup, addresses: Mapping[str, tup
             best_modes[netdev] = best
         info = snap.netdevs.get(netdev)
         has_v6 = addresses is not None and any(
-            a.family == "ipv6" and not a.address.startswith("fe80:") for a in addresses.get(netdev, ()))
+            a.family == "ipv6" and is_expected_candidate(a.address) for a in addresses.get(netdev, ()))
         found[netdev] = risks(netdev, info.ifindex if info else None, has_v6)
     return Inputs(addresses, best_modes, found)

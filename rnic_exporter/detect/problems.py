@@ -35,10 +35,6 @@ _FIX_ADDRESS = ("configure the address with a method that keeps it on link loss 
 _FIX_SPEED = "check the cable and transceiver (ethtool, ibstat); reseat or replace them, then confirm the rate"
 
 
-def _where(view: PortView) -> str:
-    return f"{view.device} port {view.port}" + (f" ({view.netdev})" if view.netdev else "")
-
-
 def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = ()) -> list[Problem]:
     out: list[Problem] = []
     for dev in sorted(cur.devices.values(), key=lambda d: d.name):
@@ -65,7 +61,7 @@ def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = ()) -> li
 
 
 def _port_problems(view: PortView) -> list[Problem]:
-    where = _where(view)
+    where = view.where
     out = []
     if view.up is False:
         out.append(Problem("port_down", "warning", where, "port is not ACTIVE/LinkUp",
