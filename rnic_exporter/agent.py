@@ -209,14 +209,7 @@ def apply_file(config: ServeConfig, explicit: set[str]) -> ServeConfig:
         exclude = loaded.device_exclude
     return replace(config, poll_interval_s=interval,
                    reader=ReaderSettings.build(include, exclude, loaded.nccl_env),
-                   detection=_detection(loaded.detection(config.detection), config.detection, explicit))
-
-
-def _detection(from_file: DetectionSettings, base: DetectionSettings, explicit: set[str]) -> DetectionSettings:
-    """NCCL_IB_GID_INDEX in the environment is what jobs here get: it beats the file's nccl.ib_gid_index."""
-    if "nccl_gid_index" in explicit:
-        return replace(from_file, nccl_gid_index=base.nccl_gid_index)
-    return from_file
+                   detection=loaded.detection(config.detection, keep_gid_index="nccl_gid_index" in explicit))
 
 
 @contextlib.contextmanager

@@ -283,9 +283,7 @@ def check(sysfs: str, device_include: str | None, device_exclude: str | None, pr
         nccl_env: dict[str, str] = {}
         if config_file is not None:
             loaded = config_module.load(config_file)
-            detection = loaded.detection(detection)
-            if env_index is not None:
-                detection = replace(detection, nccl_gid_index=env_index)
+            detection = loaded.detection(detection, keep_gid_index=env_index is not None)
             nccl_env = dict(loaded.nccl_env)
         if nccl_gid_index is not None:
             detection = replace(detection, nccl_gid_index=nccl_gid_index)

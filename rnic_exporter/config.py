@@ -57,8 +57,9 @@ class FileConfig:
     address_forget_after_seconds: float | None = None
     rated: tuple[RatedExpectation, ...] = ()
 
-    def detection(self, base: DetectionSettings) -> DetectionSettings:
-        """`base` (built-in defaults, flags) overlaid with what this file sets."""
+    def detection(self, base: DetectionSettings, keep_gid_index: bool = False) -> DetectionSettings:
+        """`base` (built-in defaults, flags) overlaid with what this file sets. `keep_gid_index`:
+        base's NCCL index came from NCCL_IB_GID_INDEX, which is what jobs get and beats the file."""
         flap = FlapSettings(
             transitions=self.flap_transitions or base.flap.transitions,
             window_s=self.flap_window_seconds or base.flap.window_s,
@@ -66,7 +67,8 @@ class FileConfig:
         return replace(base, rated=self.rated or base.rated, flap=flap,
                        expected_devices=self.expected_devices if self.expected_devices is not None
                        else base.expected_devices,
-                       nccl_gid_index=self.nccl_gid_index if self.nccl_gid_index is not None else base.nccl_gid_index,
+                       nccl_gid_index=base.nccl_gid_index if keep_gid_index or self.nccl_gid_index is None
+                       else self.nccl_gid_index,
                        address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s)
 
 

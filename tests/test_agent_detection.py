@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from rnic_exporter import catalog
 from rnic_exporter.agent import Agent, ServeConfig
@@ -18,16 +17,13 @@ from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.events import EVENT_SPECS
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.exposition import Samples, samples
 from tests.support.processes import exporter, free_port, http_get, require_binary
 
 
-def metrics(agent: Agent) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def metrics(agent: Agent) -> Samples:
     body, _ = agent.prometheus.render(None, None)
-    out = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
+    return samples(body.decode())
 
 
 def series(agent: Agent, name: str, **labels: str) -> float | None:
@@ -191,14 +187,10 @@ def test_check_takes_nccl_gid_index_from_the_environment(sim_host: SimHost, tmp_
     assert garbage.returncode == 2 and "NCCL_IB_GID_INDEX='three' is not an integer" in garbage.stderr
 
 
-def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scrape(url: str) -> Samples:
     status, _, body = http_get(url)
     assert status == 200
-    out = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
+    return samples(body.decode())
 
 
 def test_nic_removed_while_stopped_is_missing_after_restart(sim_host: SimHost, tmp_path: Path) -> None:
@@ -237,3 +229,14 @@ def test_a_detection_failure_costs_no_metrics(sim_host: SimHost, tmp_path: Path,
     assert series(agent, "rnic_exporter_event_source_errors_total", source="detection") == 1
     assert "detection failed" in caplog.text and "ValueError: a bug" in caplog.text
     agent.close()
+
+
+def test_nccl_gid_index_from_the_environment_beats_the_config_file(tmp_path: Path) -> None:
+    from rnic_exporter.agent import apply_file
+
+    cfg = tmp_path / "rnic.toml"
+    cfg.write_text("[nccl]\nib_gid_index = 2\n[inventory]\nexpected_devices = 4\n")
+    base = ServeConfig(config_file=cfg, detection=DetectionSettings(nccl_gid_index=3))
+    assert apply_file(base, {"nccl_gid_index"}).detection.nccl_gid_index == 3  # NCCL_IB_GID_INDEX was set
+    from_file = apply_file(base, set()).detection
+    assert from_file.nccl_gid_index == 2 and from_file.expected_devices == 4
