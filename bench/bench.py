@@ -38,6 +38,7 @@ from harness import (  # noqa: E402
     get,
     node_exporter_args,
     ours_args,
+    polls,
     require,
     rss_mb,
     running,
@@ -117,15 +118,15 @@ def cpu_per_cycle_ours(sysfs: Path, state_dir: Path, seconds: float, interval: f
         for _ in range(3):  # warm up: every format rendered once, fds held
             get(url)
             time.sleep(interval)
-        polls_before = _polls(get(url))
+        polls_before = polls(url)
         cpu_before = cpu_seconds(proc.pid)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             get(url)
-            time.sleep(interval)
+            time.sleep(interval)  # paced: one scrape per poll interval, as Prometheus would
         cpu_after = cpu_seconds(proc.pid)
-        polls = _polls(get(url)) - polls_before
-        return (cpu_after - cpu_before) * 1000 / polls, rss_mb(proc.pid), polls
+        cycles = polls(url) - polls_before
+        return (cpu_after - cpu_before) * 1000 / cycles, rss_mb(proc.pid), cycles
 
 
 def cpu_per_scrape_ours(sysfs: Path, state_dir: Path, scrapes: int) -> float:
@@ -153,13 +154,6 @@ def rss_sinks_only(sysfs: Path, state_dir: Path, interval: float) -> float:
             get(url)
             time.sleep(interval)
         return rss_mb(proc.pid)
-
-
-def _polls(exposition: bytes) -> int:
-    for line in exposition.splitlines():
-        if line.startswith(b"rnic_exporter_polls_total "):
-            return int(float(line.split()[1]))
-    raise SystemExit("no rnic_exporter_polls_total in the exposition")
 
 
 def cpu_per_scrape_node_exporter(sysfs: Path, scrapes: int) -> tuple[float, float]:

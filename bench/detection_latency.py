@@ -67,10 +67,7 @@ def _daemon(ns: Netns, sysfs: Path, workdir: Path, extra: list[str]) -> Iterator
                          "--log.format", "json", *extra], stdout=out, stderr=subprocess.STDOUT)
 
         def ready() -> bool:
-            try:
-                return http_get(ns.url(PORT, "/-/ready"), timeout=1)[0] == 200
-            except OSError:
-                return False
+            return http_get(ns.url(PORT, "/-/ready"), timeout=1)[0] == 200  # wait_for retries while it raises
 
         wait_for(ready, timeout=30, what="daemon ready")
         try:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rnic_exporter.catalog import POLLS
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -53,6 +55,15 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], ready: Callable[[bytes], bo
             pass
         time.sleep(0.05)
     raise SystemExit(f"{url} did not answer as expected within 60 s")
+
+
+def polls(url: str) -> int:
+    """The exporter's polls counter, from one scrape of `url`."""
+    prefix = f"{POLLS.name} ".encode()
+    for line in get(url).splitlines():
+        if line.startswith(prefix):
+            return int(float(line.split()[1]))
+    raise SystemExit(f"no {POLLS.name} in the exposition at {url}")
 
 
 def has_metrics(body: bytes) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import http.server
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness import cpu_seconds, free_port, get, rss_mb, running  # noqa: E402
+from harness import cpu_seconds, free_port, get, polls, rss_mb, running  # noqa: E402
 
 from rnic_exporter.sim import SimHost  # noqa: E402
 
@@ -58,12 +57,6 @@ class Sink:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def polls(url: str) -> int:
-    m = re.search(rb"^rnic_exporter_polls_total ([\d.e+]+)$", get(url), re.M)
-    assert m is not None
-    return int(float(m[1]))
-
-
 def serve(args: list[str], url: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
     return running([sys.executable, "-m", "rnic_exporter", "serve", *args], url)
 
@@ -84,7 +77,7 @@ def measure(sysfs: Path, state: Path, seconds: float, interval: float, otlp: lis
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             get(url)
-            time.sleep(interval)
+            time.sleep(interval)  # paced: one scrape per poll
         cpu = cpu_seconds(proc.pid) - before_cpu
         done = polls(url) - before_polls
         return cpu * 1000 / done, rss_mb(proc.pid), done

@@ -26,11 +26,10 @@ BUNDLED_DIRS = ("dashboards", "alerts", "packaging")  # keep in step with setup.
 _PACKAGED = Path(__file__).resolve().parent / "_bundle"
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
-# Generator sources (dashboards/*.dashboard.py need grafanalib) are not deployment files.
+# Python sources and bytecode are never deployment files.
 _SKIPPED_SUFFIXES = frozenset({".py", ".pyc"})
 
 RULE_FILES_GLOB = "*.rules.yml"
-PROMETHEUS_RULE_PATH = PurePosixPath("packaging/kubernetes/prometheusrule.yaml")
 K8S_NAMESPACE = "monitoring"
 K8S_LABELS: Mapping[str, str] = {
     "app.kubernetes.io/name": "rnic-exporter",

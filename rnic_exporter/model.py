@@ -7,6 +7,7 @@ A value that could not be read is ``None`` and a `ReadError` in `Snapshot.errors
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 from collections.abc import Mapping
@@ -130,6 +131,7 @@ class GidEntry:
         return self.type[pos:] if pos >= 0 else self.type
 
 
+@functools.lru_cache(maxsize=1024)  # asked every poll by detection and rendering; tables rarely change
 def gid_table_hash(entries: tuple[GidEntry, ...]) -> int:
     """A stable hash of the populated slots, below 2^53 so a float64 sample holds it exactly."""
     text = "\n".join(f"{e.index} {e.gid} {e.type} {e.netdev}" for e in entries)

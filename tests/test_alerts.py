@@ -130,7 +130,8 @@ def _mutated(tmp_path: Path, alert: str, change: str) -> Path:
 @pytest.mark.parametrize("rule", ALERT_RULES, ids=lambda rule: str(rule["alert"]))
 def test_unit_tests_catch_a_broken_alert(tmp_path: Path, rule: dict[str, Any]) -> None:
     """An alert that never fires fails its unit tests; so does one without its `for:` (the blip case)."""
-    files = sorted(_alert_cases()[rule["alert"]]["fires"] | _alert_cases()[rule["alert"]]["silent"])
+    cases = _alert_cases()[rule["alert"]]
+    files = sorted(cases["fires"] | cases["silent"])
     for change in ("never", "no-for") if "for" in rule else ("never",):
         copy = _mutated(tmp_path / change, rule["alert"], change)
         result = _promtool("test", "rules", *(str(copy / "tests" / f.name) for f in files), cwd=copy)

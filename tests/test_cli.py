@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from rnic_exporter import __version__
 from rnic_exporter.cli import Exit, main
 from rnic_exporter.sim import SimHost
-from tests.support.processes import free_port, http_get
+from tests.support.processes import free_port, http_get, stop_process
 from tests.support.wait import wait_for
 
 
@@ -182,9 +182,7 @@ def test_serve_reloads_config_on_sighup_and_stops_on_sigterm(host: SimHost, tmp_
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)  # only when the test failed before the process ended
     assert proc.returncode == 0
     records = [json.loads(line) for line in err.decode().splitlines()]
     messages = [r["msg"] for r in records]
@@ -209,9 +207,7 @@ def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=15)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)  # only when the test failed before the process ended
     assert proc.returncode == 0
     assert "step 1: GID index shift" in out
     workdir = next(line.split()[-1] for line in out.splitlines() if line.startswith("Removed "))

@@ -7,7 +7,6 @@ what the kernel would show, not from hand-built snapshots.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,8 +28,6 @@ from rnic_exporter.sources.ethtool import AdvertisedLink, best_mode
 from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
 from rnic_exporter.sources.snapshot import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
-
-Reader = Callable[[SimHost], Snapshot]
 
 
 def read_full(host: SimHost) -> Snapshot:

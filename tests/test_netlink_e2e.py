@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from rnic_exporter.sim.gid_table import format_gid
+from rnic_exporter.sim.gid_table import address_gid
+from tests.support.exposition import Samples, samples
 from tests.support.netns import Netns, network_namespace
 from tests.support.processes import http_get
 from tests.support.wait import wait_for
@@ -28,27 +28,30 @@ def _v2_gid_file(sysfs: Path, device: str, index: int) -> Path:
     return sysfs / "class/infiniband" / device / "ports/1/gids" / str(index)
 
 
-def _mapped(address: str) -> str:
-    return format_gid(bytes(10) + b"\xff\xff" + bytes(int(o) for o in address.split(".")))
-
-
 class Daemon:
     def __init__(self, ns: Netns, log: Path) -> None:
         self.ns, self.log = ns, log
 
-    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    def metrics(self) -> Samples:
         status, _, body = http_get(self.ns.url(PORT, "/metrics"), timeout=2)
         assert status == 200
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(body.decode()) for s in family.samples}
+        return samples(body.decode())
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics().get((name, frozenset(labels.items())))
 
     def wait(self, expected: float, name: str, **labels: str) -> None:
         """Within 5 s: far below the 60 s poll interval, so only a netlink wakeup gets there in time."""
-        wait_for(lambda: self.value(name, **labels) == expected, timeout=5.0,
-                 what=f"{name}{labels} == {expected} (last {self.value(name, **labels)})")
+        seen: list[float | None] = []
+
+        def probe() -> bool:
+            seen.append(self.value(name, **labels))
+            return seen[-1] == expected
+
+        try:
+            wait_for(probe, timeout=5.0, what=f"{name}{labels} == {expected}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} (last {seen[-1:]})") from None
 
     def events(self) -> list[dict[str, str]]:
         lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
@@ -69,7 +72,7 @@ def chain(tmp_path: Path) -> Iterator[tuple[Netns, Daemon, Path]]:
             # "following netlink" is printed once the follower listens and holds its slots.
             wait_for(lambda: "following netlink" in (tmp_path / "simulate.log").read_text(), timeout=20,
                      what="the simulator to follow netlink")
-            assert _v2_gid_file(sysfs, "mlx5_0", 3).read_text().strip() == _mapped("10.0.0.1")
+            assert _v2_gid_file(sysfs, "mlx5_0", 3).read_text().strip() == address_gid("10.0.0.1")
             log = tmp_path / "serve.log"
             serve_log = open(log, "wb")  # noqa: SIM115 - closed below
             try:
@@ -87,10 +90,7 @@ def chain(tmp_path: Path) -> Iterator[tuple[Netns, Daemon, Path]]:
 
 
 def _ready(ns: Netns) -> bool:
-    try:
-        return http_get(ns.url(PORT, "/-/ready"), timeout=1)[0] == 200
-    except OSError:
-        return False
+    return http_get(ns.url(PORT, "/-/ready"), timeout=1)[0] == 200  # wait_for retries while it raises
 
 
 def test_gid_shift_address_loss_and_flap_seen_through_netlink(chain: tuple[Netns, Daemon, Path]) -> None:

@@ -26,7 +26,8 @@ from click.testing import CliRunner
 from rnic_exporter import bundle
 from rnic_exporter.agent import DEFAULT_PORT
 from rnic_exporter.cli import main
-from tests.support.processes import require_binary
+from tests.support.cli import serve_flags
+from tests.support.processes import require_binary, venv_tool
 
 REPO = Path(__file__).resolve().parents[1]
 SYSTEMD = REPO / "packaging/systemd"
@@ -35,11 +36,6 @@ INSTALLED_BINARY = "/opt/rnic-exporter/bin/rnic-exporter"  # the layout the unit
 OTEL = REPO / "packaging/otel-collector/config.yaml"
 GRAFANA = REPO / "packaging/grafana/provisioning"
 DOCKERFILE = REPO / "Dockerfile"
-
-
-def serve_flags() -> set[str]:
-    serve = main.commands["serve"]
-    return {opt for param in serve.params for opt in (*param.opts, *param.secondary_opts)}
 
 
 def _flags_in(args: list[str]) -> set[str]:
@@ -152,14 +148,6 @@ def _instructions(text: str) -> list[tuple[str, str]]:
     joined = re.sub(r"\\\n", " ", "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#")))
     return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln.strip() else "")
             for ln in joined.splitlines() if ln.strip()]
-
-
-def venv_tool(name: str) -> str:
-    """A console script of a test dependency (pip package), next to this interpreter."""
-    path = Path(sys.executable).with_name(name)
-    if not path.is_file():
-        raise AssertionError(f"{name} is not installed; run `bash scripts/test` (it is in the test extra)")
-    return str(path)
 
 
 def _hadolint(path: Path) -> subprocess.CompletedProcess[str]:

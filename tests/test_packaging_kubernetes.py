@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,8 @@ import pytest
 import yaml
 
 from rnic_exporter import __version__, bundle, config
-from rnic_exporter.cli import main
-from tests.support.processes import require_binary
+from tests.support.cli import serve_flags
+from tests.support.processes import require_binary, venv_tool
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "packaging/kubernetes"
@@ -107,10 +106,8 @@ def _core_files() -> list[Path]:
 
 
 def _kubernetes_validate(files: list[Path], version: str) -> subprocess.CompletedProcess[str]:
-    binary = Path(sys.executable).with_name("kubernetes-validate")
-    assert binary.is_file(), "kubernetes-validate is not installed; run `bash scripts/test` (it is in the test extra)"
-    return subprocess.run([str(binary), "--strict", "-k", version, *map(str, files)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([venv_tool("kubernetes-validate"), "--strict", "-k", version, *map(str, files)],
+                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -172,11 +169,6 @@ def test_prometheus_rule_is_generated_from_the_rule_files(request: pytest.Fixtur
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def _serve_flags() -> set[str]:
-    serve = main.commands["serve"]
-    return {opt for param in serve.params for opt in (*param.opts, *param.secondary_opts)}
-
-
 def _flag_values(args: list[str]) -> dict[str, str]:
     return dict(arg.split("=", 1) for arg in args if arg.startswith("--") and "=" in arg)
 
@@ -186,7 +178,7 @@ def test_daemonset_runs_serve_with_flags_that_exist_and_mounts_what_they_name() 
     (container,) = pod["containers"]
     args = container["args"]
     assert args[0] == "serve"
-    assert {arg.split("=", 1)[0] for arg in args[1:]} <= _serve_flags(), args
+    assert {arg.split("=", 1)[0] for arg in args[1:]} <= serve_flags(), args
     flags = _flag_values(args[1:])
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}

@@ -99,7 +99,7 @@ def test_another_namespace_hears_nothing(ns: Netns) -> None:
 def test_close_is_prompt_and_leaks_nothing(ns: Netns) -> None:
     before = set(os.listdir("/proc/self/fd"))
     with watching(ns, Recorder()) as watcher:
-        time.sleep(0.1)  # parked in select()
+        time.sleep(0.1)  # parked in poll()
         started = time.monotonic()
         watcher.close()
         took = time.monotonic() - started

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grafanalib.core import Dashboard, Templating, Time
+from grafanalib.core import Dashboard
 
 from rnic_exporter import catalog as c
 from rnic_exporter.dashboards.panels import (
@@ -10,6 +10,7 @@ from rnic_exporter.dashboards.panels import (
     OK_BAD,
     OK_WARN,
     Layout,
+    dashboard,
     datasource_variable,
     name,
     query_variable,
@@ -19,16 +20,15 @@ from rnic_exporter.dashboards.panels import (
     targets,
     timeseries,
 )
+from rnic_exporter.sinks.otel_metrics import PMA_ERROR_COUNTER_NAMES
 
 UID = "rnic-fleet-overview"
 HOST_DASHBOARD_UID = "rnic-host-detail"
 SEL = 'instance=~"$instance"'
 
-# PMA counters that mean a damaged link or a dropped packet (IBTA PortCounters), as the kernel names them.
-ERROR_COUNTERS = ("symbol_error|link_error_recovery|link_downed|port_rcv_errors|port_rcv_remote_physical_errors|"
-                  "port_rcv_switch_relay_errors|port_xmit_discards|port_xmit_constraint_errors|"
-                  "port_rcv_constraint_errors|local_link_integrity_errors|excessive_buffer_overrun_errors|"
-                  "VL15_dropped")
+# PMA counters that mean a damaged link or a dropped packet (IBTA PortCounters), as the kernel names them:
+# the ones OTLP exports as hw.errors.
+ERROR_COUNTERS = "|".join(PMA_ERROR_COUNTER_NAMES)
 # mlx5 hw_counters that count RoCE retransmissions and their causes.
 RETRANSMISSION_COUNTERS = ("out_of_sequence|packet_seq_err|implied_nak_seq_err|local_ack_timeout_err|"
                            "rnr_nak_retry_err|duplicate_request|roce_adp_retrans|roce_slow_restart")
@@ -39,20 +39,18 @@ def build() -> Dashboard:
     _health(lay)
     _gids_and_addresses(lay)
     _counters(lay)
-    return Dashboard(
-        title="RNIC fleet overview", uid=UID, tags=["rnic", "rdma"], timezone="browser", schemaVersion=39,
-        description="Every node's RDMA NICs at a glance: missing NICs, ports down, links below rated, GID "
-                    "index moves, address losses, flapping ports, errors and throughput (rnic-exporter).",
-        time=Time("now-6h", "now"), refresh="1m", graphTooltip=1, editable=True,
-        links=[{"title": "RNIC dashboards", "type": "dashboards", "tags": ["rnic"], "asDropdown": False,
-                "includeVars": False, "keepTime": True, "targetBlank": False, "icon": "external link"}],
-        templating=Templating(list=[
+    return dashboard(
+        "RNIC fleet overview", UID,
+        "Every node's RDMA NICs at a glance: missing NICs, ports down, links below rated, GID "
+        "index moves, address losses, flapping ports, errors and throughput (rnic-exporter).",
+        time_from="now-6h", refresh="1m", include_vars=False,
+        variables=[
             datasource_variable(),
             query_variable("instance", "Node", f"label_values({name(c.BUILD_INFO)}, instance)", multi=True,
                            include_all=True),
-        ]),
+        ],
         panels=lay.panels,
-    ).auto_panel_ids()
+    )
 
 
 def _health(lay: Layout) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from grafanalib.core import Annotations, Dashboard, Templating, Time
+from grafanalib.core import Dashboard
 
 from rnic_exporter import catalog as c
 from rnic_exporter import events as e
 from rnic_exporter.dashboards.fleet import ERROR_COUNTERS, HOST_DASHBOARD_UID, RETRANSMISSION_COUNTERS
 from rnic_exporter.dashboards.panels import (
+    BAD_OK,
     NEUTRAL,
     OK_BAD,
     OK_WARN,
@@ -18,6 +19,7 @@ from rnic_exporter.dashboards.panels import (
     YES_NO_MAPPINGS,
     Layout,
     annotation,
+    dashboard,
     datasource_variable,
     name,
     query_variable,
@@ -62,17 +64,14 @@ def build() -> Dashboard:
     _traffic(lay)
     _errors(lay)
     _gids(lay)
-    return Dashboard(
-        title="RNIC host detail", uid=UID, tags=["rnic", "rdma"], timezone="browser", schemaVersion=39,
-        description="One node's RDMA NICs per device and port: link state and speed against rated, PCIe, "
-                    "traffic, errors, RoCE congestion and retransmissions, the GID table and NCCL's index, "
-                    "with detection events as annotations (rnic-exporter).",
-        time=Time("now-3h", "now"), refresh="30s", graphTooltip=1, editable=True,
-        links=[{"title": "RNIC dashboards", "type": "dashboards", "tags": ["rnic"], "asDropdown": False,
-                "includeVars": True, "keepTime": True, "targetBlank": False, "icon": "external link"}],
-        annotations=Annotations(list=[annotation(title, event_expr(specs), color)
-                                      for title, color, specs in ANNOTATIONS]),
-        templating=Templating(list=[
+    return dashboard(
+        "RNIC host detail", UID,
+        "One node's RDMA NICs per device and port: link state and speed against rated, PCIe, "
+        "traffic, errors, RoCE congestion and retransmissions, the GID table and NCCL's index, "
+        "with detection events as annotations (rnic-exporter).",
+        time_from="now-3h", refresh="30s", include_vars=True,
+        annotations=[annotation(title, event_expr(specs), color) for title, color, specs in ANNOTATIONS],
+        variables=[
             datasource_variable(),
             query_variable("instance", "Node", f"label_values({name(c.BUILD_INFO)}, instance)", multi=False,
                            include_all=False),
@@ -80,16 +79,16 @@ def build() -> Dashboard:
                            "device)", multi=True, include_all=True),
             query_variable("port", "Port", f"label_values({name(c.PORT_INFO)}{{{DEVICE_SEL}}}, port)",
                            multi=True, include_all=True),
-        ]),
+        ],
         panels=lay.panels,
-    ).auto_panel_ids()
+    )
 
 
 def _link(lay: Layout) -> None:
     lay.row("Link")
     lay.add(state_timeline("Port up", "ACTIVE and LinkUp (rnic_port_up) per port.",
                            [target(f"{name(c.PORT_UP)}{{{PORT_SEL}}}", "{{device}}/{{port}}")], UP_DOWN_MAPPINGS,
-                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}]), w=12, h=6)
+                           thresholds=BAD_OK), w=12, h=6)
     lay.add(state_timeline("Below rated", "1 while the IB port, the netdev or the PCIe link runs below its rated "
                            "speed or width.",
                            [target(f"{name(c.LINK_BELOW_RATED)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{link}}")],
@@ -166,7 +165,7 @@ def _gids(lay: Layout) -> None:
     lay.add(stat("Configured NCCL_IB_GID_INDEX", "Whether the configured NCCL_IB_GID_INDEX points at a RoCE v2 "
                  "IPv4 GID on each port (absent without one).",
                  [target(f"{name(c.NCCL_CONFIGURED_GID_INDEX_VALID)}{{{PORT_SEL}}}", "{{device}}/{{port}}")],
-                 thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
+                 thresholds=BAD_OK,
                  mappings=[{"type": "value", "options": {"0": {"text": "invalid", "color": "red", "index": 0},
                                                          "1": {"text": "valid", "color": "green", "index": 1}}}]),
             w=8, h=8)
@@ -174,7 +173,7 @@ def _gids(lay: Layout) -> None:
                            "address loss; with NetworkManager it comes back at a new GID index.",
                            [target(f"{name(c.NETDEV_ADDRESS_PRESENT)}{{{PORT_SEL}}}",
                                    "{{netdev}} {{address}}")], PRESENT_MISSING_MAPPINGS,
-                           thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}]), w=12, h=6)
+                           thresholds=BAD_OK), w=12, h=6)
     lay.add(state_timeline("Flapping and address-loss risk", "Port flapping, and netdevs whose addresses a flap "
                            "may remove (NetworkManager, IPv6 keep_addr_on_down off).",
                            targets((f"{name(c.PORT_FLAPPING)}{{{PORT_SEL}}}", "{{device}}/{{port}} flapping"),

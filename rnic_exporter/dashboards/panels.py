@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from grafanalib.core import GridPos, RowPanel, Stat, StateTimeline, Table, Target, TimeSeries
+from grafanalib.core import (
+    Annotations,
+    Dashboard,
+    GridPos,
+    RowPanel,
+    Stat,
+    StateTimeline,
+    Table,
+    Target,
+    Templating,
+    Time,
+    TimeSeries,
+)
 
 from rnic_exporter.catalog import MetricSpec
 
@@ -26,6 +38,7 @@ Json = dict[str, Any]
 OK_BAD: list[Json] = [{"color": "green", "value": None}, {"color": "red", "value": 1}]
 OK_WARN: list[Json] = [{"color": "green", "value": None}, {"color": "orange", "value": 1}]
 NEUTRAL: list[Json] = [{"color": "text", "value": None}]
+BAD_OK: list[Json] = [{"color": "red", "value": None}, {"color": "green", "value": 1}]
 UP_DOWN_MAPPINGS: list[Json] = [{"type": "value", "options": {
     "0": {"text": "down", "color": "red", "index": 0}, "1": {"text": "up", "color": "green", "index": 1}}}]
 PRESENT_MISSING_MAPPINGS: list[Json] = [{"type": "value", "options": {
@@ -36,6 +49,18 @@ YES_NO_MAPPINGS: list[Json] = [{"type": "value", "options": {
 
 def name(spec: MetricSpec) -> str:
     return spec.name
+
+
+def dashboard(title: str, uid: str, description: str, *, time_from: str, refresh: str, include_vars: bool,
+              variables: list[Json], panels: list[Any], annotations: list[Json] | None = None) -> Dashboard:
+    """A dashboard tagged `rnic`, with a dropdown of the other `rnic` dashboards."""
+    return Dashboard(
+        title=title, uid=uid, tags=["rnic", "rdma"], timezone="browser", schemaVersion=39, description=description,
+        time=Time(time_from, "now"), refresh=refresh, graphTooltip=1, editable=True,
+        links=[{"title": "RNIC dashboards", "type": "dashboards", "tags": ["rnic"], "asDropdown": False,
+                "includeVars": include_vars, "keepTime": True, "targetBlank": False, "icon": "external link"}],
+        annotations=Annotations(list=annotations or []), templating=Templating(list=variables), panels=panels,
+    ).auto_panel_ids()
 
 
 def target(expr: str, legend: str = "", ref: str = "A", *, instant: bool = False, table: bool = False) -> Target:

@@ -52,7 +52,6 @@ class NetlinkFollower:
         self.hold_gids = hold_gids
         self.devices: dict[str, str] = {dev.netdev: dev.name for dev in host.devices.values()
                                         if dev.roce and dev.name not in host.removed}
-        self.applied = 0  # events applied to the simulated tree
         self.held: dict[str, list[int]] = {}  # RoCE v2 GID indices held since start (hold_gids)
         self.watcher = NetlinkWatcher(on_event=self._arrived)
         self._pending: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
@@ -141,7 +140,6 @@ class NetlinkFollower:
                 self._apply(item.event)
             except Exception:  # one bad event must not stop the follower
                 log.exception("could not apply %s on %s to the simulated tree", item.event.kind, item.event.ifname)
-            self.applied += 1
 
     def _apply(self, event: NetlinkEvent) -> None:
         name = self.devices[event.ifname]

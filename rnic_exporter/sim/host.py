@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rnic_exporter.model import ROCE_V1, ROCE_V2
+from rnic_exporter.model import ROCE_V1, ROCE_V2, ZERO_GID
 from rnic_exporter.sim.gid_table import GidTable, format_gid, mac_default_gid
 from rnic_exporter.sources.infiniband import LANE_GBPS
 
@@ -324,11 +324,11 @@ class SimHost:
         on_disk = self._gids_on_disk.setdefault(dev.name, {})
         for index in range(table.size):
             slot = table.visible(index)
-            content = (table.gid_text(index), None, None) if slot is None else (slot.gid, slot.type, slot.netdev)
+            content = (ZERO_GID, None, None) if slot is None else (slot.gid, slot.type, slot.netdev)
             if on_disk.get(index) == content:
                 continue
             on_disk[index] = content
-            self._write(f"{port}/gids/{index}", table.gid_text(index))
+            self._write(f"{port}/gids/{index}", content[0])
             if slot is None:
                 self._write_empty(f"{port}/gid_attrs/types/{index}")
                 self._write_empty(f"{port}/gid_attrs/ndevs/{index}")

@@ -160,6 +160,12 @@ class Fragment:
         else:
             entry[1].append(line)
 
+    def add_family(self, spec: MetricSpec, samples: Iterable[Sample]) -> None:
+        """Every sample of one metric; declared even when there are none."""
+        self.declare(spec)
+        for labels, value in samples:
+            self.add(spec, labels, value)
+
     def done(self) -> Fragment:
         self.chunks = [(spec, "".join(lines)) for spec, lines in self._by_metric.values()]
         self._by_metric = {}
@@ -222,8 +228,6 @@ class Renderer:
         """(text 0.0.4 body, OpenMetrics body) of `families`, in their order."""
         fragment = Fragment(self._lines)
         for family in families:
-            fragment.declare(family.spec)
-            for labels, value in family.samples:
-                fragment.add(family.spec, labels, value)
+            fragment.add_family(family.spec, family.samples)
         self._lines = fragment.done().lines
         return self._assembler.join((fragment,))

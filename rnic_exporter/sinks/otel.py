@@ -214,6 +214,17 @@ class _Health:
         with self.lock:
             self.dropped += count
 
+    def attempt(self, export: Callable[[], object], success: object) -> bool:
+        """Run one export, collecting the SDK's log lines; record whether it returned `success`."""
+        attempt = _REASONS.capture()
+        error: BaseException | None = None
+        try:
+            ok = export() is success
+        except Exception as exc:  # an exporter bug must not kill the thread that exports
+            error, ok = exc, False
+        self.record(ok, *(("", "") if ok else classify(attempt, error)))
+        return ok
+
 
 class _TrackedMetricExporter(MetricExporter):
     """Wraps the OTLP metric exporter to count failures and log state changes."""
@@ -225,15 +236,9 @@ class _TrackedMetricExporter(MetricExporter):
         self._health = health
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        attempt = _REASONS.capture()
-        error: BaseException | None = None
-        try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis)
-        except Exception as exc:  # an exporter bug must not kill the reader thread
-            error, result = exc, MetricExportResult.FAILURE
-        ok = result is MetricExportResult.SUCCESS
-        self._health.record(ok, *(("", "") if ok else classify(attempt, error)))
-        return result
+        ok = self._health.attempt(lambda: self._inner.export(metrics_data, timeout_millis=timeout_millis),
+                                  MetricExportResult.SUCCESS)
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
         return self._inner.force_flush(timeout_millis)
@@ -324,10 +329,6 @@ class _LogShipper:
                 self._queue.append((self._seq, event))
         self._wake.set()
 
-    def pending(self) -> int:
-        with self._lock:
-            return len(self._queue)
-
     def record(self, event: Event) -> ReadableLogRecord:
         attributes = {k: v for k, v in event.fields().items() if k not in ("event", "severity")}
         now = time.time_ns()
@@ -340,14 +341,8 @@ class _LogShipper:
             resource=self._resource, instrumentation_scope=self._scope)
 
     def _export(self, batch: list[tuple[int, Event]]) -> bool:
-        attempt = _REASONS.capture()
-        error: BaseException | None = None
-        try:
-            ok = self._exporter.export([self.record(e) for _, e in batch]) is LogRecordExportResult.SUCCESS
-        except Exception as exc:  # an exporter bug must not kill the shipper
-            error, ok = exc, False
-        self._health.record(ok, *(("", "") if ok else classify(attempt, error)))
-        return ok
+        return self._health.attempt(lambda: self._exporter.export([self.record(e) for _, e in batch]),
+                                    LogRecordExportResult.SUCCESS)
 
     def _run(self) -> None:
         backoff = 0.0
@@ -476,13 +471,13 @@ class OtelSink:
     def close(self) -> None:
         """A last export of both signals, bounded in total: a collector that is down must not hold up
         a stop (Kubernetes kills a pod 30 s after SIGTERM, and the web server is already down)."""
-        budget = min(self.settings.timeout_s + 1, SHUTDOWN_BUDGET_S)
-        flush = threading.Thread(target=self._final_export, args=(budget,), name="otlp-final-export", daemon=True)
+        flush = threading.Thread(target=self._final_export, name="otlp-final-export", daemon=True)
         flush.start()
-        flush.join(budget)
+        flush.join(SHUTDOWN_BUDGET_S)  # the only bound: abandoning the daemon thread cannot race with it
         if flush.is_alive():
-            log.warning("OTLP: the last export did not finish within %gs; stopping without it", budget)
+            log.warning("OTLP: the last export did not finish within %gs; stopping without it", SHUTDOWN_BUDGET_S)
 
-    def _final_export(self, budget: float) -> None:
-        self._logs.close(budget / 2)
-        self._provider.shutdown(timeout_millis=budget / 2 * 1000)
+    def _final_export(self) -> None:
+        """Each signal as the SDK does it, bounded by --otlp.timeout; close() cuts the whole short."""
+        self._logs.close(self.settings.timeout_s + 1)
+        self._provider.shutdown(timeout_millis=(self.settings.timeout_s + 1) * 1000)

@@ -78,13 +78,15 @@ HW_ERRORS = _i("hw.errors", "counter", "{error}",
 _RECEIVE = (("network.io.direction", "receive"),)
 _TRANSMIT = (("network.io.direction", "transmit"),)
 
-# PMA PortCounters that count errors (IBTA); they go to hw.errors, the rest to rnic.port.pma.
-PMA_ERROR_COUNTERS = frozenset({
+# PMA PortCounters that count errors (IBTA), in PortCounters order; they go to hw.errors, the rest
+# to rnic.port.pma. The dashboards' error panels select the same counters.
+PMA_ERROR_COUNTER_NAMES = (
     "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
     "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
     "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
     "VL15_dropped",
-})
+)
+PMA_ERROR_COUNTERS = frozenset(PMA_ERROR_COUNTER_NAMES)
 
 MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.DEVICE_INFO, "rnic.device.info", "gauge", "1"),

@@ -234,7 +234,7 @@ class PrometheusSink:
         for family in extra:
             samples = tuple(family.samples)
             fragments.append(self._part(previous, parts, ("extra", family.spec.name), (family.spec, samples),
-                                        _family_part, (family.spec, samples)))
+                                        Fragment.add_family, (family.spec, samples)))
         self._parts = parts
         text, om = self._assembler.join(fragments)
         bodies = {(False, False): text, (True, False): om}
@@ -275,12 +275,6 @@ class PrometheusSink:
         if gz:
             headers["Content-Encoding"] = "gzip"
         return body, headers
-
-
-def _family_part(f: Fragment, spec: MetricSpec, samples: tuple[tuple[tuple[str, ...], float], ...]) -> None:
-    f.declare(spec)
-    for labels, value in samples:
-        f.add(spec, labels, value)
 
 
 def _gzip(body: bytes) -> bytes:

@@ -107,8 +107,9 @@ def read_netdev(log: ErrorLog, name: str, device: str, port: int | None) -> Netd
     if reason is not None:
         log.add(device, port, prefix + "device", reason)
     values = []
-    for attr in NETDEV_POLLED:
-        value, reason = interpret(log.root.read_many([f"{base}/{attr.file}"])[0], attr.parse, attr.quiet)
+    raws = log.root.read_many([f"{base}/{attr.file}" for attr in NETDEV_POLLED])
+    for attr, raw in zip(NETDEV_POLLED, raws, strict=True):
+        value, reason = interpret(raw, attr.parse, attr.quiet)
         if reason is not None:
             log.add(device, port, prefix + attr.file, reason)
         values.append(value)

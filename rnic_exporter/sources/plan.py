@@ -1,7 +1,7 @@
 """A device's per-poll reads as one flat list: re-read in one pass, re-parsed only where bytes changed.
 
 The reading layer builds a `ReadPlan` once per device registration (and again when the device's
-shape changes: a GID table moved, a netdev came or went). Each poll is then one `read_many` over
+shape changes: a GID table moved, a netdev came or went). Each poll is then one `read_batch` over
 held descriptors and one list comparison; only attributes whose raw bytes (or errno) differ from
 the last poll are parsed again, and only the groups (a port's counters, a netdev, the PCIe link)
 holding such an attribute are rebuilt. Unchanged groups keep their objects, so the sinks can tell

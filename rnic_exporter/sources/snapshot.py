@@ -88,7 +88,6 @@ def _compile(flag: str, pattern: str | None) -> re.Pattern[str] | None:
         raise ConfigError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from None
 
 
-
 _BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _GID_SLOT = Attribute("gid slot", RAW_ONLY)
 _DEV_PORT = Attribute("dev_port", netclass.parse_int, NOT_EXPOSED)

@@ -94,9 +94,6 @@ class SysfsRoot:
         self._generation = 0  # bumped whenever a held descriptor is closed: batches look theirs up again
         self.reads = 0  # attribute reads issued, for the benchmark
 
-    def path(self, rel: str) -> Path:
-        return self.mount / rel
-
     def _check_overlay(self, rel: str) -> None:
         code = self.errno_overlay.get(rel)
         if code is not None:
@@ -104,8 +101,7 @@ class SysfsRoot:
 
     def read_text(self, rel: str) -> str:
         """The attribute's value without its one trailing newline. Raises OSError."""
-        text = self.read_bytes(rel).decode("utf-8", errors="replace")
-        return text[:-1] if text.endswith("\n") else text
+        return decode(self.read_bytes(rel))
 
     def read_bytes(self, rel: str) -> bytes:
         """The attribute's raw bytes in one read. Raises OSError."""
@@ -137,31 +133,7 @@ class SysfsRoot:
         beyond the bytes. A subclass that overrides `read_bytes` (a test's fault injector) still
         sees every read.
         """
-        if not self.hold_fds or type(self).read_bytes is not SysfsRoot.read_bytes:
-            return [self._read_or_errno(rel) for rel in rels]
-        self.reads += len(rels)
-        overlay = self.errno_overlay  # empty outside tests; kept in this loop so tests exercise it
-        fds = self._fds
-        pread = os.pread
-        out: list[Raw] = []
-        append = out.append
-        for rel in rels:
-            if overlay and rel in overlay:
-                append(overlay[rel])
-                continue
-            fd = fds.get(rel)
-            try:
-                if fd is None:
-                    fd = self._hold(rel)
-                data = pread(fd, _FIRST, 0)
-                if len(data) == _FIRST:
-                    data = pread(fd, _PAGE, 0)
-            except OSError as exc:
-                self._drop(rel)
-                append(exc.errno or -1)
-                continue
-            append(data)
-        return out
+        return self.read_batch(ReadBatch(list(rels)))
 
     def read_batch(self, batch: ReadBatch) -> list[Raw]:
         """`read_many` of the batch's attributes, through the descriptors it remembers."""
@@ -223,9 +195,6 @@ class SysfsRoot:
 
     def exists(self, rel: str) -> bool:
         return os.path.lexists(self.mount / rel)
-
-    def is_dir(self, rel: str) -> bool:
-        return os.path.isdir(self.mount / rel)
 
     def realpath(self, rel: str) -> str:
         """The link's target resolved inside the mount; raises OSError (EINVAL if not a link)."""

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.processes import require_binary
+from tests.support.processes import require_binary, stop_process
 
 PREFIX = "rnx"
 INSIDE_MGMT = "rnmgmt0"
@@ -171,17 +171,6 @@ def _free_management_net() -> ipaddress.IPv4Network:
     raise AssertionError("no free /30 in 169.254.0.0/16 for the management veth")
 
 
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @contextmanager
 def network_namespace(netdevs: Mapping[str, str | None] | Sequence[str], *, prefix: str = PREFIX,
                       up: bool = True) -> Iterator[Netns]:
@@ -219,7 +208,7 @@ def network_namespace(netdevs: Mapping[str, str | None] | Sequence[str], *, pref
         yield ns
     finally:
         for proc in ns.processes:
-            _stop(proc)
+            stop_process(proc)
         for name in (ns.name, ns.peer_ns):
             _kill_inside(name)
             _ip("netns", "del", name, check=False)

@@ -34,6 +34,14 @@ def require_binary(name: str) -> str:
     return path
 
 
+def venv_tool(name: str) -> str:
+    """A console script of a test dependency (pip package), next to this interpreter."""
+    path = Path(sys.executable).with_name(name)
+    if not path.is_file():
+        raise AssertionError(f"{name} is not installed; run `bash scripts/test` (it is in the test extra)")
+    return str(path)
+
+
 def http_get(url: str, *, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None,
              timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(url, headers=headers or {})
@@ -115,13 +123,8 @@ class _DebianDaemon:
         return http_get(f"{self.url}/-/ready", timeout=1)[0] == 200
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, timeout=15)
         self._log.close()
 
 
