@@ -15,6 +15,9 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.snapshot import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
 
+# The faulty-sysfs FUSE fixtures (`faulty_sysfs`, `faultfs_factory`), for every test module.
+pytest_plugins = ("tests.support.faultfs",)
+
 FIXTURE_ENV = "RNIC_FIXTURE_SYS"
 _FIXTURE_DEFAULT = Path(__file__).resolve().parents[2] / "shared/fixtures/procfs-sysfs/sys"
 _SIM_DEFAULTS: dict[str, Any] = {"roce": 2, "infiniband": 1, "gid_table_size": 16}
