@@ -14,12 +14,12 @@ from rnic_exporter.model import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.snapshot import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.captures import PROCFS_SYS
 
 # The faulty-sysfs FUSE fixtures (`faulty_sysfs`, `faultfs_factory`), for every test module.
 pytest_plugins = ("tests.support.faultfs",)
 
 FIXTURE_ENV = "RNIC_FIXTURE_SYS"
-_FIXTURE_DEFAULT = Path(__file__).resolve().parents[2] / "shared/fixtures/procfs-sysfs/sys"
 _SIM_DEFAULTS: dict[str, Any] = {"roce": 2, "infiniband": 1, "gid_table_size": 16}
 
 
@@ -30,7 +30,7 @@ def fixture_sys() -> Path:
     `RNIC_FIXTURE_SYS` points elsewhere; a missing tree fails the tests that need it, it never skips them.
     """
     override = os.environ.get(FIXTURE_ENV)
-    path = Path(override) if override else _FIXTURE_DEFAULT
+    path = Path(override) if override else PROCFS_SYS
     if not (path / "class/infiniband").is_dir():
         pytest.fail(f"captured sysfs tree not found at {path}: set {FIXTURE_ENV} to its sys/ directory",
                     pytrace=False)

@@ -21,7 +21,6 @@ from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.processes import require_binary
 
 GOLDEN = Path(__file__).parent / "golden" / "procfs-fixture.prom"
-FIXTURE_SYS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "procfs-sysfs" / "sys"
 
 
 def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -113,10 +112,8 @@ def test_sink_negotiates_format_and_gzip(tmp_path: Path) -> None:
     assert value(new_body.decode(), catalog.PORT_ACTIVE_RATE.name, device="mlx5_0", port="1") == 12.5e9
 
 
-def test_golden_exposition_of_captured_tree(request: pytest.FixtureRequest) -> None:
-    if not FIXTURE_SYS.is_dir():
-        pytest.fail(f"captured fixture tree missing at {FIXTURE_SYS}")
-    snap = dataclasses.replace(read(FIXTURE_SYS), taken_at=1_700_000_000.0, read_seconds=0.001)
+def test_golden_exposition_of_captured_tree(request: pytest.FixtureRequest, fixture_sys: Path) -> None:
+    snap = dataclasses.replace(read(fixture_sys), taken_at=1_700_000_000.0, read_seconds=0.001)
     text = render_text(snap)
     text = re.sub(r'^rnic_exporter_build_info\{.*\n', "", text, flags=re.M)  # carries the Python version
     if request.config.getoption("--update-golden"):
