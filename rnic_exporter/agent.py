@@ -33,6 +33,7 @@ from rnic_exporter.schedule import PollSchedule
 from rnic_exporter.sinks.exposition import Family
 from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.prometheus import ExporterStats, PrometheusSink
+from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.ethtool import AdvertisedLink, EthtoolReader
 from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
 from rnic_exporter.sources.snapshot import HostReader, ReaderSettings
@@ -170,6 +171,11 @@ class Agent:
             self._announced_empty = True
         elif snap.devices:
             self._announced_empty = False
+        known = {(e.device, e.port, e.attribute) for e in self.last.unsupported} if self.last else set()
+        fresh = [e for e in snap.unsupported if (e.device, e.port, e.attribute) not in known]
+        if fresh:  # once per device registration, at info: the driver simply does not have these
+            log.info("attributes not provided by the driver (not monitored, not a fault)",
+                     extra={"fields": {"attributes": "; ".join(summarize(fresh))}})
         before = {(e.device, e.port, e.attribute) for e in self.last.errors} if self.last else set()
         for err in snap.errors:
             if (err.device, err.port, err.attribute) not in before:

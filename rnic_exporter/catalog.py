@@ -97,8 +97,8 @@ GID_TABLE_SIZE = _m("rnic_gid_table_size", "gauge", PORT_LABELS, "Number of GID 
 NCCL_GID_INDEX = _m("rnic_nccl_gid_index", "gauge", PORT_LABELS,
                     "GID index NCCL would auto-select now (NCCL_IB_GID_INDEX=-1 logic), -1 when none.")
 ATTRIBUTE_UNAVAILABLE = _m("rnic_attribute_unavailable", "gauge", ("device", "port", "attribute", "reason"),
-                           "1 while an attribute cannot be read or parsed; reason is the errno name or "
-                           "'malformed'. port is empty for device-level attributes.")
+                           "1 while an attribute that was readable cannot be read or parsed; reason is the errno "
+                           "name, 'malformed' or 'no_pma'. port is empty for device-level attributes.")
 DEVICES = _m("rnic_devices", "gauge", (), "RDMA devices read in the last poll.")
 POLL_DURATION = _m("rnic_exporter_poll_duration_seconds", "gauge", (),
                    "Wall time the last sysfs poll took.", "seconds")
@@ -158,6 +158,9 @@ OTLP_EXPORT_FAILURES = _m("rnic_exporter_otlp_export_failures_total", "counter",
                           "OTLP export attempts that failed (endpoint down, slow or refusing), by signal.")
 OTLP_DROPPED = _m("rnic_exporter_otlp_dropped_total", "counter", ("signal",),
                   "OTLP items dropped because the bounded export queue was full, by signal.")
+ATTRIBUTE_UNSUPPORTED = _m("rnic_attribute_unsupported_info", "info", ("device", "port", "attribute", "reason"),
+                           "An attribute the driver does not provide (no value, not a fault): reason absent, "
+                           "no_pma or not_supported (EINVAL/EOPNOTSUPP since the first read); always 1.")
 
 METRICS: tuple[MetricSpec, ...] = (
     DEVICE_INFO, PORT_INFO, PORT_STATE, PORT_PHYSICAL_STATE, PORT_UP, PORT_ACTIVE_RATE, PORT_ACTIVE_WIDTH,
@@ -169,7 +172,7 @@ METRICS: tuple[MetricSpec, ...] = (
     PORT_RATED_RATE, PORT_RATED_WIDTH, LINK_BELOW_RATED, DEVICE_PRESENT, NETDEV_ADDRESS_PRESENT,
     NETDEV_ADDRESSES, NETDEV_ADDRESS_LOSS_RISK, GID_V2_IPV4_INDEX, NCCL_CONFIGURED_GID_INDEX_VALID,
     PORT_FLAPPING, GID_TABLE_CHANGES, EVENTS, STATE_ERRORS, EVENT_SOURCE_ERRORS, WAKEUPS,
-    OTLP_EXPORT_FAILURES, OTLP_DROPPED,
+    OTLP_EXPORT_FAILURES, OTLP_DROPPED, ATTRIBUTE_UNSUPPORTED,
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})

@@ -105,6 +105,12 @@ def show(sysfs: str, device_include: str | None, device_exclude: str | None, as_
         click.echo(f"\n{len(snap.errors)} attribute(s) could not be read:", err=True)
         for e in snap.errors:
             click.echo(f"  {e.where()}: {e.reason}", err=True)
+    if snap.unsupported:
+        from rnic_exporter.sources.availability import summarize
+
+        click.echo(f"\n{len(snap.unsupported)} attribute(s) not provided by the driver (not a fault):")
+        for line in summarize(snap.unsupported):
+            click.echo(f"  {line}")
 
 
 @main.command()

@@ -18,6 +18,7 @@ from rnic_exporter.detect.problems import Problem, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
 from rnic_exporter.model import Snapshot
+from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.ethtool import EthtoolReader
 from rnic_exporter.sources.hostnet import HostPaths
 from rnic_exporter.sources.snapshot import HostReader, ReaderSettings
@@ -81,14 +82,16 @@ def gather(snap: Snapshot, store: StateStore, settings: DetectionSettings, paths
 
 
 def run_check(sysfs: Path, state_dir: Path | None, settings: DetectionSettings, reader_settings: ReaderSettings,
-              paths: HostPaths, use_netlink: bool = True) -> CheckReport:
-    """Raises ConfigError for an unusable sysfs path (exit 2)."""
-    reader = HostReader(SysfsRoot(sysfs), reader_settings)
+              paths: HostPaths, use_netlink: bool = True, root: SysfsRoot | None = None) -> CheckReport:
+    """Raises ConfigError for an unusable sysfs path (exit 2). `root`: read through this one instead
+    (a test's errno overlay)."""
+    reader = HostReader(root or SysfsRoot(sysfs), reader_settings)
     with contextlib.closing(reader):
         snap = reader.read(full_gid_tables=True)
     cur, notes = gather(snap, StateStore(state_dir), settings, paths, use_netlink)
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
+    notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))
     return CheckReport(tuple(find_problems(cur, snap.errors)), tuple(notes), len(snap.devices), len(snap.ports))
 
 

@@ -260,6 +260,8 @@ class Snapshot:
     errors: tuple[ReadError, ...]
     taken_at: float  # wall clock, seconds since the epoch
     read_seconds: float = 0.0
+    # What the drivers do not provide (sources.availability): no value, and no fault either.
+    unsupported: tuple[ReadError, ...] = ()
 
     @property
     def ports(self) -> tuple[Port, ...]:

@@ -61,6 +61,14 @@ def _device_errors(snap: Snapshot, device: Device) -> list[ReadError]:
     return [e for e in snap.errors if e.device == device.name and e.port is None]
 
 
+def _port_unsupported(snap: Snapshot, port: Port) -> list[ReadError]:
+    return [e for e in snap.unsupported if e.device == port.device and e.port == port.number]
+
+
+def _device_unsupported(snap: Snapshot, device: Device) -> list[ReadError]:
+    return [e for e in snap.unsupported if e.device == device.name and e.port is None]
+
+
 def _unreadable_text(errors: list[ReadError]) -> str:
     return ",".join(f"{e.attribute}({e.kind})" for e in errors) or "-"
 
@@ -165,6 +173,7 @@ def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
         "counters": {k: {"value": v.value, "saturated": v.saturated} for k, v in port.counters.items()},
         "hw_counters": dict(port.hw_counters),
         "unreadable": [_error_json(e) for e in _port_errors(snap, port)],
+        "unsupported": [_error_json(e) for e in _port_unsupported(snap, port)],
     }
 
 
@@ -185,10 +194,13 @@ def show_json(snap: Snapshot, sysfs: str) -> dict[str, Any]:
                 "netdevs": list(d.netdevs),
                 "ports": [_port_json(snap, p) for p in d.ports],
                 "unreadable": [_error_json(e) for e in _device_errors(snap, d)],
+                "unsupported": [_error_json(e) for e in _device_unsupported(snap, d)],
             }
             for d in snap.devices
         ],
         "errors": [_error_json(e) for e in snap.errors],
+        # Not provided by the driver (sources.availability): no value, and not a fault.
+        "unsupported": [_error_json(e) for e in snap.unsupported],
     }
 
 

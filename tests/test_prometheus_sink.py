@@ -66,11 +66,18 @@ def test_malformed_rate_costs_only_that_series(tmp_path: Path) -> None:
 def test_unreadable_value_is_absent_not_zero(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     host.corrupt("mlx5_0", "ports/1/counters/symbol_error", "N/A (no PMA)\n")
+    host.corrupt("mlx5_0", "ports/1/counters/link_downed", "lots\n")
     text = render_text(read(host.root, host))
     assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="symbol_error") is None
-    assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="link_downed") == 0
+    assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="link_downed") is None
+    assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="port_rcv_errors") == 0
+    # Not provided by the driver from the first read on: listed, never "unavailable" (no alert).
+    assert value(text, catalog.ATTRIBUTE_UNSUPPORTED.name, device="mlx5_0", port="1",
+                 attribute="counters/symbol_error", reason="no_pma") == 1
     assert value(text, catalog.ATTRIBUTE_UNAVAILABLE.name, device="mlx5_0", port="1",
-                 attribute="counters/symbol_error", reason="malformed") == 1
+                 attribute="counters/symbol_error", reason="no_pma") is None
+    assert value(text, catalog.ATTRIBUTE_UNAVAILABLE.name, device="mlx5_0", port="1",
+                 attribute="counters/link_downed", reason="malformed") == 1
 
 
 def test_every_exposed_name_is_in_the_catalogue(tmp_path: Path) -> None:

@@ -122,15 +122,16 @@ FIXTURE_DEVICES = (
     ), fw_ver="14.28.2006", board_id="SM_2001000001034", hca_type="MT4118", node_guid="0a7f:bc12:45ef:d23b"),
 )
 # The core attributes the capture lacks (sysfs.c guarantees them, so their absence is a fault).
-FIXTURE_ERRORS = sorted([
-    ReadError("hfi1_0", None, "node_guid", "ENOENT"),
-    ReadError("hfi1_0", None, "sys_image_guid", "ENOENT"),
-    ReadError("hfi1_0", None, "node_type", "ENOENT"),
-    ReadError("mlx4_0", None, "node_guid", "ENOENT"),
-    ReadError("mlx4_0", None, "sys_image_guid", "ENOENT"),
-    ReadError("mlx4_0", None, "node_type", "ENOENT"),
-    ReadError("mlx5_0", None, "sys_image_guid", "ENOENT"),
-    ReadError("mlx5_0", None, "node_type", "ENOENT"),
+# The capture leaves out files every kernel has: absent from the first read on, so unsupported.
+FIXTURE_UNSUPPORTED = sorted([
+    ReadError("hfi1_0", None, "node_guid", "absent: ENOENT"),
+    ReadError("hfi1_0", None, "sys_image_guid", "absent: ENOENT"),
+    ReadError("hfi1_0", None, "node_type", "absent: ENOENT"),
+    ReadError("mlx4_0", None, "node_guid", "absent: ENOENT"),
+    ReadError("mlx4_0", None, "sys_image_guid", "absent: ENOENT"),
+    ReadError("mlx4_0", None, "node_type", "absent: ENOENT"),
+    ReadError("mlx5_0", None, "sys_image_guid", "absent: ENOENT"),
+    ReadError("mlx5_0", None, "node_type", "absent: ENOENT"),
 ], key=repr)
 
 
@@ -144,7 +145,8 @@ def test_captured_tree_device(fixture_sys: Path, device: str) -> None:
 def test_captured_tree_whole_snapshot(fixture_sys: Path) -> None:
     snap = HostReader(SysfsRoot(fixture_sys)).read()
     assert content(snap) == (FIXTURE_DEVICES, {}, {})
-    assert sorted(snap.errors, key=repr) == FIXTURE_ERRORS
+    assert snap.errors == ()
+    assert sorted(snap.unsupported, key=repr) == FIXTURE_UNSUPPORTED
     port = snap.port("mlx5_0", 1)
     assert port is not None and "lifespan" not in port.hw_counters
     assert port.counters["port_xmit_data"] == CounterValue(2880761508848 * 4)
@@ -336,6 +338,10 @@ class Fault:
     delete: bool = False
     directory: bool = False  # a directory stands where the file should be
     static: bool = False  # read once per device registration: a later poll does not see the fault
+    # A new reader's first read sees the fault from the start: the driver's "not provided" answers
+    # are then unsupported with this reason (sources.availability); a reader that read it before
+    # reports `error` (the attribute failed).
+    unsupported: str | None = None
 
 
 def rate_fault(**kwargs: Any) -> Fault:
@@ -343,8 +349,10 @@ def rate_fault(**kwargs: Any) -> Fault:
 
 
 FAULTS = [
-    pytest.param(rate_fault(delete=True, error=(VICTIM, 1, "rate", "ENOENT")), id="rate-ENOENT-deleted"),
-    pytest.param(rate_fault(errno=errno.EINVAL, error=(VICTIM, 1, "rate", "EINVAL")), id="rate-EINVAL"),
+    pytest.param(rate_fault(delete=True, error=(VICTIM, 1, "rate", "ENOENT"), unsupported="absent: ENOENT"),
+                 id="rate-ENOENT-deleted"),
+    pytest.param(rate_fault(errno=errno.EINVAL, error=(VICTIM, 1, "rate", "EINVAL"),
+                            unsupported="not_supported: EINVAL"), id="rate-EINVAL"),
     pytest.param(rate_fault(errno=errno.ENODEV, error=(VICTIM, 1, "rate", "ENODEV")), id="rate-ENODEV"),
     pytest.param(rate_fault(errno=errno.EIO, error=(VICTIM, 1, "rate", "EIO")), id="rate-EIO"),
     pytest.param(rate_fault(errno=errno.EACCES, error=(VICTIM, 1, "rate", "EACCES")), id="rate-EACCES"),
@@ -354,8 +362,8 @@ FAULTS = [
     pytest.param(Fault(f"{VPORT}/state", set_port(state=None), (VICTIM, 1, "state", "EIO"), errno=errno.EIO),
                  id="state-EIO"),
     pytest.param(Fault(f"{VPORT}/counters/symbol_error", drop_key("counters", "symbol_error"),
-                       (VICTIM, 1, "counters/symbol_error", "malformed:"), content=b"N/A (no PMA)\n"),
-                 id="counter-N/A-no-PMA"),
+                       (VICTIM, 1, "counters/symbol_error", "no_pma: N/A (no PMA)"), content=b"N/A (no PMA)\n",
+                       unsupported="no_pma: N/A (no PMA)"), id="counter-N/A-no-PMA"),
     pytest.param(Fault(f"{VPORT}/counters/port_xmit_data", drop_key("counters", "port_xmit_data"),
                        (VICTIM, 1, "counters/port_xmit_data", "EIO"), errno=errno.EIO), id="counter-EIO"),
     pytest.param(Fault(f"{VPORT}/hw_counters/out_of_buffer", drop_key("hw_counters", "out_of_buffer"),
@@ -451,7 +459,14 @@ def test_one_fault_costs_one_attribute(two_nics: SimHost, healthy: Snapshot, fau
     assert content(want) != content(healthy)  # every row loses a value
     errors = [fault.error] if fault.error is not None else []
     assert first.device("mlx5_0") == healthy.device("mlx5_0")
-    assert (content(first), error_rows(first)) == (content(want), errors), "first poll of a new reader"
+    first_errors = [] if fault.unsupported else errors
+    assert (content(first), error_rows(first)) == (content(want), first_errors), "first poll of a new reader"
+    if fault.unsupported is not None:
+        assert fault.error is not None
+        assert [(e.device, e.port, e.attribute, e.reason) for e in first.unsupported] == [
+            (*fault.error[:3], fault.unsupported)]
+    else:
+        assert first.unsupported == ()
     if not fault.static:
         assert (content(later), error_rows(later)) == (content(want), errors), "poll of a reader that polled before"
 
@@ -819,7 +834,8 @@ def test_held_reads_of_long_and_malformed_values(sim_host: SimHost) -> None:
     dev, port = snap.device("mlx5_0"), snap.port("mlx5_1", 1)
     assert dev is not None and dev.node_desc == long_desc
     assert port is not None and "symbol_error" not in port.counters and "link_downed" in port.counters
-    assert error_rows(snap) == [("mlx5_1", 1, "counters/symbol_error", "malformed:")]
+    # It was readable on the first poll: its PMA stopped answering, a failure (not "unsupported").
+    assert error_rows(snap) == [("mlx5_1", 1, "counters/symbol_error", "no_pma: N/A (no PMA)")]
 
 
 def test_held_descriptor_that_fails_is_dropped_and_reopened(sim_host: SimHost) -> None:

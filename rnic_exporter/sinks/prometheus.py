@@ -133,6 +133,12 @@ def _errors_part(f: _Samples, errors: tuple[ReadError, ...]) -> None:
                                               err.attribute, err.kind), 1)
 
 
+def _unsupported_part(f: _Samples, unsupported: tuple[ReadError, ...]) -> None:
+    for err in unsupported:
+        f.add(catalog.ATTRIBUTE_UNSUPPORTED, (err.device, "" if err.port is None else str(err.port),
+                                              err.attribute, err.kind), 1)
+
+
 def _own_part(f: _Samples, snap: Snapshot, stats: ExporterStats) -> None:
     c = catalog
     f.add(c.DEVICES, (), len(snap.devices))
@@ -175,6 +181,7 @@ def _device_sources(snap: Snapshot, dev: Device) -> tuple[object, ...]:
 
 def _snapshot_parts(snap: Snapshot, stats: ExporterStats) -> Iterator[_Part]:
     yield ("errors",), snap.errors, _errors_part, (snap.errors,)
+    yield ("unsupported",), snap.unsupported, _unsupported_part, (snap.unsupported,)
     yield ("own",), None, _own_part, (snap, stats)
 
 

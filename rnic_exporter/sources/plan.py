@@ -105,6 +105,10 @@ class ReadPlan:
         self.raws = raws
         return changed
 
+    def keys(self) -> list[tuple[int | None, str]]:
+        """(port, attribute) of every slot, as its ReadErrors name them."""
+        return list(self._labels)
+
     def group_values(self, group: Group) -> list[object]:
         return self.values[group.start:group.end]
 

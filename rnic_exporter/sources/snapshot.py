@@ -36,8 +36,8 @@ from rnic_exporter.model import (
     Snapshot,
 )
 from rnic_exporter.nccl import NcclSettings, select_gid_index
+from rnic_exporter.sources import availability, netclass, pci
 from rnic_exporter.sources import gids as gid_source
-from rnic_exporter.sources import netclass, pci
 from rnic_exporter.sources.infiniband import (
     CLASS_DIR,
     DEVICE_POLLED,
@@ -141,6 +141,7 @@ class HostReader:
         started = time.monotonic()
         taken_at = time.time()
         errors: list[ReadError] = []
+        unsupported: list[ReadError] = []
         names = self._list_devices(errors)
         devices: list[Device] = []
         netdevs: dict[str, Netdev] = {}
@@ -155,7 +156,7 @@ class HostReader:
                     reader.forget()  # re-registered: new firmware, counters reset, new fds
                 reader = self._devices[name] = _DeviceReader(self, name, ident)
             full = full_gid_tables if isinstance(full_gid_tables, bool) else name in full_gid_tables
-            devices.append(reader.read(full, netdevs, pcie, errors))
+            devices.append(reader.read(full, netdevs, pcie, errors, unsupported))
         present = {d.name for d in devices}
         for name in [n for n in self._devices if n not in present]:
             self._devices.pop(name).forget()
@@ -166,6 +167,7 @@ class HostReader:
             errors=tuple(errors),
             taken_at=taken_at,
             read_seconds=time.monotonic() - started,
+            unsupported=tuple(unsupported),
         )
 
     def close(self) -> None:
@@ -204,6 +206,8 @@ class _DeviceReader:
         self._ports: dict[int, Port] = {}
         self._device: Device | None = None
         self._errors: tuple[ReadError, ...] = ()
+        self._unsupported: tuple[ReadError, ...] = ()
+        self.first_reads = availability.FirstReads()
 
     def forget(self) -> None:
         for prefix in self.owned:
@@ -212,7 +216,7 @@ class _DeviceReader:
     # -- one poll ---------------------------------------------------------------------------
 
     def read(self, full_gids: bool, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink],
-             errors: list[ReadError]) -> Device:
+             errors: list[ReadError], unsupported: list[ReadError]) -> Device:
         shape = self.shape
         if shape is None or shape.errors or self._dev_netdevs_changed(shape):
             shape = self.shape = self._discover()
@@ -245,6 +249,7 @@ class _DeviceReader:
             if netdev is not None:
                 netdevs.setdefault(name, cast(Netdev, netdev))
         errors.extend(self._errors)
+        unsupported.extend(self._unsupported)
         return device
 
     def _dev_netdevs_changed(self, shape: _Shape) -> bool:
@@ -410,6 +415,7 @@ class _DeviceReader:
     def _assemble(self, shape: _Shape, plan: ReadPlan, changed: set[str], fresh_gids: set[int]) -> None:
         """Rebuild what changed; everything else keeps its object (the sinks compare identities)."""
         built = self._built
+        fresh_plan = not built
         for group in plan.groups:
             key = group.key
             if key in built and key not in changed:
@@ -475,7 +481,13 @@ class _DeviceReader:
         for group in plan.groups:
             errors.extend(self._faults.get(group.key, ()))
             errors.extend(plan.group_errors(group))
-        self._errors = tuple(errors)
+        # Unsupported (unreadable since the first read, with a driver's "I don't have it" answer) or failed.
+        first = [*plan.keys(), *((None, a.file) for a in DEVICE_STATIC),
+                 *((p.number, "link_layer") for p in shape.ports)] if fresh_plan else ()
+        # ENOENT may mean the device is going away under us: then nothing it lacks is "unsupported".
+        present = all(e.kind != "ENOENT" for e in errors) or self.root.identity(self.base) == self.ident
+        judged = self.first_reads.judge(errors, first, present=present)
+        self._errors, self._unsupported = judged.failed, judged.unsupported
 
     @staticmethod
     def _port_shape(shape: _Shape, which: str) -> _PortShape:

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model import ReadError
+from rnic_exporter.sources.availability import NO_PMA_READ, is_no_pma
 
 T = TypeVar("T")
 
@@ -243,6 +244,8 @@ def interpret(raw: Raw, parse: Callable[[str], T], quiet: frozenset[int]) -> tup
     try:
         return parse(decode(raw)), None
     except ValueError as exc:
+        if is_no_pma(decode(raw)):  # the kernel's own text for a PMA that does not answer: see availability
+            return None, NO_PMA_READ
         return None, f"malformed: {exc}"
 
 
