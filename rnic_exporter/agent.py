@@ -81,6 +81,11 @@ class ServeConfig:
     ethtool: bool = True  # advertised link modes as a rated source (loads pyroute2, ~10 MB)
     otlp: OtlpSettings | None = None  # None: OTLP off, OpenTelemetry never imported
 
+    @property
+    def detection_settings(self) -> DetectionSettings:
+        """Detection judges NCCL's pick with the NCCL settings the reader selects with."""
+        return replace(self.detection, nccl=self.reader.nccl)
+
 
 class Agent:
     """Polls, keeps the last snapshot, and feeds the sinks. Usable without threads in tests."""
@@ -96,7 +101,7 @@ class Agent:
         self.config_reload_ok = True
         self.sinks: list[EventSink] = []
         self.detection_families: tuple[Family, ...] = ()  # this poll's, shared by every sink
-        self.detector = Detector(config.detection, StateStore(config.state_dir))
+        self.detector = Detector(config.detection_settings, StateStore(config.state_dir))
         self.ethtool = EthtoolReader()
         self._advertised: dict[str, AdvertisedLink | None] = {}  # netdev -> best advertised mode, cached
         self._risk_cache: dict[tuple[str, int | None, bool], tuple[float, frozenset[str]]] = {}
@@ -351,6 +356,6 @@ def _reload(agent: Agent, base: ServeConfig, config: ServeConfig, explicit: froz
     agent.config_reload_ok = True
     agent.config = new
     agent.reader.settings = new.reader
-    agent.detector.reconfigure(new.detection)
+    agent.detector.reconfigure(new.detection_settings)
     log.info("config reloaded", extra={"fields": {"file": str(config.config_file)}})
     return new

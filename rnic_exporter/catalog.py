@@ -158,6 +158,11 @@ OTLP_EXPORT_FAILURES = _m("rnic_exporter_otlp_export_failures_total", "counter",
                           "OTLP export attempts that failed (endpoint down, slow or refusing), by signal.")
 OTLP_DROPPED = _m("rnic_exporter_otlp_dropped_total", "counter", ("signal",),
                   "OTLP items dropped because the bounded export queue was full, by signal.")
+NCCL_GID_USABLE = _m("rnic_nccl_gid_usable", "gauge", PORT_LABELS,
+                     "1 when the GID NCCL would use on the RoCE port (NCCL_IB_GID_INDEX, else its auto-selection "
+                     "under NCCL_IB_ADDR_FAMILY/RANGE/ROCE_VERSION_NUM) can cross nodes, 0 when it is link-local, "
+                     "of the wrong RoCE version, out of range or missing; absent where NCCL does not use RoCE "
+                     "(InfiniBand, iWARP, ports not ACTIVE) or the GID table is unreadable.")
 ATTRIBUTE_UNSUPPORTED = _m("rnic_attribute_unsupported_info", "info", ("device", "port", "attribute", "reason"),
                            "An attribute the driver does not provide (no value, not a fault): reason absent, "
                            "no_pma or not_supported (EINVAL/EOPNOTSUPP since the first read); always 1.")
@@ -172,7 +177,7 @@ METRICS: tuple[MetricSpec, ...] = (
     PORT_RATED_RATE, PORT_RATED_WIDTH, LINK_BELOW_RATED, DEVICE_PRESENT, NETDEV_ADDRESS_PRESENT,
     NETDEV_ADDRESSES, NETDEV_ADDRESS_LOSS_RISK, GID_V2_IPV4_INDEX, NCCL_CONFIGURED_GID_INDEX_VALID,
     PORT_FLAPPING, GID_TABLE_CHANGES, EVENTS, STATE_ERRORS, EVENT_SOURCE_ERRORS, WAKEUPS,
-    OTLP_EXPORT_FAILURES, OTLP_DROPPED, ATTRIBUTE_UNSUPPORTED,
+    OTLP_EXPORT_FAILURES, OTLP_DROPPED, ATTRIBUTE_UNSUPPORTED, NCCL_GID_USABLE,
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})

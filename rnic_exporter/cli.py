@@ -154,13 +154,12 @@ def host_path_options(f: F) -> F:
 
 def _nccl_gid_index_env() -> int | None:
     """NCCL_IB_GID_INDEX as the jobs on this host would get it; a bad value is a usage error."""
-    raw = os.environ.get("NCCL_IB_GID_INDEX")
-    if raw is None or not raw.strip():
-        return None
+    from rnic_exporter.nccl import gid_index_from_env
+
     try:
-        return int(raw.strip())
-    except ValueError:
-        fail(f"NCCL_IB_GID_INDEX={raw!r} is not an integer")
+        return gid_index_from_env(os.environ)
+    except ConfigError as exc:
+        fail(str(exc))
 
 
 def serve_options(f: F) -> F:
@@ -295,8 +294,9 @@ def check(sysfs: str, device_include: str | None, device_exclude: str | None, pr
             detection = replace(detection, nccl_gid_index=nccl_gid_index)
         if expected_devices is not None:
             detection = replace(detection, expected_devices=expected_devices)
-        report = run_check(Path(sysfs), Path(state_dir) if state_dir else None, detection,
-                           ReaderSettings.build(device_include, device_exclude, nccl_env),
+        reader_settings = ReaderSettings.build(device_include, device_exclude, nccl_env)
+        report = run_check(Path(sysfs), Path(state_dir) if state_dir else None,
+                           replace(detection, nccl=reader_settings.nccl), reader_settings,
                            HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)), use_netlink=not no_netlink)
     except ConfigError as exc:
         fail(str(exc))

@@ -92,7 +92,8 @@ def run_check(sysfs: Path, state_dir: Path | None, settings: DetectionSettings, 
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
     notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))
-    return CheckReport(tuple(find_problems(cur, snap.errors)), tuple(notes), len(snap.devices), len(snap.ports))
+    return CheckReport(tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices),
+                       len(snap.ports))
 
 
 def format_report(report: CheckReport) -> str:

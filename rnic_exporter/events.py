@@ -63,10 +63,16 @@ RISK_ADDRESS_LOSS = _e("rnic.risk.address_loss", "warning",
                        "The netdev's addresses can vanish on a port flap (NetworkManager manages it, or IPv6 "
                        "keep_addr_on_down is off): a flap may shift GID indices.")
 
+NCCL_GID_UNUSABLE = _e("rnic.nccl.gid_unusable", "critical",
+                       "The GID NCCL would use on a RoCE port is link-local, of the wrong RoCE version, outside "
+                       "NCCL_IB_ADDR_RANGE, or missing; NCCL connections across nodes over it fail.")
+NCCL_GID_USABLE = _e("rnic.nccl.gid_usable", "info", "The GID NCCL would use on the RoCE port can carry traffic again.")
+
 EVENT_SPECS: tuple[EventSpec, ...] = (
     GID_TABLE_CHANGED, GID_ADDRESS_MOVED, NCCL_GID_INDEX_CHANGED, NCCL_GID_INDEX_INVALID, NCCL_GID_INDEX_VALID,
     ADDRESS_LOST, ADDRESS_RESTORED, PORT_DOWN, PORT_UP, PORT_FLAPPING, PORT_STABLE, LINK_BELOW_RATED,
     LINK_RESTORED, DEVICE_DISAPPEARED, DEVICE_REAPPEARED, DEVICE_DISCOVERED, RISK_ADDRESS_LOSS,
+    NCCL_GID_UNUSABLE, NCCL_GID_USABLE,
 )
 
 BY_NAME: Mapping[str, EventSpec] = MappingProxyType({e.name: e for e in EVENT_SPECS})

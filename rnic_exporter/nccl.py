@@ -1,4 +1,9 @@
-"""The GID index NCCL would auto-select on a port, reproduced from `ncclIbGetGidIndex`.
+"""NCCL's GID settings, the index it would auto-select on a port (`ncclIbGetGidIndex`), and
+whether the GID it would use can carry cross-node traffic.
+
+The one home of the NCCL_IB_* settings: `nccl_environment` merges the config file's `[nccl]`
+section with the environment (the environment wins: it is what the jobs on this host get), and
+`NcclSettings.from_env` / `gid_index_from_env` parse it the way NCCL does.
 
 NCCL (2.21+, `NCCL_IB_GID_INDEX=-1`) starts at index 0 and walks 1..len-1, replacing its pick
 when (a) the candidate's address family differs from the pick's, equals the wanted family and is in
@@ -15,13 +20,34 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model import ZERO_GID, GidEntry
+from rnic_exporter.model import ZERO_GID, Device, GidEntry, Port
 
 AF_INET = socket.AF_INET
 AF_INET6 = socket.AF_INET6
 _FAMILIES = {"AF_INET": AF_INET, "AF_INET6": AF_INET6}
+_FAMILY_NAMES: dict[int, str] = {int(v): k for k, v in _FAMILIES.items()}
+
+# Every NCCL variable that decides which GID a RoCE connection uses.
+NCCL_VARIABLES = ("NCCL_IB_GID_INDEX", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE", "NCCL_IB_ROCE_VERSION_NUM",
+                  "NCCL_IB_ROUTABLE_FLID_GID_INDEX")
+
+
+def nccl_environment(file_env: Mapping[str, str] | None = None,
+                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The NCCL_* values jobs on this host run with: the config file's, overridden by the environment."""
+    environ = os.environ if environ is None else environ
+    merged = dict(file_env or {})
+    merged.update({name: environ[name] for name in NCCL_VARIABLES if name in environ})
+    return merged
+
+
+def gid_index_from_env(env: Mapping[str, str]) -> int | None:
+    """NCCL_IB_GID_INDEX: None when unset or empty; raises ConfigError when not an integer."""
+    raw = env.get("NCCL_IB_GID_INDEX", "").strip()
+    return _env_int(env, "NCCL_IB_GID_INDEX", 0) if raw else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +58,10 @@ class NcclSettings:
     address_range: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None  # NCCL_IB_ADDR_RANGE
     roce_version: int = 2  # NCCL_IB_ROCE_VERSION_NUM
     routable_flid_gid_index: int = 1  # NCCL_IB_ROUTABLE_FLID_GID_INDEX
+
+    @property
+    def family_name(self) -> str:
+        return _FAMILY_NAMES.get(self.address_family, str(self.address_family))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NcclSettings:
@@ -146,3 +176,62 @@ def select_gid_index(
         if (cur[2] != cand_version or not cur[1]) and cand_version == settings.roce_version:
             pick, cur = candidate, cand
     return pick
+
+
+# Why the GID NCCL would use cannot carry cross-node traffic (the `reason` of check's problem and
+# of the rnic.nccl.gid_unusable event).
+LINK_LOCAL = "link_local"  # fe80::/64: not routable; what NCCL keeps when the port has no IPv4 GID
+WRONG_ROCE_VERSION = "wrong_roce_version"  # e.g. only a RoCE v1 GID where NCCL_IB_ROCE_VERSION_NUM=2
+OUT_OF_RANGE = "out_of_range"  # the GID's address is outside NCCL_IB_ADDR_RANGE
+NO_GID = "no_gid"  # the slot is empty, or there is no index NCCL could pick
+
+PICK_PROBLEMS: Mapping[str, str] = MappingProxyType({
+    LINK_LOCAL: "a link-local GID, which is not routable between nodes",
+    WRONG_ROCE_VERSION: "a GID of another RoCE version than NCCL_IB_ROCE_VERSION_NUM asks for",
+    OUT_OF_RANGE: "a GID outside NCCL_IB_ADDR_RANGE",
+    NO_GID: "no GID at all",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class NcclPick:
+    """The GID a RoCE port's NCCL connections would use now, and whether it can work."""
+
+    index: int | None  # NCCL_IB_GID_INDEX when set, else the auto-selection; None: none
+    configured: bool  # pinned by NCCL_IB_GID_INDEX (NCCL uses it as it is, without looking)
+    problem: str | None  # None when usable, else a key of PICK_PROBLEMS
+    content: str  # what sits there, for messages: "index 0 holds v1 fe80::e42:a1ff:fe41:36"
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+
+def uses_roce(device: Device, port: Port) -> bool:
+    """NCCL's RoCE path applies: an Ethernet port of a channel adapter (not iWARP, usNIC or EFA)
+    that is ACTIVE (ncclIbInit skips other ports) or whose state is unknown."""
+    if port.link_layer != "Ethernet":
+        return False
+    if device.node_type is not None and device.node_type.number != 1:  # 4 = iWARP RNIC, 5/6 usNIC
+        return False
+    return port.state is None or port.state.number == 4
+
+
+def judge_pick(port: Port, settings: NcclSettings, configured_index: int | None = None) -> NcclPick:
+    """What NCCL would use on a RoCE port whose GID table was read, judged against `settings`."""
+    configured = configured_index is not None and configured_index >= 0
+    index = configured_index if configured else port.nccl_gid_index
+    if index is None:
+        return NcclPick(None, configured, NO_GID, "no index NCCL could pick")
+    entry = port.gid(index)
+    if entry is None:
+        return NcclPick(index, configured, NO_GID, f"index {index} is empty")
+    content = f"index {index} holds {entry.version_label} {entry.address}"
+    problem = None
+    if entry.is_link_local:
+        problem = LINK_LOCAL
+    elif entry.roce_version is not None and entry.roce_version != settings.roce_version:
+        problem = WRONG_ROCE_VERSION
+    elif not _in_range(entry.gid, settings):
+        problem = OUT_OF_RANGE
+    return NcclPick(index, configured, problem, content)

@@ -108,6 +108,7 @@ def test_the_issue_alerts_are_all_there() -> None:
         "RnicDeviceDisappeared": "critical", "RnicPortDown": "warning", "RnicPortFlapping": "warning",
         "RnicAddressLost": "critical", "RnicAddressLossRisk": "info", "RnicExporterDown": "warning",
         "RnicExporterPollStalled": "warning", "RnicAttributeUnreadable": "warning",
+        "RnicNcclGidUnusable": "critical",
     }
 
 

@@ -16,7 +16,8 @@ from typing import Protocol
 
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.detect.state import State, device_key, port_key
-from rnic_exporter.model import ROCE_V2, Device, GidEntry, PcieLink, Port, Snapshot
+from rnic_exporter.model import ROCE_V2, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
+from rnic_exporter.nccl import NcclPick, NcclSettings, judge_pick, uses_roce
 from rnic_exporter.sources.ethtool import AdvertisedLink
 
 PORT, NETDEV, PCIE = "port", "netdev", "pcie"
@@ -80,6 +81,21 @@ class PortView:
     links: tuple[LinkJudgement, ...]
     flapping: bool
     risks: frozenset[str]
+    # The GID NCCL would use, judged; None where NCCL's RoCE path does not apply (InfiniBand, iWARP,
+    # a port that is not ACTIVE) or the GID table could not be read (then `gid_table_unreadable`).
+    nccl_pick: NcclPick | None = None
+    gid_table_unreadable: str | None = None  # what of the table could not be read, on a RoCE port
+
+    @property
+    def nccl_usable(self) -> bool | None:
+        return None if self.nccl_pick is None else self.nccl_pick.usable
+
+    @property
+    def judged_pick(self) -> NcclPick | None:
+        """The pick for problems and events: a configured index already judged invalid (not a RoCE
+        v2 IPv4 GID: `configured_index_valid`) is reported once, by that judgement."""
+        pick = self.nccl_pick
+        return None if pick is not None and pick.configured and self.configured_index_valid is False else pick
 
     @property
     def key(self) -> tuple[str, int]:
@@ -228,6 +244,22 @@ def _configured_index(port: Port, index: int | None) -> tuple[bool | None, str]:
     return entry.type == ROCE_V2 and entry.ipv4 is not None, content
 
 
+# The files NCCL reads to pick a GID (ibv_query_gid and the types file); ndevs it does not read.
+_NCCL_GID_FILES = ("gids", "gid_attrs/types/")
+
+
+def gid_table_problem(port: Port, errors: tuple[ReadError, ...]) -> str | None:
+    """What of a RoCE port's GID table could not be read, None when all of it was."""
+    failed = [e for e in errors if e.device == port.device and e.port == port.number
+              and e.attribute.startswith(_NCCL_GID_FILES)]
+    if failed:
+        shown = ", ".join(f"{e.attribute} ({e.kind})" for e in failed[:3])
+        return shown + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
+    if port.gid_table_size == 0:  # every RoCE port has slots: the kernel creates gids/ with the port
+        return "gids/ (missing or empty)"
+    return None
+
+
 def _family(address: str) -> str:
     return "ipv4" if ipaddress.ip_address(address).version == 4 else "ipv6"
 
@@ -271,7 +303,7 @@ def judge(snap: Snapshot, state: State, settings: DetectionSettings, *,
         for port in dev.ports:
             ports[(dev.name, port.number)] = _port_view(
                 dev, port, snap, state, expectation, pcie, configured, addresses, advertised or {}, risks or {},
-                flapping or {})
+                flapping or {}, settings.nccl)
     for key, known in state.devices.items():
         if key not in devices:
             devices[key] = DeviceView(key, known.name, known.pci_address, False, True)
@@ -281,7 +313,8 @@ def judge(snap: Snapshot, state: State, settings: DetectionSettings, *,
 def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectation: RatedExpectation | None,
                pcie: LinkJudgement | None, configured: int | None,
                addresses: Mapping[str, tuple[AddressLike, ...]] | None, advertised: Mapping[str, AdvertisedLink],
-               risks: Mapping[str, frozenset[str]], flapping: Mapping[tuple[str, int], bool]) -> PortView:
+               risks: Mapping[str, frozenset[str]], flapping: Mapping[tuple[str, int], bool],
+               nccl: NcclSettings) -> PortView:
     pk = port_key(dev.name, port.number)
     netdev = port.netdev
     ratings = port_ratings(port, expectation, advertised.get(netdev) if netdev else None, state)
@@ -307,6 +340,8 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
                 if current is not None else {})
     valid, content = _configured_index(port, configured)
     state_known = port.state is not None and port.phys_state is not None
+    unreadable = gid_table_problem(port, snap.errors) if uses_roce(dev, port) else None
+    pick = judge_pick(port, nccl, configured) if uses_roce(dev, port) and unreadable is None else None
     return PortView(
         device=dev.name, port=port.number, pci_address=dev.pci_address, netdev=netdev, link_layer=port.link_layer,
         up=port.is_up if state_known else None,
@@ -316,4 +351,5 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
         configured_index_valid=valid, configured_index_content=content,
         addresses=current, addresses_from=source, expected=expected, rated=ratings, links=links,
         flapping=flapping.get((dev.name, port.number), False),
-        risks=risks.get(netdev, frozenset()) if netdev else frozenset())
+        risks=risks.get(netdev, frozenset()) if netdev else frozenset(),
+        nccl_pick=pick, gid_table_unreadable=unreadable)

@@ -69,6 +69,7 @@ def _port(p: PortView | None, c: PortView, out: list[Event]) -> None:
     elif c.configured_index_valid is True and p is not None and p.configured_index_valid is False:
         out.append(_on(c, ev.NCCL_GID_INDEX_VALID, f"NCCL_IB_GID_INDEX={c.configured_index} is valid again on {where}",
                          after=c.configured_index_content, attributes={"gid_index": str(c.configured_index)}))
+    _nccl_pick(p, c, where, out)
     _addresses(p, c, where, out)
     if p is not None and p.up is True and c.up is False:
         out.append(_on(c, ev.PORT_DOWN, f"{where} is down", before="up", after="down"))
@@ -89,6 +90,25 @@ RISK_TEXT = {
     "networkmanager": "NetworkManager manages the netdev and removes its addresses on carrier loss",
     "ipv6_keep_addr_on_down_off": "net.ipv6.conf keep_addr_on_down is off, so an admin down deletes IPv6 GIDs",
 }
+
+
+def _nccl_pick(p: PortView | None, c: PortView, where: str, out: list[Event]) -> None:
+    """Unusable is a condition (reported on the first judgment too); usable again only after unusable.
+    A port that left NCCL's view (down, table unreadable) ends neither: nothing was seen to change."""
+    pick = c.judged_pick
+    if pick is None:
+        return
+    before = p.judged_pick if p is not None else None
+    how = f"NCCL_IB_GID_INDEX={pick.index}" if pick.configured else "NCCL's auto-selection"
+    attributes = {"gid_index": _index(pick.index)}
+    if not pick.usable and (before is None or before.usable):
+        attributes["reason"] = pick.problem or ""
+        out.append(_on(c, ev.NCCL_GID_UNUSABLE, f"{how} on {where} uses {pick.content}: "
+                       f"{(pick.problem or '').replace('_', ' ')}, NCCL connections across nodes fail",
+                       before=None if before is None else before.content, after=pick.content, attributes=attributes))
+    elif pick.usable and before is not None and not before.usable:
+        out.append(_on(c, ev.NCCL_GID_USABLE, f"{how} on {where} uses {pick.content} again",
+                       before=before.content, after=pick.content, attributes=attributes))
 
 
 def _index(value: int | None) -> str:

@@ -48,6 +48,8 @@ def detection_families(cur: HostConditions | None, gid_changes: Mapping[tuple[st
                 out.add(c.GID_V2_IPV4_INDEX, (*pl, address), index)
             if view.configured_index_valid is not None:
                 out.add(c.NCCL_CONFIGURED_GID_INDEX_VALID, pl, 1 if view.configured_index_valid else 0)
+            if view.nccl_usable is not None:
+                out.add(c.NCCL_GID_USABLE, pl, 1 if view.nccl_usable else 0)
             out.add(c.PORT_FLAPPING, pl, 1 if view.flapping else 0)
             out.add(c.GID_TABLE_CHANGES, pl, gid_changes.get(view.key, 0))
         for dev in sorted(cur.devices.values(), key=lambda d: d.key):

@@ -13,6 +13,7 @@ from rnic_exporter.detect.conditions import HostConditions, PortView
 from rnic_exporter.detect.diff import RISK_TEXT
 from rnic_exporter.events import Severity
 from rnic_exporter.model import ReadError
+from rnic_exporter.nccl import LINK_LOCAL, NO_GID, OUT_OF_RANGE, PICK_PROBLEMS, WRONG_ROCE_VERSION, NcclSettings
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -35,7 +36,8 @@ _FIX_ADDRESS = ("configure the address with a method that keeps it on link loss 
 _FIX_SPEED = "check the cable and transceiver (ethtool, ibstat); reseat or replace them, then confirm the rate"
 
 
-def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = ()) -> list[Problem]:
+def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = (),
+                  nccl: NcclSettings | None = None) -> list[Problem]:
     out: list[Problem] = []
     for dev in sorted(cur.devices.values(), key=lambda d: d.name):
         if not dev.present:
@@ -50,7 +52,7 @@ def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = ()) -> li
                            "a NIC is missing: collectives across this node fail or slow down",
                            "look for PCIe or driver errors (dmesg, lspci -vv); reseat or replace the NIC"))
     for view in sorted(cur.ports.values(), key=lambda v: v.key):
-        out.extend(_port_problems(view))
+        out.extend(_port_problems(view, nccl or NcclSettings()))
     for err in errors:
         where = err.device if err.port is None else f"{err.device} port {err.port}"
         out.append(Problem("attribute_unreadable", "warning", where, f"{err.attribute}: {err.reason}",
@@ -60,7 +62,7 @@ def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = ()) -> li
     return out
 
 
-def _port_problems(view: PortView) -> list[Problem]:
+def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
     where = view.where
     out = []
     if view.up is False:
@@ -80,9 +82,15 @@ def _port_problems(view: PortView) -> list[Problem]:
                            "NCCL init hangs or fails with 'Got completion with error 4'",
                            "set NCCL_IB_GID_INDEX to the RoCE v2 IPv4 index shown by `rnic-exporter gids` "
                            f"({_v2_hint(view)}) or unset it to let NCCL auto-select"))
-    if view.link_layer == "Ethernet" and view.nccl_index is None:
-        out.append(Problem("nccl_no_gid", "critical", where, "no GID NCCL's auto-selection could use",
-                           "NCCL cannot use this port for RoCE", "add an IPv4 address to the netdev (ip addr)"))
+    if view.gid_table_unreadable is not None:
+        out.append(Problem("gid_table_unreadable", "warning", where,
+                           f"the GID table could not be read: {view.gid_table_unreadable}",
+                           "which GID NCCL would use on this port is unknown, so it cannot be checked",
+                           "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
+                           "compare with show_gids or `rdma link show`"))
+    pick = view.judged_pick
+    if pick is not None and not pick.usable:
+        out.append(_unusable_pick(view, pick.problem or NO_GID, pick.index, pick.configured, pick.content, nccl))
     for address, present in sorted(view.expected.items()):
         if not present:
             out.append(Problem("address_missing", "critical", where, f"expected address {address} is missing",
@@ -100,3 +108,27 @@ def _v2_hint(view: PortView) -> str:
     if not view.v2_ipv4_index:
         return "none on this port"
     return ", ".join(f"{a} at {i}" for a, i in sorted(view.v2_ipv4_index.items()))
+
+
+def _unusable_pick(view: PortView, problem: str, index: int | None, configured: bool, content: str,
+                   nccl: NcclSettings) -> Problem:
+    how = f"NCCL_IB_GID_INDEX={index}" if configured else "NCCL's auto-selection"
+    what = f"{how} uses {PICK_PROBLEMS[problem]} ({content})"
+    netdev = view.netdev or "the port's netdev"
+    if configured:
+        fix = (f"point NCCL_IB_GID_INDEX at the RoCE v2 GID of the address jobs use (`rnic-exporter gids`: "
+               f"{_v2_hint(view)}), or unset it to let NCCL auto-select")
+    elif problem == OUT_OF_RANGE:
+        fix = (f"give {netdev} an address inside NCCL_IB_ADDR_RANGE={nccl.address_range}, or correct "
+               "NCCL_IB_ADDR_RANGE")
+    elif problem == WRONG_ROCE_VERSION:
+        fix = (f"the fabric needs RoCE v{nccl.roce_version}: check that {netdev}'s address has its RoCE "
+               f"v{nccl.roce_version} GID (`rnic-exporter gids`), or set NCCL_IB_ROCE_VERSION_NUM to what the "
+               "fabric runs")
+    elif nccl.family_name == "AF_INET" and problem in (LINK_LOCAL, NO_GID):
+        fix = (f"give {netdev} its IPv4 address back (ip addr add <address>/<prefix> dev {netdev}, or restart its "
+               "address manager), or set NCCL_IB_ADDR_FAMILY=AF_INET6 if the fabric routes IPv6")
+    else:
+        fix = f"give {netdev} a routable {nccl.family_name} address, or set NCCL_IB_ADDR_FAMILY to the family it has"
+    return Problem("nccl_gid_unusable", "critical", view.where, what,
+                   "NCCL connections across nodes over this port fail (the job hangs at init or times out)", fix)

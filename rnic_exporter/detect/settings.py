@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rnic_exporter.model import Device
+from rnic_exporter.nccl import NcclSettings
 
 MATCH_KEYS = ("device", "pci_address", "hca_type", "board_id")
 
@@ -39,6 +40,7 @@ class DetectionSettings:
     flap: FlapSettings = field(default_factory=FlapSettings)
     expected_devices: int | None = None
     nccl_gid_index: int | None = None  # the NCCL_IB_GID_INDEX jobs use; None or -1 = auto-selection
+    nccl: NcclSettings = field(default_factory=NcclSettings)  # the rest of NCCL's GID settings (the reader's)
     address_forget_after_s: float = 86400.0  # an expected address missing this long is forgotten
 
     def expectation_for(self, device: Device) -> RatedExpectation | None:

@@ -14,7 +14,10 @@ Values are rewritten in place (same inode), as sysfs regenerates a value on each
 reader holding file descriptors sees every change. Two things a plain file cannot do are modelled:
 `gid_attrs/{types,ndevs}/<i>` of an empty slot answer EINVAL on a real kernel; here they are
 empty files on disk, and `errno_overlay` lists them so an in-process `SysfsRoot` can raise the
-real EINVAL. Fault methods inject the failures rnic-exporter exists for.
+real EINVAL. Fault methods inject the failures rnic-exporter exists for, and `without_pma`,
+`ipv6_only`, `drop_gid_table` and `drop_state_file` give a port the shapes real hosts have that
+are not faults of the exporter's making (a port whose PMA does not answer, an IPv6-only RoCE table,
+a capture without a GID table or a `state` file).
 """
 
 from __future__ import annotations
@@ -98,6 +101,9 @@ class SimDevice:
     carrier_down: int = 0
     counters: dict[str, int] = field(default_factory=dict)
     hw_counters: dict[str, int] = field(default_factory=dict)
+    pma: str = "ok"  # "ok", "text" (`N/A (no PMA)`, kernels < ~4.20) or "einval" (later kernels)
+    has_gid_table: bool = True  # False: no gids/ or gid_attrs/ under the port
+    has_state_file: bool = True  # False: no ports/1/state
 
     @property
     def bus(self) -> int:
@@ -297,7 +303,8 @@ class SimHost:
             state, phys = "1: DOWN", "3: Disabled"  # mlx5 RoCE never shows Polling
         else:
             state, phys = "1: DOWN", "2: Polling"
-        self._write(f"{port}/state", state)
+        if dev.has_state_file:
+            self._write(f"{port}/state", state)
         self._write(f"{port}/phys_state", phys)
         self._write(f"{port}/rate", dev.rate)
 
@@ -314,12 +321,14 @@ class SimHost:
     def _write_counters(self, dev: SimDevice) -> None:
         port = self._port_dir(dev)
         for name, value in dev.counters.items():
-            self._write(f"{port}/counters/{name}", value)
+            self._write(f"{port}/counters/{name}", "N/A (no PMA)" if dev.pma == "text" else value)
         for name, value in dev.hw_counters.items():
             self._write(f"{port}/hw_counters/{name}", value)
 
     def _write_gid_table(self, dev: SimDevice) -> None:
         port = self._port_dir(dev)
+        if not dev.has_gid_table:
+            return
         table = dev.gid_table
         on_disk = self._gids_on_disk.setdefault(dev.name, {})
         for index in range(table.size):
@@ -347,7 +356,9 @@ class SimHost:
             if dev.name in self.removed:
                 continue
             port = f"class/infiniband/{dev.name}/ports/1"
-            for index in range(dev.gid_table.size):
+            if dev.pma == "einval":
+                overlay.update({f"{port}/counters/{name}": errno.EINVAL for name in dev.counters})
+            for index in range(dev.gid_table.size if dev.has_gid_table else 0):
                 slot = dev.gid_table.visible(index)
                 if slot is None:
                     overlay[f"{port}/gid_attrs/types/{index}"] = errno.EINVAL
@@ -467,6 +478,43 @@ class SimHost:
             os.ftruncate(fd, len(data))
         finally:
             os.close(fd)
+
+    def without_pma(self, name: str, style: str = "text") -> None:
+        """The port's PMA does not answer MADs (iWARP-like firmware, an mlx4 VF, a ConnectX-7
+        restricted function): every `counters/` file reads `N/A (no PMA)` (style "text", kernels
+        before ~4.20) or fails with EINVAL (style "einval", later kernels; in-process readers only,
+        through `errno_overlay`). The port itself stays ACTIVE."""
+        if style not in ("text", "einval"):
+            raise ValueError(f"style {style!r}: 'text' or 'einval'")
+        dev = self.devices[name]
+        dev.pma = style
+        self._write_counters(dev)
+
+    def ipv6_only(self, name: str, addresses: tuple[str, ...] = ("fd00:0:0:{n}::1",)) -> None:
+        """The netdev lost its IPv4 addresses and carries IPv6 ones (`{n}` is the device number):
+        the table holds the link-local defaults at 0/1 and the IPv6 GIDs after them, which is what
+        NCCL's default AF_INET auto-selection leaves at index 0."""
+        dev = self.devices[name]
+        for address in [a for a in dev.addresses if ":" not in a]:
+            self.remove_address(name, address)
+        for address in addresses:
+            self.add_address(name, address.format(n=dev.number))
+
+    def drop_gid_table(self, name: str) -> None:
+        """The port has no `gids/` or `gid_attrs/` directory at all (a broken capture, a sysfs
+        mount that hides them): the table cannot be read."""
+        dev = self.devices[name]
+        dev.has_gid_table = False
+        self._gids_on_disk.pop(name, None)
+        port = self.root / self._port_dir(dev)
+        shutil.rmtree(port / "gids", ignore_errors=True)
+        shutil.rmtree(port / "gid_attrs", ignore_errors=True)
+
+    def drop_state_file(self, name: str) -> None:
+        """`ports/1/state` is missing: the port's logical state is unknown, not "down"."""
+        dev = self.devices[name]
+        dev.has_state_file = False
+        (self.root / self._port_dir(dev) / "state").unlink(missing_ok=True)
 
     def fail_with(self, rel: str, code: int) -> None:
         """Make reads of `rel` (relative to the mount) fail with `code` (in-process readers)."""

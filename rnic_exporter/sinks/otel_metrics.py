@@ -143,6 +143,7 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.EVENT_SOURCE_ERRORS, "rnic.exporter.event_source.errors", "counter", "{error}"),
     _one(c.WAKEUPS, "rnic.exporter.wakeups", "counter", "{wakeup}"),
     _one(c.ATTRIBUTE_UNSUPPORTED, "rnic.attribute.unsupported.info", "gauge", "1"),
+    _one(c.NCCL_GID_USABLE, "rnic.nccl.gid.usable", "gauge", "1"),
 )
 
 EXCLUDED: MappingProxyType[str, str] = MappingProxyType({

@@ -35,7 +35,7 @@ from rnic_exporter.model import (
     ReadError,
     Snapshot,
 )
-from rnic_exporter.nccl import NcclSettings, select_gid_index
+from rnic_exporter.nccl import NcclSettings, nccl_environment, select_gid_index
 from rnic_exporter.sources import availability, netclass, pci
 from rnic_exporter.sources import gids as gid_source
 from rnic_exporter.sources.infiniband import (
@@ -64,13 +64,11 @@ class ReaderSettings:
     @classmethod
     def build(cls, device_include: str | None = None, device_exclude: str | None = None,
               nccl_env: Mapping[str, str] | None = None) -> ReaderSettings:
-        """From flag values; NCCL settings from the environment, `nccl_env` (a config file) first."""
-        env = dict(os.environ)
-        env.update(nccl_env or {})
+        """From flag values; NCCL settings from `nccl_env` (a config file), the environment beating it."""
         return cls(
             device_include=_compile("--collector.infiniband.device-include", device_include),
             device_exclude=_compile("--collector.infiniband.device-exclude", device_exclude),
-            nccl=NcclSettings.from_env(env),
+            nccl=NcclSettings.from_env(nccl_environment(nccl_env)),
         )
 
     def wants(self, device: str) -> bool:
