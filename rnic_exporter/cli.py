@@ -263,11 +263,15 @@ def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_
               help="RDMA devices this host must have (default: the config file's inventory.expected_devices).")
 @click.option("--no-netlink", "no_netlink", is_flag=True,
               help="Do not ask rtnetlink for addresses; judge them from the GID tables.")
+@click.option("--fail-on", "fail_on", type=click.Choice(["critical", "warning"]), default="warning",
+              help="The least severe problem that makes the exit code 1: `critical` lets a job start on a node "
+                   "with warnings only. Notes (attributes a driver does not provide, no inventory) never count.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the stable scripting interface).")
 def check(sysfs: str, device_include: str | None, device_exclude: str | None, procfs: str, rootfs: str,
           state_dir: str, config_file: Path | None, nccl_gid_index: int | None, expected_devices: int | None,
-          no_netlink: bool, as_json: bool) -> None:
-    """Find every RNIC problem on this host now; exit 0 healthy, 1 problems found, 2 usage error.
+          no_netlink: bool, fail_on: str, as_json: bool) -> None:
+    """Find every RNIC problem on this host now; exit 0 healthy, 1 problems found (at --fail-on or worse),
+    2 usage error.
 
     Checks links against their rating (IB port, netdev, PCIe), devices against the daemon's
     inventory (--state.dir) and --expected-devices, NCCL_IB_GID_INDEX against every RoCE port,
@@ -301,10 +305,10 @@ def check(sysfs: str, device_include: str | None, device_exclude: str | None, pr
     except ConfigError as exc:
         fail(str(exc))
     if as_json:
-        _emit_json(report.to_json())
+        _emit_json(report.to_json(fail_on))
     else:
-        click.echo(format_report(report))
-    raise SystemExit(Exit.OK if report.healthy else Exit.PROBLEMS)
+        click.echo(format_report(report, fail_on))
+    raise SystemExit(Exit.PROBLEMS if report.failed(fail_on) else Exit.OK)
 
 
 @main.command()

@@ -14,7 +14,7 @@ from typing import Any
 
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
 from rnic_exporter.detect.inputs import gather_inputs, host_risks
-from rnic_exporter.detect.problems import Problem, find_problems
+from rnic_exporter.detect.problems import Problem, fails, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
 from rnic_exporter.model import Snapshot
@@ -30,7 +30,7 @@ CHECK_SCHEMA = 1
 @dataclass(frozen=True, slots=True)
 class CheckReport:
     problems: tuple[Problem, ...]
-    notes: tuple[str, ...]  # what limited the check (no inventory, no netlink...)
+    notes: tuple[str, ...]  # what limited the check (no inventory, no netlink...), unsupported attributes
     devices: int
     ports: int
 
@@ -38,8 +38,13 @@ class CheckReport:
     def healthy(self) -> bool:
         return not self.problems
 
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": CHECK_SCHEMA, "healthy": self.healthy, "devices": self.devices, "ports": self.ports,
+    def failed(self, fail_on: str = "warning") -> bool:
+        """Whether a job prologue should stop: a problem at `fail_on` or worse. Notes never count."""
+        return fails(self.problems, fail_on)
+
+    def to_json(self, fail_on: str = "warning") -> dict[str, Any]:
+        return {"schema": CHECK_SCHEMA, "healthy": self.healthy, "fail_on": fail_on, "failed": self.failed(fail_on),
+                "devices": self.devices, "ports": self.ports,
                 "problems": [p.to_json() for p in self.problems], "notes": list(self.notes)}
 
 
@@ -96,14 +101,15 @@ def run_check(sysfs: Path, state_dir: Path | None, settings: DetectionSettings, 
                        len(snap.ports))
 
 
-def format_report(report: CheckReport) -> str:
+def format_report(report: CheckReport, fail_on: str = "warning") -> str:
     lines = []
     if report.healthy:
         lines.append(f"OK: {report.devices} RDMA device(s), {report.ports} port(s), no problems found.")
     else:
         counts = {s: sum(1 for p in report.problems if p.severity == s) for s in ("critical", "warning", "info")}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        lines.append(f"PROBLEMS: {len(report.problems)} ({summary}) on {report.devices} RDMA device(s), "
+        verdict = "PROBLEMS" if report.failed(fail_on) else f"PASSED (--fail-on {fail_on}), PROBLEMS"
+        lines.append(f"{verdict}: {len(report.problems)} ({summary}) on {report.devices} RDMA device(s), "
                      f"{report.ports} port(s).")
         for problem in report.problems:
             lines += ["", f"[{problem.severity.upper()}] {problem.where}: {problem.what}",

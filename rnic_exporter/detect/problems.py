@@ -1,7 +1,9 @@
 """One judgment explained for a human: every problem present now, what it means and what to do.
 
 Used by `rnic-exporter check` (job prologues, on-call). The wording names the device, port and
-values so the output can be pasted into a ticket as is.
+values so the output can be pasted into a ticket as is. Every problem has a severity (critical: a job
+on this node fails; warning: it may fail or run slow) and a short stable `reason` for scripts.
+What a driver does not provide is no problem at all: `check` lists it among its notes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rnic_exporter.model import ReadError
 from rnic_exporter.nccl import LINK_LOCAL, NO_GID, OUT_OF_RANGE, PICK_PROBLEMS, WRONG_ROCE_VERSION, NcclSettings
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+FAIL_ON = ("critical", "warning")  # `check --fail-on`: the least severe problem that fails the check
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +29,18 @@ class Problem:
     what: str
     meaning: str
     fix: str
+    reason: str = ""  # the cause in one stable token (errno name, link_local...); "" = the code says it all
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["reason"] = self.reason or self.code
+        return out
+
+
+def fails(problems: tuple[Problem, ...] | list[Problem], fail_on: str) -> bool:
+    """True when a problem is at least as severe as `fail_on` (`critical` or `warning`)."""
+    limit = SEVERITY_ORDER[fail_on]
+    return any(SEVERITY_ORDER[p.severity] <= limit for p in problems)
 
 
 _FIX_ADDRESS = ("configure the address with a method that keeps it on link loss (ifupdown's networking service, "
@@ -57,7 +69,8 @@ def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = (),
         where = err.device if err.port is None else f"{err.device} port {err.port}"
         out.append(Problem("attribute_unreadable", "warning", where, f"{err.attribute}: {err.reason}",
                            "this value is not monitored until it can be read again",
-                           "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug"))
+                           "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
+                           err.kind))
     out.sort(key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code))
     return out
 
@@ -67,7 +80,8 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
     out = []
     if view.up is False:
         out.append(Problem("port_down", "warning", where, "port is not ACTIVE/LinkUp",
-                           "no RDMA traffic can use this port", "check the cable, the switch port and ibstat"))
+                           "no RDMA traffic can use this port", "check the cable, the switch port and ibstat",
+                           "port_down"))
     for judgement in view.links:
         if judgement.below:
             out.append(Problem(f"{judgement.link}_below_rated", "warning", where,
@@ -87,7 +101,8 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                            f"the GID table could not be read: {view.gid_table_unreadable}",
                            "which GID NCCL would use on this port is unknown, so it cannot be checked",
                            "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
-                           "compare with show_gids or `rdma link show`"))
+                           "compare with show_gids or `rdma link show`",
+                           "gids_missing" if view.gid_table_unreadable.startswith("gids/ (") else "unreadable"))
     pick = view.judged_pick
     if pick is not None and not pick.usable:
         out.append(_unusable_pick(view, pick.problem or NO_GID, pick.index, pick.configured, pick.content, nccl))
@@ -131,4 +146,5 @@ def _unusable_pick(view: PortView, problem: str, index: int | None, configured: 
     else:
         fix = f"give {netdev} a routable {nccl.family_name} address, or set NCCL_IB_ADDR_FAMILY to the family it has"
     return Problem("nccl_gid_unusable", "critical", view.where, what,
-                   "NCCL connections across nodes over this port fail (the job hangs at init or times out)", fix)
+                   "NCCL connections across nodes over this port fail (the job hangs at init or times out)", fix,
+                   problem)
