@@ -137,6 +137,10 @@ def gids(sysfs: str, device: str | None, as_json: bool) -> None:
     rows = views.gid_rows(snap, device)
     click.echo(views.format_table(views.GID_COLUMNS, rows))
     click.echo(f"n_gids_found={len(rows)}")
+    for port in snap.ports:
+        if port.gid_table_size == 0 and (device is None or port.device == device):
+            click.echo(f"{port.device} port {port.number}: the GID table could not be read (gids/ missing or "
+                       "empty); NCCL's pick is unknown", err=True)
 
 
 def host_path_options(f: F) -> F:

@@ -165,6 +165,15 @@ class Port:
         )
 
     @property
+    def up(self) -> bool | None:
+        """`is_up` where the files tell: None while it depends on a state that is unknown (a
+        missing or unreadable `state`/`phys_state` is not "down")."""
+        if (self.state is not None and self.state.number != 4) or (
+                self.phys_state is not None and self.phys_state.number != 5):
+            return False
+        return None if self.state is None or self.phys_state is None else True
+
+    @property
     def netdev(self) -> str | None:
         return self.netdevs[0] if self.netdevs else None
 

@@ -32,7 +32,8 @@ def _rate_text(port: Port) -> str:
         return "?"
     text = f"{port.rate.gbps:g}G {port.rate.lanes}X {port.rate.speed}"
     # mlx5 reports a default 40 Gb/s on a down RoCE port: say the number is not a live one.
-    return text if port.is_up else f"{text} (not up)"
+    up = port.up
+    return text if up else f"{text} (not up)" if up is False else f"{text} (state unknown)"
 
 
 def _state_text(port: Port) -> str:
@@ -101,7 +102,7 @@ def show_rows(snap: Snapshot) -> list[tuple[str, ...]]:
                 _netdev_text(snap.netdevs.get(port.netdev) if port.netdev else None, port.netdev),
                 _pcie_text(link),
                 ",".join(port_ipv4(port)) or "-",
-                "-" if port.nccl_gid_index is None else str(port.nccl_gid_index),
+                ("-" if port.nccl_gid_index is None else str(port.nccl_gid_index)) if port.gid_table_size else "?",
                 _unreadable_text(errors),
             ))
         if not device.ports:
@@ -151,6 +152,15 @@ def gid_json(port: Port, entry: GidEntry) -> dict[str, Any]:
     }
 
 
+def _gid_table_json(port: Port) -> dict[str, Any]:
+    """Size, hash and NCCL's pick; all null when no slot could be read (unknown, not empty: the
+    kernel gives every port a table)."""
+    known = port.gid_table_size > 0
+    return {"gid_table_size": port.gid_table_size if known else None,
+            "gid_table_hash": port.gid_hash if known else None,
+            "nccl_gid_index": port.nccl_gid_index if known else None}
+
+
 def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
     return {
         "port": port.number,
@@ -158,7 +168,7 @@ def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
         "state": None if port.state is None else {"number": port.state.number, "name": port.state.name},
         "phys_state": None if port.phys_state is None else {"number": port.phys_state.number,
                                                             "name": port.phys_state.name},
-        "up": port.is_up,
+        "up": port.up,  # null while state or phys_state is unknown
         "rate": None if port.rate is None else {"gbps": port.rate.gbps, "lanes": port.rate.lanes,
                                                 "speed": port.rate.speed,
                                                 "per_lane_gbps": port.rate.per_lane_gbps,
@@ -166,9 +176,7 @@ def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
         "lid": port.lid,
         "netdevs": [_netdev_json(snap.netdevs[n]) for n in port.netdevs if n in snap.netdevs],
         "ipv4": port_ipv4(port),
-        "gid_table_size": port.gid_table_size,
-        "gid_table_hash": port.gid_hash,
-        "nccl_gid_index": port.nccl_gid_index,
+        **_gid_table_json(port),
         "gids": [gid_json(port, e) for e in port.gids],
         "counters": {k: {"value": v.value, "saturated": v.saturated} for k, v in port.counters.items()},
         "hw_counters": dict(port.hw_counters),
@@ -224,8 +232,7 @@ def gids_json(snap: Snapshot, device: str | None = None) -> dict[str, Any]:
         "schema": JSON_SCHEMA,
         "gids": [gid_json(p, e) for p in snap.ports if device is None or p.device == device for e in p.gids],
         "ports": [
-            {"device": p.device, "port": p.number, "gid_table_size": p.gid_table_size,
-             "nccl_gid_index": p.nccl_gid_index, "gid_table_hash": p.gid_hash}
+            {"device": p.device, "port": p.number, **_gid_table_json(p)}
             for p in snap.ports if device is None or p.device == device
         ],
     }

@@ -339,12 +339,11 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
                 | {a: True for a in current if is_expected_candidate(a) and a not in transient}
                 if current is not None else {})
     valid, content = _configured_index(port, configured)
-    state_known = port.state is not None and port.phys_state is not None
     unreadable = gid_table_problem(port, snap.errors) if uses_roce(dev, port) else None
     pick = judge_pick(port, nccl, configured) if uses_roce(dev, port) and unreadable is None else None
     return PortView(
         device=dev.name, port=port.number, pci_address=dev.pci_address, netdev=netdev, link_layer=port.link_layer,
-        up=port.is_up if state_known else None,
+        up=port.up,
         gid_hash=port.gid_hash if port.gid_table_size else None,
         v2_ipv4_index=indices, moved={a: (int(o), n) for a, (o, n) in moved.items()},
         nccl_index=port.nccl_gid_index, configured_index=configured if valid is not None else None,

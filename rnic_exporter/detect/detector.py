@@ -49,7 +49,7 @@ class Detector:
         inputs = inputs or Inputs()
         now = snap.taken_at
         flapping = {(p.device, p.number): self.flaps.observe(
-            (p.device, p.number), p.is_up if p.state is not None and p.phys_state is not None else None, now)
+            (p.device, p.number), p.up, now)
             for p in snap.ports}
         self.flaps.forget(set(flapping))
         cur = judge(snap, self.state, self.settings, addresses=inputs.addresses, advertised=inputs.advertised,

@@ -72,8 +72,8 @@ def _port_part(f: _Samples, pl: tuple[str, str], port: Port) -> None:
         f.add(c.PORT_STATE, pl, port.state.number)
     if port.phys_state is not None:
         f.add(c.PORT_PHYSICAL_STATE, pl, port.phys_state.number)
-    if port.state is not None and port.phys_state is not None:
-        f.add(c.PORT_UP, pl, 1 if port.is_up else 0)
+    if port.up is not None:  # unknown (state or phys_state unreadable) stays absent, never 0
+        f.add(c.PORT_UP, pl, 1 if port.up else 0)
     if port.rate is not None:
         f.add(c.PORT_ACTIVE_RATE, pl, port.rate.bytes_per_second)
         f.add(c.PORT_ACTIVE_WIDTH, pl, port.rate.lanes)
@@ -108,10 +108,10 @@ def _gid_part(f: _Samples, pl: tuple[str, str], gids: tuple[GidEntry, ...], size
         by_type[_opt(entry.type)] = by_type.get(_opt(entry.type), 0) + 1
     for gid_type, count in sorted(by_type.items()):
         f.add(catalog.GID_ENTRIES, (*pl, gid_type), count)
-    if size:
+    if size:  # no slots read: the table is unknown, and so is NCCL's pick (not "none", -1)
         f.add(catalog.GID_TABLE_SIZE, pl, size)
         f.add(catalog.GID_TABLE_HASH, pl, gid_hash())
-    f.add(catalog.NCCL_GID_INDEX, pl, -1 if nccl is None else nccl)
+        f.add(catalog.NCCL_GID_INDEX, pl, -1 if nccl is None else nccl)
 
 
 def _netdev_part(f: _Samples, nl: tuple[str, str, str], netdev: Netdev) -> None:
