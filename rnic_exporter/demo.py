@@ -44,12 +44,22 @@ def _nic_gone(host: SimHost) -> str:
     return "mlx5_4 fell off the PCIe bus. Look at rnic_devices and rnic_device_info."
 
 
+def _ipv6_only(host: SimHost) -> str:
+    host.ipv6_only("mlx5_0")
+    return ("mlx5_0's netdev lost 10.0.0.1 and kept only IPv6 addresses: NCCL (NCCL_IB_ADDR_FAMILY=AF_INET) "
+            "keeps the link-local GID at index 0. Look at rnic_nccl_gid_usable{device=\"mlx5_0\"} and run "
+            "rnic-exporter check --path.sysfs <the tree above>.")
+
+
 def _heal(host: SimHost) -> str:
+    host.remove_address("mlx5_0", "fd00:0:0:0::1")
+    host.add_address("mlx5_0", "10.0.0.1")
     host.restore_device("mlx5_4")
     host.set_speed("mlx5_2", 400)
     host.set_pcie("mlx5_3", 32.0, 16)
     host.release_gids("mlx5_1")
-    return "mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 ended. The cycle starts again."
+    return ("mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 "
+            "ended. The cycle starts again.")
 
 
 STEPS = (
@@ -57,6 +67,7 @@ STEPS = (
     Step("Speed below rated (incident 2)", _speed_drop),
     Step("PCIe downtrain (incident 2)", _pcie_downtrain),
     Step("NIC disappeared (incident 2)", _nic_gone),
+    Step("NCCL would use a link-local GID (issue 13)", _ipv6_only),
     Step("Everything healed", _heal),
 )
 
@@ -68,7 +79,11 @@ def run_demo(*, devices: int, step_seconds: float, listen: tuple[str, ...], poll
     try:
         ib = max(1, devices // 4)
         host = SimHost.build(workdir / "sys", roce=devices - ib, infiniband=ib)
-        echo(f"Simulated host with {devices} RNICs ({devices - ib} RoCE, {ib} InfiniBand) in {workdir / 'sys'}")
+        # A port whose PMA does not answer (as on an iWARP card or a restricted function): its counters
+        # are listed once in rnic_attribute_unsupported_info, never alerted on.
+        host.without_pma(f"mlx5_{devices - ib - 1}")
+        echo(f"Simulated host with {devices} RNICs ({devices - ib} RoCE, {ib} InfiniBand) in {workdir / 'sys'}; "
+             f"mlx5_{devices - ib - 1}'s PMA does not answer (counters N/A: unsupported, not broken)")
         echo(f"Try: rnic-exporter show --path.sysfs {workdir / 'sys'}")
         echo(f"Metrics: http://{listen[0].lstrip(':') if listen[0].startswith(':') else listen[0]}/metrics")
         player = threading.Thread(target=_play, args=(host, step_seconds, poll_interval, stop, echo),
