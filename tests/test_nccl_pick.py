@@ -5,6 +5,7 @@ The alert on it is unit-tested with promtool in alerts/tests/gid.test.yml.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
@@ -138,12 +139,29 @@ def test_config_file_nccl_family_is_what_check_judges(host: SimHost, tmp_path: P
     assert code == Exit.PROBLEMS and [p["code"] for p in problems(report)] == ["nccl_gid_unusable"] * 2
 
 
-def test_unreadable_gid_table_says_so_instead(host: SimHost) -> None:
+def test_unreadable_gid_table_says_so_instead(host: SimHost, tmp_path: Path) -> None:
+    from rnic_exporter.doctor import run_check
+    from rnic_exporter.sources.hostnet import HostPaths
+
+    port = "class/infiniband/mlx5_0/ports/1"
+    host.fail_with(f"{port}/gids", errno.EIO)  # the listing fails
+    host.fail_with("class/infiniband/mlx5_1/ports/1/gid_attrs/types/3", errno.EIO)  # one slot NCCL compares
+    report = run_check(host.root, None, DetectionSettings(), ReaderSettings(), HostPaths(rootfs=tmp_path / "none"),
+                       use_netlink=False, root=SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    found = [(p.code, p.severity, p.where, p.what) for p in report.problems]
+    assert found == [
+        ("gid_table_unreadable", "warning", "mlx5_0 port 1 (ens1f0np0)", "the GID table could not be read: gids (EIO)"),
+        ("gid_table_unreadable", "warning", "mlx5_1 port 1 (ens2f0np0)",
+         "the GID table could not be read: gid_attrs/types/3 (EIO)")], found
+    assert report.failed("warning") and not report.failed("critical")
+
+
+def test_a_tree_without_gids_says_so_and_does_not_fail(host: SimHost) -> None:
     host.drop_gid_table("mlx5_0")
     code, report = check_json(host)
-    assert code == Exit.PROBLEMS
+    assert code == Exit.OK
     [problem] = problems(report)
-    assert problem["code"] == "gid_table_unreadable" and problem["severity"] == "warning"
+    assert (problem["code"], problem["severity"], problem["reason"]) == ("gid_table_unreadable", "info", "gids_missing")
     assert "GID table could not be read: gids/" in problem["what"]
     assert "add an IPv4" not in json.dumps(report)
 

@@ -245,18 +245,20 @@ def _configured_index(port: Port, index: int | None) -> tuple[bool | None, str]:
 
 
 # The files NCCL reads to pick a GID (ibv_query_gid and the types file); ndevs it does not read.
-_NCCL_GID_FILES = ("gids", "gid_attrs/types/")
+NCCL_GID_FILES = ("gids", "gid_attrs/types/")
+# No slot at all: the tree has no gids/ (a partial capture, a masked sysfs), nothing failed to read.
+GIDS_MISSING = "gids/ (missing or empty)"
 
 
 def gid_table_problem(port: Port, errors: tuple[ReadError, ...]) -> str | None:
     """What of a RoCE port's GID table could not be read, None when all of it was."""
     failed = [e for e in errors if e.device == port.device and e.port == port.number
-              and e.attribute.startswith(_NCCL_GID_FILES)]
+              and e.attribute.startswith(NCCL_GID_FILES)]
     if failed:
         shown = ", ".join(f"{e.attribute} ({e.kind})" for e in failed[:3])
         return shown + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
     if port.gid_table_size == 0:  # every RoCE port has slots: the kernel creates gids/ with the port
-        return "gids/ (missing or empty)"
+        return GIDS_MISSING
     return None
 
 

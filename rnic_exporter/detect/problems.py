@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rnic_exporter.detect.conditions import HostConditions, PortView
+from rnic_exporter.detect.conditions import GIDS_MISSING, NCCL_GID_FILES, HostConditions, PortView
 from rnic_exporter.detect.diff import RISK_TEXT
 from rnic_exporter.events import Severity
 from rnic_exporter.model import ReadError
@@ -65,7 +65,11 @@ def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = (),
                            "look for PCIe or driver errors (dmesg, lspci -vv); reseat or replace the NIC"))
     for view in sorted(cur.ports.values(), key=lambda v: v.key):
         out.extend(_port_problems(view, nccl or NcclSettings()))
+    # A port whose GID table could not be read has that one problem, not one per file as well.
+    told = {v.key for v in cur.ports.values() if v.gid_table_unreadable is not None}
     for err in errors:
+        if err.port is not None and (err.device, err.port) in told and err.attribute.startswith(NCCL_GID_FILES):
+            continue
         where = err.device if err.port is None else f"{err.device} port {err.port}"
         out.append(Problem("attribute_unreadable", "warning", where, f"{err.attribute}: {err.reason}",
                            "this value is not monitored until it can be read again",
@@ -97,12 +101,15 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                            "set NCCL_IB_GID_INDEX to the RoCE v2 IPv4 index shown by `rnic-exporter gids` "
                            f"({_v2_hint(view)}) or unset it to let NCCL auto-select"))
     if view.gid_table_unreadable is not None:
-        out.append(Problem("gid_table_unreadable", "warning", where,
+        # Failed reads are a warning; a tree without gids/ at all (nothing failed: a partial capture,
+        # a masked sysfs) cannot be checked either, but that is information, not a fault of the host.
+        missing = view.gid_table_unreadable == GIDS_MISSING
+        out.append(Problem("gid_table_unreadable", "info" if missing else "warning", where,
                            f"the GID table could not be read: {view.gid_table_unreadable}",
                            "which GID NCCL would use on this port is unknown, so it cannot be checked",
                            "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
                            "compare with show_gids or `rdma link show`",
-                           "gids_missing" if view.gid_table_unreadable.startswith("gids/ (") else "unreadable"))
+                           "gids_missing" if missing else "unreadable"))
     pick = view.judged_pick
     if pick is not None and not pick.usable:
         out.append(_unusable_pick(view, pick.problem or NO_GID, pick.index, pick.configured, pick.content, nccl))
