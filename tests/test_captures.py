@@ -127,7 +127,8 @@ def test_gpud_h100_ndr_and_roce_bond() -> None:
     assert snap.errors == () and len(snap.devices) == 9
     ndr = snap.port("mlx5_0", 1)
     bond = snap.port("mlx5_bond_0", 1)
-    assert ndr is not None and ndr.rate is not None and (ndr.rate.gbps, ndr.rate.lanes, ndr.rate.speed) == (400, 4, "NDR")
+    assert ndr is not None and ndr.rate is not None
+    assert (ndr.rate.gbps, ndr.rate.lanes, ndr.rate.speed) == (400, 4, "NDR")
     assert bond is not None and bond.rate is not None and (bond.rate.gbps, bond.rate.lanes) == (200, 2)
     assert ndr.link_layer == "InfiniBand" and bond.link_layer == "Ethernet" and ndr.up and bond.up
     pl = {"device": "mlx5_0", "port": "1"}
