@@ -167,3 +167,20 @@ def test_sparse_pod_table_and_bond_pick_the_v2_ipv4_gid() -> None:
     bond = show_port("nccl-roce-bond-devinfo", "mlx5_bond_0")
     assert bond["nccl_gid_index"] == 3 and bond["ipv4"] == ["200.0.209.6"]
     assert bond["phys_state"] == {"number": 5, "name": "LinkUp"} and bond["up"] is None  # state not in the rows
+
+
+def test_efa_is_no_roce_port_and_its_zero_guid_is_a_value() -> None:
+    """EFA: node type 7 (`unspecified`), link layer `Unknown`: NCCL's RoCE GID rules do not apply, and
+    an all-zero GUID is what the device reports, not a missing value."""
+    snap = read("rdma-core-efa")
+    dev = snap.device("efa_0")
+    assert dev is not None and dev.node_type is not None and (dev.node_type.number, dev.node_type.name) == (
+        7, "unspecified")
+    assert dev.node_guid == "0000:0000:0000:0000" and dev.fw_ver == "0.0.0.0"
+    port = snap.port("efa_0", 1)
+    assert port is not None and port.link_layer == "Unknown" and port.up is None
+    _, out = cli(next(c for c in CAPTURES if c.name == "rdma-core-efa"), "check", "--no-netlink", "--state.dir", "",
+                 "--json")
+    assert json.loads(out)["problems"] == []
+    assert metric("rdma-core-efa", "rnic_port_state", device="efa_0", port="1") == 4
+    assert metric("rdma-core-efa", "rnic_port_up", device="efa_0", port="1") is None

@@ -38,4 +38,5 @@ CAPTURES = (
             nccl_env={"NCCL_IB_ADDR_FAMILY": "AF_INET6"}),
     Capture("nccl-k8s-macvlan-sparse"),
     Capture("nccl-roce-bond-devinfo"),
+    Capture("rdma-core-efa"),
 )
