@@ -209,12 +209,14 @@ FAULTS = (
     Fault("RnicGidTableChanged", "rnic-ticket", "mlx5_0", lambda host: None),  # the GID shift above
     Fault("RnicPcieLinkDowntrained", "rnic-ticket", "mlx5_3", lambda host: host.set_pcie("mlx5_3", 32.0, 8)),
     Fault("RnicPortDown", "rnic-ticket", "mlx5_4", lambda host: host.set_port_up("mlx5_4", False)),
+    # Issue 13: the netdev keeps only IPv6 addresses, NCCL's AF_INET pick stays on the link-local GID.
+    Fault("RnicNcclGidUnusable", "rnic-pager", "mlx5_5", lambda host: host.ipv6_only("mlx5_5")),
 )
 
 
 @pytest.mark.e2e
 def test_faults_in_a_simulated_host_reach_the_webhook(tmp_path: Path, webhook: WebhookReceiver) -> None:
-    host = SimHost.build(tmp_path / "sys", roce=6, gid_table_size=16)  # mlx5_5 gets no fault
+    host = SimHost.build(tmp_path / "sys", roce=7, gid_table_size=16)  # mlx5_6 gets no fault
     port = free_port()
     args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}",
             "--poll.interval", "0.2", "--state.dir", str(tmp_path / "state")]
@@ -230,7 +232,7 @@ def test_faults_in_a_simulated_host_reach_the_webhook(tmp_path: Path, webhook: W
             for before in ('rnic_gid_roce_v2_ipv4_index{device="mlx5_0"}', 'rnic_gid_table_hash{device="mlx5_0"}',
                            'rnic_port_rated_rate_bytes_per_second{device="mlx5_1"}',
                            'rnic_device_present{device="mlx5_2"} == 1', 'rnic_pcie_link_width_lanes{device="mlx5_3"}',
-                           'rnic_port_up{device="mlx5_4"} == 1'):
+                           'rnic_port_up{device="mlx5_4"} == 1', 'rnic_nccl_gid_usable{device="mlx5_5"} == 1'):
                 prom.wait_value(f"count({before})")
             scraped = datetime.now(UTC)
             wait_for(lambda: _evaluated_since(prom, scraped), timeout=10, what="a rule evaluation after the scrape")
