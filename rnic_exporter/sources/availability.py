@@ -27,7 +27,7 @@ remembers which attributes have been unreadable since their first read.
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -77,6 +77,9 @@ class Judged:
     unsupported: tuple[ReadError, ...]  # reason `<unsupported reason>: <what was seen>`, kind the reason
 
 
+_NOTHING = Judged((), ())
+
+
 class FirstReads:
     """One device registration's memory of first reads (a re-registered device starts afresh:
     new firmware may answer what the old one did not)."""
@@ -87,15 +90,18 @@ class FirstReads:
         self._seen: set[Key] = set()  # attributes read at least once, successfully or not
         self._unsupported: set[Key] = set()  # unreadable, with an unsupported symptom, since their first read
 
-    def judge(self, errors: Iterable[ReadError], read: Iterable[Key] = (), *, present: bool = True) -> Judged:
+    def judge(self, errors: Sequence[ReadError], read: Iterable[Key] = (), *, present: bool = True) -> Judged:
         """Split this poll's errors of one device. `read`: attributes read this poll for the first
         time whatever their outcome (a fresh read plan's slots); everything in `errors` counts as read.
         `present`: False when the device itself went away during the read, which explains every
         missing file: then nothing is unsupported."""
+        seen = self._seen
+        if not errors and not self._unsupported:  # the usual poll: nothing unreadable, nothing to forget
+            seen.update(read)
+            return _NOTHING
         failed: list[ReadError] = []
         unsupported: list[ReadError] = []
         still: set[Key] = set()
-        seen = self._seen
         for err in errors:
             key = (err.port, err.attribute)
             why = symptom(err) if present else None
