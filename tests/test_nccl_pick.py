@@ -139,6 +139,19 @@ def test_config_file_nccl_family_is_what_check_judges(host: SimHost, tmp_path: P
     assert code == Exit.PROBLEMS and [p["code"] for p in problems(report)] == ["nccl_gid_unusable"] * 2
 
 
+def test_pinned_index_is_judged_under_the_nccl_family(host: SimHost) -> None:
+    host.ipv6_only("mlx5_0")
+    host.ipv6_only("mlx5_1")
+    code, report = check_json(host, env={"NCCL_IB_GID_INDEX": "3"})  # the ULA's RoCE v2 GID, under AF_INET
+    assert code == Exit.PROBLEMS and {p["code"] for p in problems(report)} == {"nccl_gid_index_invalid"}
+    assert "is not a RoCE v2 IPv4 GID (index 3 holds v2 fd00::1)" in problems(report)[0]["what"]
+    env = {"NCCL_IB_GID_INDEX": "3", "NCCL_IB_ADDR_FAMILY": "AF_INET6"}
+    assert check_json(host, env=env)[0] == Exit.OK  # an IPv6 fabric pinning its ULA GID
+    code, report = check_json(host, env={**env, "NCCL_IB_GID_INDEX": "1"})
+    assert [p["what"].split(" (")[0] for p in problems(report)] == [
+        "NCCL_IB_GID_INDEX=1 is not a RoCE v2 routable IPv6 GID"] * 2
+
+
 def test_unreadable_gid_table_says_so_instead(host: SimHost, tmp_path: Path) -> None:
     from rnic_exporter.doctor import run_check
     from rnic_exporter.sources.hostnet import HostPaths

@@ -17,7 +17,7 @@ from typing import Protocol
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.detect.state import State, device_key, port_key
 from rnic_exporter.model import ROCE_V2, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
-from rnic_exporter.nccl import NcclPick, NcclSettings, judge_pick, uses_roce
+from rnic_exporter.nccl import AF_INET6, NcclPick, NcclSettings, judge_pick, uses_roce
 from rnic_exporter.sources.ethtool import AdvertisedLink
 
 PORT, NETDEV, PCIE = "port", "netdev", "pcie"
@@ -234,14 +234,18 @@ def v2_ipv4_indices(port: Port) -> Mapping[str, int]:
     return _v2_ipv4_indices(port.gids)
 
 
-def _configured_index(port: Port, index: int | None) -> tuple[bool | None, str]:
+def _configured_index(port: Port, index: int | None, nccl: NcclSettings) -> tuple[bool | None, str]:
+    """A RoCE v2 IPv4 GID, as NCCL's defaults (AF_INET, version 2) need; under other NCCL settings,
+    a GID of the wanted family and RoCE version (an IPv6 fabric's pinned ULA is valid)."""
     if index is None or port.link_layer != "Ethernet":
         return None, ""
     entry = port.gid(index)
     if entry is None:
         return False, f"index {index} is empty"
     content = f"index {index} holds {entry.version_label} {entry.address}"
-    return entry.type == ROCE_V2 and entry.ipv4 is not None, content
+    if nccl.address_family == AF_INET6:
+        return entry.roce_version == nccl.roce_version and not entry.is_link_local and entry.ipv4 is None, content
+    return entry.roce_version == nccl.roce_version and entry.ipv4 is not None, content
 
 
 # The files NCCL reads to pick a GID (ibv_query_gid and the types file); ndevs it does not read.
@@ -340,7 +344,7 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
     expected = ({a: a in current for a in remembered}
                 | {a: True for a in current if is_expected_candidate(a) and a not in transient}
                 if current is not None else {})
-    valid, content = _configured_index(port, configured)
+    valid, content = _configured_index(port, configured, nccl)
     unreadable = gid_table_problem(port, snap.errors) if uses_roce(dev, port) else None
     pick = judge_pick(port, nccl, configured) if uses_roce(dev, port) and unreadable is None else None
     return PortView(

@@ -94,8 +94,9 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                                "reseat the NIC or move it to a full-width slot (lspci -vv)" if judgement.link == "pcie"
                                else _FIX_SPEED))
     if view.configured_index_valid is False:
+        wanted = f"RoCE v{nccl.roce_version} {'IPv4' if nccl.family_name == 'AF_INET' else 'routable IPv6'} GID"
         out.append(Problem("nccl_gid_index_invalid", "critical", where,
-                           f"NCCL_IB_GID_INDEX={view.configured_index} is not a RoCE v2 IPv4 GID "
+                           f"NCCL_IB_GID_INDEX={view.configured_index} is not a {wanted} "
                            f"({view.configured_index_content})",
                            "NCCL init hangs or fails with 'Got completion with error 4'",
                            "set NCCL_IB_GID_INDEX to the RoCE v2 IPv4 index shown by `rnic-exporter gids` "
