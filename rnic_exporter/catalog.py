@@ -140,7 +140,9 @@ GID_V2_IPV4_INDEX = _m("rnic_gid_roce_v2_ipv4_index", "gauge", (*PORT_LABELS, "a
                        "address moved to another index (running NCCL jobs break).")
 NCCL_CONFIGURED_GID_INDEX_VALID = _m("rnic_nccl_configured_gid_index_valid", "gauge", PORT_LABELS,
                                      "1 when the configured NCCL_IB_GID_INDEX points at a RoCE v2 IPv4 GID on "
-                                     "the port, 0 when not; absent when no index is configured.")
+                                     "the port (a routable IPv6 one under NCCL_IB_ADDR_FAMILY=AF_INET6, the "
+                                     "version NCCL_IB_ROCE_VERSION_NUM asks for), 0 when not; absent when no "
+                                     "index is configured.")
 PORT_FLAPPING = _m("rnic_port_flapping", "gauge", PORT_LABELS,
                    "1 while the port is flapping (N up/down transitions within a window, kept for a while).")
 GID_TABLE_CHANGES = _m("rnic_gid_table_changes_total", "counter", PORT_LABELS,
