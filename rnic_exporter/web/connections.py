@@ -1,0 +1,412 @@
+"""Open connections, from accept to a complete request head, on one thread and without a thread each.
+
+A Go server (node_exporter) gives each connection a goroutine, which costs a few kilobytes; a
+Python thread costs a stack and a slice of the GIL, so thousands of clients that connect and say
+nothing (or a header byte every few seconds: slowloris) used to mean thousands of threads. Here
+one thread, the reactor, owns every connection that is not being answered: it accepts, runs the
+TLS handshake without blocking, and reads the request head, each under a deadline for the whole
+step (not per read, so trickling bytes does not extend it). Only a complete head goes to a worker
+thread (`on_request`); the worker gives the connection back with `resume` for keep-alive.
+
+At most `max_connections` are open. When a new client arrives at the cap, the connection that has
+waited longest without ever having a request answered (slowloris, silent TLS, idle probes) is
+closed to make room, then the longest-idle keep-alive; only when every connection is being
+answered does accepting pause, and new clients wait in the kernel's listen backlog, with no
+descriptor and no memory of ours.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import heapq
+import itertools
+import logging
+import re
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import Any, cast
+
+log = logging.getLogger(__name__)
+
+# The request line and headers together; http.server allows 64 KiB per line and 100 headers.
+MAX_HEAD = 64 * 1024
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+_ACCEPTS_PER_WAKEUP = 64
+# Out of descriptors: how long to stop accepting when no connection can be closed for room.
+_EMFILE_PAUSE = 0.1
+
+
+class Phase(enum.Enum):
+    HANDSHAKE = "handshake"
+    WAITING = "waiting"  # for (the rest of) a request head
+    BUSY = "busy"  # a worker has it
+
+
+class Connection:
+    """One client connection. The reactor owns it except while BUSY, when one worker does."""
+
+    __slots__ = ("_want", "address", "buffer", "deadline", "phase", "proven", "requests", "sock")
+
+    def __init__(self, sock: socket.socket, address: Any) -> None:
+        self.sock = sock
+        self.address = address
+        self.buffer = bytearray()
+        self.phase = Phase.WAITING
+        self.deadline = 0.0
+        self.proven = False  # a request on it passed authentication: a real scraper, evicted last
+        self.requests = 0
+        self._want = selectors.EVENT_READ
+
+    def take_head(self) -> bytes | None:
+        """The next complete request head from the buffer (removing it), or None."""
+        match = _HEAD_END.search(self.buffer)
+        if match is None:
+            return None
+        head = bytes(self.buffer[: match.end()])
+        del self.buffer[: match.end()]
+        return head
+
+
+class Reactor:
+    """Accepts on `listeners` and hands complete request heads to `on_request` (on this thread).
+
+    `tls()` gives the TLS context for a new connection (None: plain HTTP), `tls_peer_ok` judges
+    a finished handshake (the client certificate's SANs).
+    """
+
+    def __init__(
+        self,
+        listeners: Sequence[socket.socket],
+        on_request: Callable[[Connection, bytes], None],
+        *,
+        tls: Callable[[], ssl.SSLContext | None],
+        tls_peer_ok: Callable[[ssl.SSLSocket], bool],
+        max_connections: int,
+        handshake_timeout: float,
+        request_timeout: float,
+        idle_timeout: float,
+    ) -> None:
+        self._listeners = list(listeners)
+        self._on_request = on_request
+        self._tls = tls
+        self._tls_peer_ok = tls_peer_ok
+        self.max_connections = max_connections
+        self.handshake_timeout = handshake_timeout
+        self.request_timeout = request_timeout
+        self.idle_timeout = idle_timeout
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._stopping = threading.Event()
+        self._resumed: deque[tuple[Connection, bool]] = deque()
+        self._open: set[Connection] = set()
+        # Waiting connections by how long they have waited, oldest first: the eviction order.
+        self._unproven: OrderedDict[Connection, None] = OrderedDict()
+        self._proven: OrderedDict[Connection, None] = OrderedDict()
+        self._deadlines: list[tuple[float, int, Connection]] = []
+        self._seq = itertools.count()
+        self._accepting = False
+        self._accept_paused_until = 0.0
+        self._thread: threading.Thread | None = None
+        self.evicted = 0
+        self.expired = 0
+
+    # -- control (any thread) ---------------------------------------------------------------
+
+    def start(self) -> None:
+        for sock in self._listeners:
+            sock.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._listen(True)
+        self._thread = threading.Thread(target=self._run, name="rnic-web-io", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        """Stop accepting and close every connection the reactor holds; BUSY ones are the caller's."""
+        self._stopping.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def resume(self, conn: Connection, keep_alive: bool) -> None:
+        """A worker is done with `conn`: wait for its next request, or close it."""
+        self._resumed.append((conn, keep_alive))
+        self._wake()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    def busy(self) -> list[Connection]:
+        return [conn for conn in list(self._open) if conn.phase is Phase.BUSY]
+
+    def _wake(self) -> None:
+        with suppress(OSError):  # full: a wake-up is pending anyway; closed: stopping
+            self._wake_w.send(b"\0")
+
+    # -- the loop (reactor thread) ----------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                for key, _ in self._selector.select(self._timeout()):
+                    target = key.data
+                    if target is None:
+                        self._drain_wake()
+                    elif isinstance(target, Connection):
+                        self._ready(target)
+                    else:
+                        self._accept(cast(socket.socket, key.fileobj))
+                self._take_resumed()
+                self._expire()
+        finally:
+            self._close_everything()
+
+    def _timeout(self) -> float | None:
+        now = time.monotonic()
+        wakeups = []
+        if self._deadlines:
+            wakeups.append(self._deadlines[0][0])
+        if not self._accepting and self._accept_paused_until:
+            wakeups.append(self._accept_paused_until)
+        return max(0.0, min(wakeups) - now) if wakeups else None
+
+    def _drain_wake(self) -> None:
+        with suppress(OSError):
+            while self._wake_r.recv(4096):
+                pass
+
+    def _listen(self, on: bool) -> None:
+        if on == self._accepting:
+            return
+        for sock in self._listeners:
+            if on:
+                self._selector.register(sock, selectors.EVENT_READ, sock)
+            else:
+                self._selector.unregister(sock)
+        self._accepting = on
+
+    # -- accepting -----------------------------------------------------------------------------
+
+    def _accept(self, listener: socket.socket) -> None:
+        for _ in range(_ACCEPTS_PER_WAKEUP):
+            if len(self._open) >= self.max_connections and not self._evict():
+                self._listen(False)  # every connection is being answered: let the backlog hold the rest
+                return
+            try:
+                sock, address = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and self._evict():
+                    continue  # a descriptor was freed
+                log.warning("accept on %s failed: %s", listener.getsockname(), exc)
+                # The listener stays readable; pause instead of spinning a core.
+                self._listen(False)
+                self._accept_paused_until = time.monotonic() + _EMFILE_PAUSE
+                return
+            self._admit(sock, address)
+
+    def _admit(self, sock: socket.socket, address: Any) -> None:
+        sock.setblocking(False)
+        # Headers and body go out in two writes; with Nagle on, a small body then waits for the
+        # client's delayed ACK (40 ms on Linux) on every keep-alive scrape.
+        with suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(sock, address)
+        self._open.add(conn)
+        now = time.monotonic()
+        ctx = self._tls()
+        if ctx is not None:
+            try:
+                conn.sock = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError) as exc:
+                log.debug("TLS setup for %s failed: %s", address, exc)
+                self._close(conn)
+                return
+            conn.phase = Phase.HANDSHAKE
+            self._wait(conn, now + self.handshake_timeout)
+            self._handshake(conn)
+        else:
+            self._wait(conn, now + self.request_timeout)
+
+    def _evict(self) -> bool:
+        """Close the waiting connection that matters least; False when none is waiting."""
+        for waiting in (self._unproven, self._proven):
+            if waiting:
+                conn = next(iter(waiting))
+                log.debug("connection cap %d reached: closing %s, waiting since longest", self.max_connections,
+                          conn.address)
+                self.evicted += 1
+                self._close(conn)
+                return True
+        return False
+
+    # -- per connection ------------------------------------------------------------------------
+
+    def _wait(self, conn: Connection, deadline: float, want: int = selectors.EVENT_READ) -> None:
+        """Watch `conn` for input (or output) until `deadline`."""
+        if conn.phase is Phase.BUSY:
+            conn.phase = Phase.WAITING
+        queue = self._proven if conn.proven else self._unproven
+        if conn not in queue:
+            queue[conn] = None  # appended: it has now waited least
+        if conn.deadline != deadline:
+            conn.deadline = deadline
+            heapq.heappush(self._deadlines, (deadline, next(self._seq), conn))
+        try:
+            key = self._selector.get_key(conn.sock)
+        except KeyError:
+            self._selector.register(conn.sock, want, conn)
+        else:
+            if key.events != want:
+                self._selector.modify(conn.sock, want, conn)
+        conn._want = want
+
+    def _unwatch(self, conn: Connection) -> None:
+        self._unproven.pop(conn, None)
+        self._proven.pop(conn, None)
+        with suppress(KeyError, ValueError):
+            self._selector.unregister(conn.sock)
+
+    def _ready(self, conn: Connection) -> None:
+        if conn.phase is Phase.HANDSHAKE:
+            self._handshake(conn)
+        elif conn.phase is Phase.WAITING:
+            self._read(conn)
+
+    def _handshake(self, conn: Connection) -> None:
+        tls = cast(ssl.SSLSocket, conn.sock)
+        try:
+            tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._wait(conn, conn.deadline, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._wait(conn, conn.deadline, selectors.EVENT_WRITE)
+            return
+        except (OSError, ValueError) as exc:
+            log.debug("TLS handshake with %s failed: %s", conn.address, exc)
+            self._close(conn)
+            return
+        if not self._tls_peer_ok(tls):
+            self._close(conn)
+            return
+        conn.phase = Phase.WAITING
+        self._wait(conn, time.monotonic() + self.request_timeout)
+        if tls.pending():
+            self._read(conn)
+
+    def _read(self, conn: Connection) -> None:
+        first_byte = not conn.buffer
+        try:
+            while True:
+                chunk = conn.sock.recv(MAX_HEAD + 1)
+                if not chunk:
+                    self._close(conn)  # the client hung up (between requests, that is normal)
+                    return
+                conn.buffer += chunk
+                if len(conn.buffer) > MAX_HEAD or not isinstance(conn.sock, ssl.SSLSocket) or not conn.sock.pending():
+                    break
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            pass
+        except ssl.SSLWantWriteError:
+            self._wait(conn, conn.deadline, selectors.EVENT_WRITE)
+            return
+        except (OSError, ValueError) as exc:
+            log.debug("reading from %s failed: %s", conn.address, exc)
+            self._close(conn)
+            return
+        if conn._want != selectors.EVENT_READ:
+            self._wait(conn, conn.deadline)
+        self._dispatch(conn, first_byte)
+
+    def _dispatch(self, conn: Connection, first_byte: bool = False) -> None:
+        head = conn.take_head()
+        if head is not None:
+            self._unwatch(conn)
+            conn.phase = Phase.BUSY
+            conn.requests += 1
+            self._on_request(conn, head)
+        elif len(conn.buffer) > MAX_HEAD:
+            with suppress(OSError):
+                conn.sock.send(_TOO_LARGE)
+            self._close(conn)
+        elif first_byte and conn.buffer and conn.requests:
+            # A keep-alive connection started its next request: from now on it has the request
+            # deadline, not the idle one.
+            self._wait(conn, time.monotonic() + self.request_timeout)
+
+    def _take_resumed(self) -> None:
+        while self._resumed:
+            conn, keep_alive = self._resumed.popleft()
+            if not keep_alive or self._stopping.is_set():
+                self._close(conn)
+                continue
+            try:
+                conn.sock.setblocking(False)
+            except OSError:
+                self._close(conn)
+                continue
+            conn.phase = Phase.WAITING
+            deadline = time.monotonic() + (self.idle_timeout if conn.proven else self.request_timeout)
+            if conn.buffer:  # a pipelined request already started
+                deadline = time.monotonic() + self.request_timeout
+            self._wait(conn, deadline)
+            self._dispatch(conn)
+            if conn.phase is Phase.WAITING and isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
+                self._read(conn)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            deadline, _, conn = heapq.heappop(self._deadlines)
+            if conn in self._open and conn.phase is not Phase.BUSY and conn.deadline == deadline:
+                log.debug("closing %s: no complete request by the deadline (%s)", conn.address, conn.phase.value)
+                self.expired += 1
+                self._close(conn)
+        # Closed connections leave their entries behind; rebuild before they outgrow the live ones.
+        if len(self._deadlines) > 4 * len(self._open) + 1024:
+            self._deadlines = [(c.deadline, next(self._seq), c) for c in self._open if c.phase is not Phase.BUSY]
+            heapq.heapify(self._deadlines)
+        if not self._accepting and now >= self._accept_paused_until and len(self._open) < self.max_connections:
+            self._accept_paused_until = 0.0
+            self._listen(True)
+
+    def _close(self, conn: Connection) -> None:
+        self._unwatch(conn)
+        self._open.discard(conn)
+        close_socket(conn.sock)
+        if not self._accepting and not self._accept_paused_until and not self._stopping.is_set():
+            self._listen(True)
+
+    def _close_everything(self) -> None:
+        for conn in list(self._open):
+            if conn.phase is not Phase.BUSY:
+                self._close(conn)
+        self._listen(False)
+        for sock in self._listeners:
+            sock.close()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def forget(self, conn: Connection) -> None:
+        """A worker closed `conn` itself (after stop)."""
+        self._open.discard(conn)
+
+
+def close_socket(sock: socket.socket) -> None:
+    with suppress(OSError):
+        sock.shutdown(socket.SHUT_WR)  # flush what we wrote before the close, as TCPServer does
+    with suppress(OSError):
+        sock.close()
