@@ -27,7 +27,6 @@ import re
 import resource
 import shutil
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import free_port  # noqa: E402
+from harness import free_port
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container
@@ -161,19 +160,20 @@ class Attack:
                     writer.write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # the start of a ClientHello
                     await reader.read(1)
                 elif kind == "slowloris":
-                    reader, writer = await asyncio.wait_for(
+                    reader, slow = await asyncio.wait_for(
                         asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx), 30)
+                    writer = slow
                     self._up(kind)
-                    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+                    slow.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
                     while time.monotonic() < self.deadline:
                         await asyncio.sleep(4)
-                        writer.write(b"X")
-                        await writer.drain()
+                        slow.write(b"X")
+                        await slow.drain()
                         if reader.at_eof():
                             break
                 else:
                     await self._guess(index)
-            except (OSError, asyncio.TimeoutError, ssl.SSLError, EOFError):
+            except (TimeoutError, OSError, ssl.SSLError, EOFError):
                 pass
             finally:
                 if writer is not None:
@@ -263,15 +263,15 @@ def main() -> None:
         (work / "web.yml").write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
                                       f"basic_auth_users:\n  {USER}: '{hashed}'\n")
         port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(opts.tree.resolve())}
-        args = [sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(work / "sys"),
+        env = tree_env(opts.tree)
+        args = [sys.executable, "-S", "-m", "rnic_exporter", "serve", "--path.sysfs", str(work / "sys"),
                 "--web.listen-address", f"127.0.0.1:{port}", "--state.dir", str(work / "state"),
                 "--web.config.file", str(work / "web.yml"), "--log.level", "error",
                 "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool"]
         # A container's descriptor limit is usually far above a login shell's 1024; give the
         # exporter room so what is measured is its own behaviour, not EMFILE.
         server = subprocess.Popen(args, env=env, cwd=work, stderr=subprocess.DEVNULL,
-                                  preexec_fn=lambda: raise_nofile(16384))
+                                  preexec_fn=lambda: raise_nofile(16384))  # noqa: PLW1509 (before any thread)
         try:
             run(opts, server, port, work)
         finally:
@@ -282,6 +282,18 @@ def main() -> None:
                 server.kill()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """Run `tree`'s rnic_exporter even when another checkout is installed in editable mode.
+
+    With -S no .pth file runs, so the editable install's import hook does not win; the
+    dependencies still come from this interpreter's site-packages, given as a plain path.
+    """
+    import site
+
+    paths = [str(tree.resolve()), *site.getsitepackages()]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def wait_ready(port: int, cafile: Path, server: subprocess.Popen[bytes]) -> None:
@@ -312,9 +324,8 @@ def sample_while(proc: subprocess.Popen[bytes], pid: int, peak: dict[str, int]) 
 def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> None:
     cafile = work / "server.crt"
     wait_ready(port, cafile, server)
-    version = subprocess.run([sys.executable, "-c", "import rnic_exporter,sys; print(rnic_exporter.__file__)"],
-                             env={**os.environ, "PYTHONPATH": str(opts.tree.resolve())},
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run([sys.executable, "-S", "-c", "import rnic_exporter; print(rnic_exporter.__file__)"],
+                             env=tree_env(opts.tree), cwd=work, capture_output=True, text=True).stdout.strip()
     print(f"exporter code: {version}")
     idle = proc_status(server.pid)
     print(f"exporter at rest: RSS {idle['rss_kb'] / 1024:.1f} MiB, {idle['threads']} threads, {idle['fds']} fds")

@@ -199,7 +199,8 @@ class Reactor:
 
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(_ACCEPTS_PER_WAKEUP):
-            if len(self._open) >= self.max_connections and not self._evict():
+            at_cap = len(self._open) >= self.max_connections
+            if at_cap and not (self._unproven or self._proven):
                 self._listen(False)  # every connection is being answered: let the backlog hold the rest
                 return
             try:
@@ -214,6 +215,8 @@ class Reactor:
                 self._listen(False)
                 self._accept_paused_until = time.monotonic() + _EMFILE_PAUSE
                 return
+            if at_cap:
+                self._evict()
             self._admit(sock, address)
 
     def _admit(self, sock: socket.socket, address: Any) -> None:

@@ -29,6 +29,7 @@ from rnic_exporter.web.auth import BasicAuth
 from rnic_exporter.web.webconfig import ClientAuthType, WebConfig, build_ssl_context, parse_web_config
 
 log = logging.getLogger(__name__)
+_clock = time.monotonic  # tests step time through the settle interval without sleeping
 
 Fingerprints = dict[Path, bytes | None]
 
@@ -120,7 +121,7 @@ class WebConfigWatcher:
         return self.security
 
     def maybe_reload(self) -> None:
-        now = time.monotonic()
+        now = _clock()
         if self.path is None or now < self._next_check or not self._lock.acquire(blocking=False):
             return
         try:
@@ -136,7 +137,7 @@ class WebConfigWatcher:
             return
         with self._lock:
             self._last_error = None  # an explicit reload always reports its outcome
-            self._check(time.monotonic(), settle=False)
+            self._check(_clock(), settle=False)
 
     def _check(self, now: float, *, settle: bool) -> None:
         seen = fingerprint(self.files)
