@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
-DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container
+DAEMONSET_LIMIT_MIB = 160
+RECONNECT_AFTER = 2.0  # seconds an attacker waits before replacing a closed connection  # packaging/kubernetes/daemonset.yaml, exporter container
 
 
 def raise_nofile(wanted: int) -> int:
@@ -179,7 +180,8 @@ class Attack:
                 if writer is not None:
                     self.open[kind] -= 1
                     writer.close()
-            await asyncio.sleep(0.2)  # then come back, as an attacker would
+            # Then come back, as slowloris does when it re-creates its sockets (every 15 s there).
+            await asyncio.sleep(RECONNECT_AFTER)
 
     async def _guess(self, index: int) -> None:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx), 30)

@@ -121,7 +121,7 @@ def test_silent_connections_cost_no_thread(serve: ServerFactory, sockets: list[s
 
 def test_at_the_cap_the_longest_waiting_connection_makes_room(serve: ServerFactory,
                                                                sockets: list[socket.socket]) -> None:
-    server = serve(max_connections=3)
+    server = serve(max_connections=3, evict_after=0.1)
     silent = [connect(server.bound[0], sockets) for _ in range(3)]
     wait_for(lambda: server.open_connections == 3, timeout=DEADLINE, what="3 open connections")
     assert request(server).status == 200  # the fourth gets in
@@ -132,7 +132,7 @@ def test_at_the_cap_the_longest_waiting_connection_makes_room(serve: ServerFacto
 def test_a_scrapers_keep_alive_connection_outlives_silent_ones_at_the_cap(
     serve: ServerFactory, sockets: list[socket.socket]
 ) -> None:
-    server = serve(max_connections=3)
+    server = serve(max_connections=3, evict_after=0.1)
     host, port = server.bound[0]
     scraper = http.client.HTTPConnection(host, port, timeout=DEADLINE)
     try:

@@ -10,9 +10,9 @@ thread (`on_request`); the worker gives the connection back with `resume` for ke
 
 At most `max_connections` are open. When a new client arrives at the cap, the connection that has
 waited longest without ever having a request answered (slowloris, silent TLS, idle probes) is
-closed to make room, then the longest-idle keep-alive; only when every connection is being
-answered does accepting pause, and new clients wait in the kernel's listen backlog, with no
-descriptor and no memory of ours.
+closed to make room, then the longest-idle keep-alive, but none that has waited less than
+EVICT_AFTER; when there is none to close, accepting pauses and new clients wait in the kernel's
+listen backlog, with no descriptor and no memory of ours.
 """
 
 from __future__ import annotations
@@ -42,6 +42,10 @@ _TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close
 _ACCEPTS_PER_WAKEUP = 64
 # Out of descriptors: how long to stop accepting when no connection can be closed for room.
 _EMFILE_PAUSE = 0.1
+# A connection is never closed for room before it has waited this long: a real client has time
+# to finish its handshake and send its request, and a flood of reconnecting clients costs at
+# most max_connections handshakes per EVICT_AFTER instead of whatever the attacker can send.
+EVICT_AFTER = 1.0
 
 
 class Phase(enum.Enum):
@@ -53,7 +57,7 @@ class Phase(enum.Enum):
 class Connection:
     """One client connection. The reactor owns it except while BUSY, when one worker does."""
 
-    __slots__ = ("_want", "address", "buffer", "deadline", "phase", "proven", "requests", "sock")
+    __slots__ = ("_want", "address", "buffer", "deadline", "phase", "proven", "requests", "since", "sock")
 
     def __init__(self, sock: socket.socket, address: Any) -> None:
         self.sock = sock
@@ -63,6 +67,7 @@ class Connection:
         self.deadline = 0.0
         self.proven = False  # a request on it passed authentication: a real scraper, evicted last
         self.requests = 0
+        self.since = 0.0  # when it started waiting
         self._want = selectors.EVENT_READ
 
     def take_head(self) -> bytes | None:
@@ -93,6 +98,7 @@ class Reactor:
         handshake_timeout: float,
         request_timeout: float,
         idle_timeout: float,
+        evict_after: float = EVICT_AFTER,
     ) -> None:
         self._listeners = list(listeners)
         self._on_request = on_request
@@ -102,6 +108,7 @@ class Reactor:
         self.handshake_timeout = handshake_timeout
         self.request_timeout = request_timeout
         self.idle_timeout = idle_timeout
+        self.evict_after = evict_after
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -200,23 +207,26 @@ class Reactor:
     def _accept(self, listener: socket.socket) -> None:
         for _ in range(_ACCEPTS_PER_WAKEUP):
             at_cap = len(self._open) >= self.max_connections
-            if at_cap and not (self._unproven or self._proven):
-                self._listen(False)  # every connection is being answered: let the backlog hold the rest
+            victim = self._victim() if at_cap else None
+            if at_cap and victim is None:
+                self._pause_at_cap()  # let the backlog hold the rest
                 return
             try:
                 sock, address = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and self._evict():
+                spare = self._victim()
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and spare is not None:
+                    self._evict(spare)
                     continue  # a descriptor was freed
                 log.warning("accept on %s failed: %s", listener.getsockname(), exc)
                 # The listener stays readable; pause instead of spinning a core.
                 self._listen(False)
                 self._accept_paused_until = time.monotonic() + _EMFILE_PAUSE
                 return
-            if at_cap:
-                self._evict()
+            if victim is not None:
+                self._evict(victim)
             self._admit(sock, address)
 
     def _admit(self, sock: socket.socket, address: Any) -> None:
@@ -242,17 +252,26 @@ class Reactor:
         else:
             self._wait(conn, now + self.request_timeout)
 
-    def _evict(self) -> bool:
-        """Close the waiting connection that matters least; False when none is waiting."""
+    def _victim(self) -> Connection | None:
+        """The waiting connection that matters least, if it has waited long enough to be closed."""
+        cutoff = time.monotonic() - self.evict_after
         for waiting in (self._unproven, self._proven):
             if waiting:
                 conn = next(iter(waiting))
-                log.debug("connection cap %d reached: closing %s, waiting since longest", self.max_connections,
-                          conn.address)
-                self.evicted += 1
-                self._close(conn)
-                return True
-        return False
+                if conn.since <= cutoff:
+                    return conn
+        return None
+
+    def _evict(self, conn: Connection) -> None:
+        log.debug("connection cap %d reached: closing %s, waiting since longest", self.max_connections, conn.address)
+        self.evicted += 1
+        self._close(conn)
+
+    def _pause_at_cap(self) -> None:
+        """Stop accepting until a connection closes or the oldest waiting one may be closed."""
+        self._listen(False)
+        oldest = [next(iter(waiting)).since for waiting in (self._unproven, self._proven) if waiting]
+        self._accept_paused_until = min(oldest) + self.evict_after if oldest else 0.0
 
     # -- per connection ------------------------------------------------------------------------
 
@@ -263,6 +282,7 @@ class Reactor:
         queue = self._proven if conn.proven else self._unproven
         if conn not in queue:
             queue[conn] = None  # appended: it has now waited least
+            conn.since = time.monotonic()
         if conn.deadline != deadline:
             conn.deadline = deadline
             heapq.heappush(self._deadlines, (deadline, next(self._seq), conn))
@@ -381,15 +401,16 @@ class Reactor:
         if len(self._deadlines) > 4 * len(self._open) + 1024:
             self._deadlines = [(c.deadline, next(self._seq), c) for c in self._open if c.phase is not Phase.BUSY]
             heapq.heapify(self._deadlines)
-        if not self._accepting and now >= self._accept_paused_until and len(self._open) < self.max_connections:
+        if not self._accepting and self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
-            self._listen(True)
+            self._listen(True)  # the accept loop pauses again if it still finds no room
 
     def _close(self, conn: Connection) -> None:
         self._unwatch(conn)
         self._open.discard(conn)
         close_socket(conn.sock)
-        if not self._accepting and not self._accept_paused_until and not self._stopping.is_set():
+        if not self._accepting and not self._stopping.is_set():
+            self._accept_paused_until = 0.0  # a slot (and a descriptor) is free
             self._listen(True)
 
     def _close_everything(self) -> None:

@@ -30,6 +30,8 @@ from rnic_exporter.web.webconfig import ClientAuthType, WebConfig, build_ssl_con
 
 log = logging.getLogger(__name__)
 _clock = time.monotonic  # tests step time through the settle interval without sleeping
+# How often content that failed to load is tried again while it stays the same.
+_RETRY_FAILED = 10.0
 
 Fingerprints = dict[Path, bytes | None]
 
@@ -106,6 +108,7 @@ class WebConfigWatcher:
         self._next_check = 0.0
         self._candidate: tuple[Fingerprints, float] | None = None  # changed content first seen at
         self._last_error: str | None = None
+        self._failed: tuple[Fingerprints, float] | None = None  # content that failed, and when
         self._applied: Fingerprints | None = None  # None: unknown, check again
         if self.path is None:
             self.security = Security.build(WebConfig())
@@ -136,7 +139,7 @@ class WebConfigWatcher:
         if self.path is None:
             return
         with self._lock:
-            self._last_error = None  # an explicit reload always reports its outcome
+            self._last_error = self._failed = None  # an explicit reload always tries and reports
             self._check(_clock(), settle=False)
 
     def _check(self, now: float, *, settle: bool) -> None:
@@ -147,6 +150,8 @@ class WebConfigWatcher:
                 log.info("web config %s is back to the running content", self.path)
                 self.ok, self._last_error = True, None
             return
+        if self._failed is not None and self._failed[0] == seen and now < self._failed[1] + _RETRY_FAILED:
+            return  # the same broken content: do not parse it again on every check
         if settle and (self._candidate is None or self._candidate[0] != seen):
             self._candidate = (seen, now)  # apply it only if it still reads the same next time
             return
@@ -159,20 +164,21 @@ class WebConfigWatcher:
         except _MovingError:
             return  # being written right now: read it again at the next check
         except ConfigError as exc:
-            self._failed(str(exc))
+            self._fail(str(exc), seen, now)
             return
         except Exception as exc:  # whatever the file holds, serving goes on with the running config
             log.exception("web config reload raised")
-            self._failed(f"web config {self.path}: unexpected {type(exc).__name__}: {exc}")
+            self._fail(f"web config {self.path}: unexpected {type(exc).__name__}: {exc}", seen, now)
             return
-        self.security, self._applied = security, applied
+        self.security, self._applied, self._failed = security, applied, None
         self.ok, self._last_error = True, None
         log.info("web config reloaded from %s", self.path)
 
-    def _failed(self, message: str) -> None:
-        # Keep retrying each interval (the fix may be a file we do not watch yet), but say so once
-        # per distinct problem instead of once a second.
+    def _fail(self, message: str, seen: Fingerprints, now: float) -> None:
+        # Retry the same content now and then (the fix may be a file we do not watch yet, such as
+        # a certificate still to be copied), but say so once per distinct problem.
         self.ok = False
+        self._failed = (seen, now)
         if message != self._last_error:
             log.error("web config reload failed, keeping the running config: %s", message)
             self._last_error = message

@@ -42,7 +42,7 @@ from urllib.parse import unquote, urlsplit
 
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.web.auth import Credential
-from rnic_exporter.web.connections import Connection, Reactor, close_socket
+from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
 from rnic_exporter.web.reload import Security, WebConfigWatcher
 from rnic_exporter.web.webconfig import client_sans_allowed
@@ -162,7 +162,8 @@ class _Workers:
             threads = list(self._threads)
         deadline = time.monotonic() + timeout
         for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.ident is not None:  # one being started by submit() sees _stopping and ends
+                thread.join(max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in threads)
 
 
@@ -185,6 +186,7 @@ class WebServer:
         idle_timeout: float = 120.0,
         write_timeout: float = 10.0,
         reload_interval: float = 1.0,
+        evict_after: float = EVICT_AFTER,
     ) -> None:
         if not listen_addresses:
             raise ConfigError("no listen address given (example: ':9100')")
@@ -207,6 +209,7 @@ class WebServer:
         self.tls_handshake_timeout = tls_handshake_timeout
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
+        self.evict_after = evict_after
         self.watcher = WebConfigWatcher(web_config_file, reload_interval)
         self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
         self._reactor: Reactor | None = None
@@ -231,7 +234,7 @@ class WebServer:
         self._reactor = Reactor(
             listeners, self._on_request, tls=self._tls_context, tls_peer_ok=self._tls_peer_ok,
             max_connections=self.max_connections, handshake_timeout=self.tls_handshake_timeout,
-            request_timeout=self.request_timeout, idle_timeout=self.idle_timeout,
+            request_timeout=self.request_timeout, idle_timeout=self.idle_timeout, evict_after=self.evict_after,
         )
         bound = self.bound
         self._reactor.start()
