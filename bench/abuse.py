@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import free_port
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
-DAEMONSET_LIMIT_MIB = 160
-RECONNECT_AFTER = 2.0  # seconds an attacker waits before replacing a closed connection  # packaging/kubernetes/daemonset.yaml, exporter container
+DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container
+RECONNECT_AFTER = 2.0  # seconds an attacker waits before replacing a closed connection
 
 
 def raise_nofile(wanted: int) -> int:
