@@ -43,6 +43,7 @@ from harness import free_port
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container
 RECONNECT_AFTER = 2.0  # seconds an attacker waits before replacing a closed connection
+INTERVAL = 0.1  # seconds between a scraper's scrapes (Prometheus: 15 to 60; faster gives more samples)
 
 
 def raise_nofile(wanted: int) -> int:
@@ -87,7 +88,7 @@ def client_context(cafile: Path) -> ssl.SSLContext:
 # -- scraper role (own process, so the attacker's event loop does not skew its clock) ---------
 
 
-def scrape_role(port: int, cafile: Path, seconds: float, out: Path) -> None:
+def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -> None:
     ctx = client_context(cafile)
     headers = {"Authorization": auth_header(USER, PASSWORD), "Accept-Encoding": "gzip"}
     keep: list[float] = []
@@ -105,26 +106,27 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.monotonic()
-        try:
-            if conn is None:
-                conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
-            one(conn)
-            keep.append(time.monotonic() - started)
-        except (OSError, http.client.HTTPException):
-            failures["keep_alive"] += 1
-            if conn is not None:
-                conn.close()
-            conn = None
-        started = time.monotonic()
-        fresh_conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
-        try:
-            one(fresh_conn)
-            fresh.append(time.monotonic() - started)
-        except (OSError, http.client.HTTPException):
-            failures["fresh"] += 1
-        finally:
-            fresh_conn.close()
-        time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
+        if mode == "keep_alive":
+            try:
+                if conn is None:
+                    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+                one(conn)
+                keep.append(time.monotonic() - started)
+            except (OSError, http.client.HTTPException):
+                failures["keep_alive"] += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+        else:
+            fresh_conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+            try:
+                one(fresh_conn)
+                fresh.append(time.monotonic() - started)
+            except (OSError, http.client.HTTPException):
+                failures["fresh"] += 1
+            finally:
+                fresh_conn.close()
+        time.sleep(max(0.0, INTERVAL - (time.monotonic() - started)))
     out.write_text(json.dumps({"keep_alive": keep, "fresh": fresh, "failures": failures}))
 
 
@@ -246,7 +248,7 @@ def main() -> None:
     parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.role == "scrape":
-        scrape_role(int(opts.args[0]), Path(opts.args[1]), float(opts.args[2]), Path(opts.args[3]))
+        scrape_role(int(opts.args[0]), Path(opts.args[1]), float(opts.args[2]), Path(opts.args[3]), opts.args[4])
         return
     if opts.role == "attack":
         attack_role(int(opts.args[0]), Path(opts.args[1]), float(opts.args[2]), json.loads(opts.args[3]),
@@ -316,6 +318,18 @@ def wait_ready(port: int, cafile: Path, server: subprocess.Popen[bytes]) -> None
     raise SystemExit("the exporter did not serve metrics within 60 s")
 
 
+def scrapes(port: int, cafile: Path, seconds: float, out: Path, pid: int, peak: dict[str, int]) -> dict[str, Any]:
+    """A keep-alive and a fresh-connection scraper side by side (two processes) for `seconds`."""
+    procs = [role("scrape", str(port), str(cafile), str(seconds), f"{out}-{mode}.json", mode)
+             for mode in ("keep_alive", "fresh")]
+    for proc in procs:
+        sample_while(proc, pid, peak)
+    keep = json.loads(Path(f"{out}-keep_alive.json").read_text())
+    fresh = json.loads(Path(f"{out}-fresh.json").read_text())
+    failures = {"keep_alive": keep["failures"]["keep_alive"], "fresh": fresh["failures"]["fresh"]}
+    return {"keep_alive": keep["keep_alive"], "fresh": fresh["fresh"], "failures": failures}
+
+
 def sample_while(proc: subprocess.Popen[bytes], pid: int, peak: dict[str, int]) -> None:
     while proc.poll() is None:
         for key, value in proc_status(pid).items():
@@ -332,10 +346,8 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
     idle = proc_status(server.pid)
     print(f"exporter at rest: RSS {idle['rss_kb'] / 1024:.1f} MiB, {idle['threads']} threads, {idle['fds']} fds")
 
-    scraper = role("scrape", str(port), str(cafile), str(opts.baseline_seconds), str(work / "base.json"))
     peak: dict[str, int] = {}
-    sample_while(scraper, server.pid, peak)
-    base = json.loads((work / "base.json").read_text())
+    base = scrapes(port, cafile, opts.baseline_seconds, work / "base", server.pid, peak)
     print(f"no attack, keep-alive scrape: {percentiles(base['keep_alive'])}")
     print(f"no attack, fresh-connection scrape: {percentiles(base['fresh'])}; failures {base['failures']}")
 
@@ -346,13 +358,11 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
     attacker = role("attack", str(port), str(cafile), str(opts.attack_seconds + 5), json.dumps(counts),
                     str(work / "attack.json"))
     time.sleep(5)  # the attack ramps up first
-    scraper = role("scrape", str(port), str(cafile), str(opts.attack_seconds), str(work / "under.json"))
     peak = {}
-    sample_while(scraper, server.pid, peak)
+    under = scrapes(port, cafile, opts.attack_seconds, work / "under", server.pid, peak)
     cpu = cpu_seconds(server.pid) - cpu_before
     elapsed = time.monotonic() - started
     attacker.wait(120)
-    under = json.loads((work / "under.json").read_text())
     attack = json.loads((work / "attack.json").read_text()) if (work / "attack.json").exists() else {}
     print(f"attack: {counts}")
     print(f"attackers' concurrent connections at peak: {attack.get('peak_open')}; opened in all: "

@@ -149,6 +149,27 @@ def test_a_scrapers_keep_alive_connection_outlives_silent_ones_at_the_cap(
         scraper.close()
 
 
+def test_an_idle_scraper_is_not_evicted_while_young_silent_connections_wait(
+    serve: ServerFactory, sockets: list[socket.socket]
+) -> None:
+    server = serve(max_connections=3, evict_after=0.5)
+    host, port = server.bound[0]
+    scraper = http.client.HTTPConnection(host, port, timeout=DEADLINE)
+    try:
+        scraper.request("GET", "/metrics")
+        assert scraper.getresponse().read() == BODY
+        kept = scraper.sock
+        time.sleep(0.6)  # the scraper's connection is now past evict_after; the silent ones will not be
+        for _ in range(3):  # two fill the cap, the third finds no connection old enough to close
+            connect(server.bound[0], sockets)
+        wait_for(lambda: server.open_connections == 3, timeout=DEADLINE, what="the cap to be reached")
+        scraper.request("GET", "/metrics")
+        assert scraper.getresponse().read() == BODY
+        assert scraper.sock is kept
+    finally:
+        scraper.close()
+
+
 def test_over_the_cap_with_every_connection_busy_new_clients_wait_not_fail(
     serve: ServerFactory, provider: FakeProvider
 ) -> None:

@@ -170,13 +170,21 @@ class Reactor:
                     if target is None:
                         self._drain_wake()
                     elif isinstance(target, Connection):
-                        self._ready(target)
+                        self._guarded(self._ready, target)
                     else:
                         self._accept(cast(socket.socket, key.fileobj))
                 self._take_resumed()
                 self._expire()
         finally:
             self._close_everything()
+
+    def _guarded(self, step: Callable[[Connection], None], conn: Connection) -> None:
+        """Run one connection's step; a bug it hits closes that connection, never the reactor."""
+        try:
+            step(conn)
+        except Exception:
+            log.exception("web connection from %s failed; closing it", conn.address)
+            self._close(conn)
 
     def _timeout(self) -> float | None:
         now = time.monotonic()
@@ -237,6 +245,10 @@ class Reactor:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Connection(sock, address)
         self._open.add(conn)
+        self._guarded(self._start, conn)
+
+    def _start(self, conn: Connection) -> None:
+        sock, address = conn.sock, conn.address
         now = time.monotonic()
         ctx = self._tls()
         if ctx is not None:
@@ -254,13 +266,13 @@ class Reactor:
 
     def _victim(self) -> Connection | None:
         """The waiting connection that matters least, if it has waited long enough to be closed."""
-        cutoff = time.monotonic() - self.evict_after
-        for waiting in (self._unproven, self._proven):
-            if waiting:
-                conn = next(iter(waiting))
-                if conn.since <= cutoff:
-                    return conn
-        return None
+        # A proven connection (a scraper between scrapes) goes only when no unproven one waits,
+        # however young: its client would reconnect through the backlog, behind the flood.
+        waiting = self._unproven or self._proven
+        if not waiting:
+            return None
+        conn = next(iter(waiting))
+        return conn if conn.since <= time.monotonic() - self.evict_after else None
 
     def _evict(self, conn: Connection) -> None:
         log.debug("connection cap %d reached: closing %s, waiting since longest", self.max_connections, conn.address)
@@ -270,8 +282,8 @@ class Reactor:
     def _pause_at_cap(self) -> None:
         """Stop accepting until a connection closes or the oldest waiting one may be closed."""
         self._listen(False)
-        oldest = [next(iter(waiting)).since for waiting in (self._unproven, self._proven) if waiting]
-        self._accept_paused_until = min(oldest) + self.evict_after if oldest else 0.0
+        waiting = self._unproven or self._proven
+        self._accept_paused_until = next(iter(waiting)).since + self.evict_after if waiting else 0.0
 
     # -- per connection ------------------------------------------------------------------------
 
@@ -385,9 +397,9 @@ class Reactor:
             if conn.buffer:  # a pipelined request already started
                 deadline = time.monotonic() + self.request_timeout
             self._wait(conn, deadline)
-            self._dispatch(conn)
+            self._guarded(self._dispatch, conn)
             if conn.phase is Phase.WAITING and isinstance(conn.sock, ssl.SSLSocket) and conn.sock.pending():
-                self._read(conn)
+                self._guarded(self._read, conn)
 
     def _expire(self) -> None:
         now = time.monotonic()
