@@ -39,7 +39,11 @@ log = logging.getLogger(__name__)
 MAX_HEAD = 64 * 1024
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _TOO_LARGE = b"HTTP/1.1 431 Request Header Fields Too Large\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-_ACCEPTS_PER_WAKEUP = 64
+# Per round of the loop: requests on open connections are read first, then at most this many
+# TLS handshake steps and accepts, so a scraper's request never waits behind a whole flood of
+# handshakes (the rest stay ready and are taken next round).
+_HANDSHAKES_PER_ROUND = 16
+_ACCEPTS_PER_ROUND = 16
 # Out of descriptors: how long to stop accepting when no connection can be closed for room.
 _EMFILE_PAUSE = 0.1
 # A connection is never closed for room before it has waited this long: a real client has time
@@ -68,7 +72,7 @@ class Connection:
         self.proven = False  # a request on it passed authentication: a real scraper, evicted last
         self.requests = 0
         self.since = 0.0  # when it started waiting
-        self._want = selectors.EVENT_READ
+        self._want = 0  # the events the reactor's selector watches for; 0: not registered
 
     def take_head(self) -> bytes | None:
         """The next complete request head from the buffer (removing it), or None."""
@@ -165,15 +169,24 @@ class Reactor:
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
+                handshakes: list[Connection] = []
+                listeners: list[socket.socket] = []
                 for key, _ in self._selector.select(self._timeout()):
                     target = key.data
                     if target is None:
                         self._drain_wake()
-                    elif isinstance(target, Connection):
-                        self._guarded(self._ready, target)
-                    else:
-                        self._accept(cast(socket.socket, key.fileobj))
+                    elif not isinstance(target, Connection):
+                        listeners.append(cast(socket.socket, key.fileobj))
+                    elif target.phase is Phase.HANDSHAKE:
+                        handshakes.append(target)
+                    elif target.phase is Phase.WAITING:
+                        self._guarded(self._read, target)
                 self._take_resumed()
+                for conn in handshakes[:_HANDSHAKES_PER_ROUND]:
+                    if conn.phase is Phase.HANDSHAKE and conn in self._open:
+                        self._guarded(self._handshake, conn)
+                for listener in listeners:
+                    self._accept(listener)
                 self._expire()
         finally:
             self._close_everything()
@@ -213,7 +226,7 @@ class Reactor:
     # -- accepting -----------------------------------------------------------------------------
 
     def _accept(self, listener: socket.socket) -> None:
-        for _ in range(_ACCEPTS_PER_WAKEUP):
+        for _ in range(_ACCEPTS_PER_ROUND):
             at_cap = len(self._open) >= self.max_connections
             victim = self._victim() if at_cap else None
             if at_cap and victim is None:
@@ -259,8 +272,7 @@ class Reactor:
                 self._close(conn)
                 return
             conn.phase = Phase.HANDSHAKE
-            self._wait(conn, now + self.handshake_timeout)
-            self._handshake(conn)
+            self._wait(conn, now + self.handshake_timeout)  # its ClientHello is read next round
         else:
             self._wait(conn, now + self.request_timeout)
 
@@ -298,26 +310,21 @@ class Reactor:
         if conn.deadline != deadline:
             conn.deadline = deadline
             heapq.heappush(self._deadlines, (deadline, next(self._seq), conn))
-        try:
-            key = self._selector.get_key(conn.sock)
-        except KeyError:
+        # Tracked on the connection: the selector's KeyError for "not registered" formats the
+        # socket's repr, which costs more than the whole step.
+        if not conn._want:
             self._selector.register(conn.sock, want, conn)
-        else:
-            if key.events != want:
-                self._selector.modify(conn.sock, want, conn)
+        elif conn._want != want:
+            self._selector.modify(conn.sock, want, conn)
         conn._want = want
 
     def _unwatch(self, conn: Connection) -> None:
         self._unproven.pop(conn, None)
         self._proven.pop(conn, None)
-        with suppress(KeyError, ValueError):
-            self._selector.unregister(conn.sock)
-
-    def _ready(self, conn: Connection) -> None:
-        if conn.phase is Phase.HANDSHAKE:
-            self._handshake(conn)
-        elif conn.phase is Phase.WAITING:
-            self._read(conn)
+        if conn._want:
+            conn._want = 0
+            with suppress(KeyError, ValueError):
+                self._selector.unregister(conn.sock)
 
     def _handshake(self, conn: Connection) -> None:
         tls = cast(ssl.SSLSocket, conn.sock)
