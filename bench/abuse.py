@@ -43,6 +43,7 @@ from harness import free_port
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container
 RECONNECT_AFTER = 2.0  # seconds an attacker waits before replacing a closed connection
+RAMP_UP = 5.0  # seconds the attack runs before the scrapes under attack are counted
 INTERVAL = 0.1  # seconds between a scraper's scrapes (Prometheus: 15 to 60; faster gives more samples)
 
 
@@ -91,9 +92,8 @@ def client_context(cafile: Path) -> ssl.SSLContext:
 def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -> None:
     ctx = client_context(cafile)
     headers = {"Authorization": auth_header(USER, PASSWORD), "Accept-Encoding": "gzip"}
-    keep: list[float] = []
-    fresh: list[float] = []
-    failures = {"keep_alive": 0, "fresh": 0}
+    done: list[tuple[float, float]] = []  # (when it started, how long it took), monotonic clock
+    failed: list[float] = []  # when it started
     conn: http.client.HTTPSConnection | None = None
 
     def one(c: http.client.HTTPSConnection) -> None:
@@ -111,9 +111,9 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -
                 if conn is None:
                     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
                 one(conn)
-                keep.append(time.monotonic() - started)
+                done.append((started, time.monotonic() - started))
             except (OSError, http.client.HTTPException):
-                failures["keep_alive"] += 1
+                failed.append(started)
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -121,13 +121,13 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -
             fresh_conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
             try:
                 one(fresh_conn)
-                fresh.append(time.monotonic() - started)
+                done.append((started, time.monotonic() - started))
             except (OSError, http.client.HTTPException):
-                failures["fresh"] += 1
+                failed.append(started)
             finally:
                 fresh_conn.close()
         time.sleep(max(0.0, INTERVAL - (time.monotonic() - started)))
-    out.write_text(json.dumps({"keep_alive": keep, "fresh": fresh, "failures": failures}))
+    out.write_text(json.dumps({"done": done, "failed": failed}))
 
 
 # -- attacker role ------------------------------------------------------------------------------
@@ -318,16 +318,18 @@ def wait_ready(port: int, cafile: Path, server: subprocess.Popen[bytes]) -> None
     raise SystemExit("the exporter did not serve metrics within 60 s")
 
 
-def scrapes(port: int, cafile: Path, seconds: float, out: Path, pid: int, peak: dict[str, int]) -> dict[str, Any]:
-    """A keep-alive and a fresh-connection scraper side by side (two processes) for `seconds`."""
-    procs = [role("scrape", str(port), str(cafile), str(seconds), f"{out}-{mode}.json", mode)
-             for mode in ("keep_alive", "fresh")]
-    for proc in procs:
-        sample_while(proc, pid, peak)
-    keep = json.loads(Path(f"{out}-keep_alive.json").read_text())
-    fresh = json.loads(Path(f"{out}-fresh.json").read_text())
-    failures = {"keep_alive": keep["failures"]["keep_alive"], "fresh": fresh["failures"]["fresh"]}
-    return {"keep_alive": keep["keep_alive"], "fresh": fresh["fresh"], "failures": failures}
+def window(result: dict[str, Any], start: float, end: float) -> str:
+    samples = [took for when, took in result["done"] if start <= when < end]
+    failed = sum(1 for when in result["failed"] if start <= when < end)
+    return f"{percentiles(samples)}, failed {failed}"
+
+
+def sample_for(seconds: float, pid: int, peak: dict[str, int]) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for key, value in proc_status(pid).items():
+            peak[key] = max(peak.get(key, 0), value)
+        time.sleep(0.25)
 
 
 def sample_while(proc: subprocess.Popen[bytes], pid: int, peak: dict[str, int]) -> None:
@@ -346,32 +348,39 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
     idle = proc_status(server.pid)
     print(f"exporter at rest: RSS {idle['rss_kb'] / 1024:.1f} MiB, {idle['threads']} threads, {idle['fds']} fds")
 
+    # The keep-alive scraper connects before the attack, as Prometheus' connection would exist;
+    # the fresh-connection one opens a new connection for every scrape.
+    total = opts.baseline_seconds + RAMP_UP + opts.attack_seconds
+    scrapers = {mode: role("scrape", str(port), str(cafile), str(total), str(work / f"{mode}.json"), mode)
+                for mode in ("keep_alive", "fresh")}
+    started = time.monotonic()
     peak: dict[str, int] = {}
-    base = scrapes(port, cafile, opts.baseline_seconds, work / "base", server.pid, peak)
-    print(f"no attack, keep-alive scrape: {percentiles(base['keep_alive'])}")
-    print(f"no attack, fresh-connection scrape: {percentiles(base['fresh'])}; failures {base['failures']}")
-
+    sample_for(opts.baseline_seconds, server.pid, {})
     counts = {"slowloris": opts.slowloris, "idle": opts.idle, "silent_tls": opts.silent_tls,
               "wrong_password": opts.wrong_password}
+    attack_start = time.monotonic()
     cpu_before = cpu_seconds(server.pid)
-    started = time.monotonic()
-    attacker = role("attack", str(port), str(cafile), str(opts.attack_seconds + 5), json.dumps(counts),
+    attacker = role("attack", str(port), str(cafile), str(RAMP_UP + opts.attack_seconds), json.dumps(counts),
                     str(work / "attack.json"))
-    time.sleep(5)  # the attack ramps up first
-    peak = {}
-    under = scrapes(port, cafile, opts.attack_seconds, work / "under", server.pid, peak)
+    sample_for(RAMP_UP, server.pid, peak)
+    measured = time.monotonic()
+    for proc in scrapers.values():
+        sample_while(proc, server.pid, peak)
+    measured_end = time.monotonic()
     cpu = cpu_seconds(server.pid) - cpu_before
-    elapsed = time.monotonic() - started
     attacker.wait(120)
+    results = {mode: json.loads((work / f"{mode}.json").read_text()) for mode in scrapers}
     attack = json.loads((work / "attack.json").read_text()) if (work / "attack.json").exists() else {}
-    print(f"attack: {counts}")
-    print(f"attackers' concurrent connections at peak: {attack.get('peak_open')}; opened in all: "
-          f"{attack.get('opened')}; wrong-password answers by status: {attack.get('statuses')}")
-    print(f"under attack, keep-alive scrape: {percentiles(under['keep_alive'])}")
-    print(f"under attack, fresh-connection scrape: {percentiles(under['fresh'])}; failures {under['failures']}")
+    for mode, result in results.items():
+        print(f"no attack, {mode} scrape: {window(result, started, attack_start)}")
+    print(f"attack: {counts}, measured after a {RAMP_UP:.0f} s ramp-up")
+    print(f"attackers' concurrent connections at peak (as they saw them): {attack.get('peak_open')}; "
+          f"opened in all: {attack.get('opened')}; wrong-password answers by status: {attack.get('statuses')}")
+    for mode, result in results.items():
+        print(f"under attack, {mode} scrape: {window(result, measured, measured_end)}")
     print(f"exporter under attack: peak RSS {peak.get('rss_kb', 0) / 1024:.1f} MiB (DaemonSet limit "
           f"{DAEMONSET_LIMIT_MIB} MiB), peak {peak.get('threads')} threads, peak {peak.get('fds')} fds, "
-          f"{cpu / elapsed * 100:.0f}% of a core")
+          f"{cpu / (measured_end - attack_start) * 100:.0f}% of a core")
     if server.poll() is not None:
         print(f"the exporter died: exit {server.returncode}")
 
