@@ -5,15 +5,22 @@
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from rnic_exporter.catalog import CONFIG_RELOAD_OK
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.sim import SimHost
 from rnic_exporter.web import reload
 from rnic_exporter.web.reload import WebConfigWatcher
 from rnic_exporter.web.webconfig import load_web_config
+from tests.support.processes import free_port, http_get, stop_process
+from tests.support.wait import wait_for
 from tests.test_web import (  # noqa: F401  (fixtures, found by their names)
     Certs,
     ServerFactory,
@@ -29,6 +36,7 @@ from tests.test_web import (  # noqa: F401  (fixtures, found by their names)
     write_config,
 )
 
+RELOAD_OK = CONFIG_RELOAD_OK.name
 DEEP_LIST = "basic_auth_users: " + "[" * 3000 + "]" * 3000 + "\n"
 NON_UTF8 = b"basic_auth_users:\n  alice: '\xff\xfe'\n"
 
@@ -197,3 +205,32 @@ def test_a_change_is_applied_only_once_it_reads_the_same_twice(tmp_path: Path,
     assert check_after_interval() == {"alice", "bob"}  # changed since: still waiting
     assert check_after_interval() == {"alice", "carol"}  # the same twice: applied
     assert watcher.ok
+
+
+def test_serve_reports_a_refused_web_config_reload_in_its_metric(sim_host: SimHost, tmp_path: Path) -> None:
+    web_config = write_config(tmp_path, users_config({"alice": "pw"}))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sim_host.root),
+                             "--web.config.file", str(web_config), "--web.listen-address", f"127.0.0.1:{port}",
+                             "--web.max-connections", "8", "--web.max-requests", "2", "--poll.interval", "0.2",
+                             "--state.dir", "", "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        alice = basic("alice", "pw")
+
+        def reload_ok() -> str | None:
+            status, _, body = http_get(url, headers=alice, timeout=1)
+            line = next((x for x in body.decode().splitlines() if x.startswith(RELOAD_OK)), None)
+            return line if status == 200 else None
+
+        assert wait_for(reload_ok, timeout=20, what="first scrape") == f"{RELOAD_OK} 1.0"
+        web_config.write_text("")  # what a non-atomic rewrite looks like for an instant, or a mistake
+        wait_for(lambda: reload_ok() == f"{RELOAD_OK} 0.0", timeout=10, what="the refused reload in the metric")
+        assert http_get(url, timeout=1)[0] == 401  # auth still on
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        stop_process(proc)  # only when the test failed before the process ended
+    assert proc.returncode == 0
+    assert b"empty" in err and b"Traceback" not in err
