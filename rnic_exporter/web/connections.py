@@ -128,8 +128,6 @@ class Reactor:
         self._accepting = False
         self._accept_paused_until = 0.0
         self._thread: threading.Thread | None = None
-        self.evicted = 0
-        self.expired = 0
 
     # -- control (any thread) ---------------------------------------------------------------
 
@@ -288,7 +286,6 @@ class Reactor:
 
     def _evict(self, conn: Connection) -> None:
         log.debug("connection cap %d reached: closing %s, waiting since longest", self.max_connections, conn.address)
-        self.evicted += 1
         self._close(conn)
 
     def _pause_at_cap(self) -> None:
@@ -414,7 +411,6 @@ class Reactor:
             deadline, _, conn = heapq.heappop(self._deadlines)
             if conn in self._open and conn.phase is not Phase.BUSY and conn.deadline == deadline:
                 log.debug("closing %s: no complete request by the deadline (%s)", conn.address, conn.phase.value)
-                self.expired += 1
                 self._close(conn)
         # Closed connections leave their entries behind; rebuild before they outgrow the live ones.
         if len(self._deadlines) > 4 * len(self._open) + 1024:
