@@ -27,6 +27,7 @@ import html
 import http.server
 import io
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -63,6 +64,9 @@ DEFAULT_MAX_REQUESTS = 40  # node_exporter's --web.max-requests default
 # every scrape slot is taken; and the pool when scrapes are not capped.
 _SPARE_WORKERS = 4
 _UNCAPPED_WORKERS = 64
+
+# Descriptors beyond the connection cap for everything else (config files, sysfs reads, logs).
+_SPARE_DESCRIPTORS = 64
 
 # How long shutdown() waits for workers after forcing their sockets closed.
 _SHUTDOWN_GRACE = 3.0
@@ -237,6 +241,7 @@ class WebServer:
             request_timeout=self.request_timeout, idle_timeout=self.idle_timeout, evict_after=self.evict_after,
         )
         bound = self.bound
+        _warn_if_descriptors_short(self.max_connections)
         self._reactor.start()
         scheme = "https" if self.tls_enabled else "http"
         for host, port in bound:
@@ -523,6 +528,21 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if send_body:
             self.wfile.write(body)
+
+
+def _warn_if_descriptors_short(max_connections: int) -> None:
+    """Say once at start-up when the descriptor limit cannot hold the connection cap.
+
+    Past the limit accept() fails with EMFILE; the reactor then closes a waiting connection for
+    room or pauses, so it keeps working, but the operator should know the cap is not the limit.
+    """
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    if soft != resource.RLIM_INFINITY and soft < in_use + max_connections + _SPARE_DESCRIPTORS:
+        log.warning("descriptor limit %d is below the %d already open plus --web.max-connections %d; "
+                    "raise it (systemd LimitNOFILE=, ulimit -n) or lower the cap", soft, in_use, max_connections)
 
 
 def _check_telemetry_path(path: str) -> None:
