@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import threading
 import time
@@ -43,6 +44,7 @@ class RecordingCheckpw:
     def __init__(self) -> None:
         self.hashes: list[bytes] = []
         self.passwords: list[bytes] = []
+        self.nice: list[int] = []  # of the thread each check ran on
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
         self._real = bcrypt.checkpw
@@ -50,6 +52,7 @@ class RecordingCheckpw:
     def __call__(self, password: bytes, hashed: bytes) -> bool:
         self.hashes.append(hashed)
         self.passwords.append(password)
+        self.nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(10), "test never opened the bcrypt gate"
@@ -298,3 +301,9 @@ def test_unknown_users_take_the_same_path_at_the_costs_of_real_users(checkpw: Re
     assert {int(h[4:6]) for h in picked.values()} == {4, 5}  # $2b$<cost>$
     assert not auth.check("nobody0", "again")
     assert checkpw.hashes[-1] == picked["nobody0"]  # the same name always costs the same
+
+
+def test_bcrypt_runs_at_a_lower_priority_than_serving(checkpw: RecordingCheckpw) -> None:
+    auth = BasicAuth({"alice": bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4))})
+    assert not auth.check("alice", "wrong")
+    assert checkpw.nice == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)]
