@@ -307,3 +307,30 @@ def test_bcrypt_runs_at_a_lower_priority_than_serving(checkpw: RecordingCheckpw)
     auth = BasicAuth({"alice": bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=4))})
     assert not auth.check("alice", "wrong")
     assert checkpw.nice == [min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)]
+
+
+def test_a_few_threads_wait_on_scrapers_keep_alive_connections_the_rest_on_the_reactor(
+    serve: ServerFactory,
+) -> None:
+    server = serve()
+    host, port = server.bound[0]
+    scrapers = [http.client.HTTPConnection(host, port, timeout=DEADLINE) for _ in range(10)]
+    try:
+        for _ in range(3):
+            for scraper in scrapers:
+                scraper.request("GET", "/metrics")
+                assert scraper.getresponse().read() == BODY
+
+        def keepers() -> int:
+            return sum(1 for thread in threading.enumerate() if thread.name == "rnic-web-keep")
+
+        wait_for(lambda: keepers() == 4, timeout=DEADLINE, what="four keeper threads")
+        assert server.open_connections == 10
+        for scraper in scrapers:  # each still on its first connection, whoever waits on it
+            kept = scraper.sock
+            scraper.request("GET", "/metrics")
+            assert scraper.getresponse().read() == BODY
+            assert scraper.sock is kept
+    finally:
+        for scraper in scrapers:
+            scraper.close()

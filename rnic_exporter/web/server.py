@@ -43,7 +43,7 @@ from urllib.parse import unquote, urlsplit
 
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.web.auth import Credential
-from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, close_socket
+from rnic_exporter.web.connections import EVICT_AFTER, MAX_HEAD, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
 from rnic_exporter.web.reload import Security, WebConfigWatcher
 from rnic_exporter.web.webconfig import client_sans_allowed
@@ -64,6 +64,8 @@ DEFAULT_MAX_REQUESTS = 40  # node_exporter's --web.max-requests default
 # every scrape slot is taken; and the pool when scrapes are not capped.
 _SPARE_WORKERS = 4
 _UNCAPPED_WORKERS = 64
+# Threads that wait on authenticated keep-alive connections themselves (see WebServer._keep).
+_KEEPERS = 4
 
 # Descriptors beyond the connection cap for everything else (config files, sysfs reads, logs).
 _SPARE_DESCRIPTORS = 64
@@ -216,6 +218,7 @@ class WebServer:
         self.evict_after = evict_after
         self.watcher = WebConfigWatcher(web_config_file, reload_interval)
         self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
+        self._keepers = threading.BoundedSemaphore(_KEEPERS)
         self._reactor: Reactor | None = None
         self._listeners: list[socket.socket] = []
         self._stopping = threading.Event()
@@ -346,11 +349,61 @@ class WebServer:
     def _finish(self, handler: _Handler, keep_alive: bool) -> None:
         reactor = self._reactor
         assert reactor is not None
+        conn = handler.conn
         if self._stopping.is_set():
-            close_socket(handler.conn.sock)
-            reactor.forget(handler.conn)
+            self._close(conn)
             return
-        reactor.resume(handler.conn, keep_alive)
+        if keep_alive and conn.proven and self._keepers.acquire(blocking=False):
+            try:
+                threading.Thread(target=self._keep, args=(conn,), name="rnic-web-keep", daemon=True).start()
+                return
+            except RuntimeError:  # "can't start new thread": the reactor takes it
+                self._keepers.release()
+        reactor.resume(conn, keep_alive)
+
+    def _keep(self, conn: Connection) -> None:
+        """Wait for a scraper's next request on this thread, then answer it here.
+
+        The reactor would do as well in a quiet room, but during a flood its rounds are full of
+        handshakes and evictions, and a request it reads then waits for a worker to wake as well:
+        two scheduler hand-offs. A few threads (_KEEPERS) for connections that passed
+        authentication give the scrapers one hand-off, as a thread per connection does.
+        """
+        try:
+            head = self._read_head(conn)
+        except (OSError, ValueError):
+            head = None
+        finally:
+            self._keepers.release()
+        if head is None or self._stopping.is_set():
+            self._close(conn)
+        else:
+            self._begin(conn, head)
+
+    def _read_head(self, conn: Connection) -> bytes | None:
+        """The next request head (blocking), under the idle and then the request deadline."""
+        deadline = time.monotonic() + self.idle_timeout
+        while (head := conn.take_head()) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or len(conn.buffer) > MAX_HEAD:
+                return None
+            conn.sock.settimeout(remaining)
+            chunk = conn.sock.recv(MAX_HEAD + 1)
+            if not chunk:
+                return None
+            if not conn.buffer:  # the next request started: from now on it has the request deadline
+                deadline = min(deadline, time.monotonic() + self.request_timeout)
+            conn.buffer += chunk
+        return head
+
+    def _close(self, conn: Connection) -> None:
+        """Close a connection a worker or keeper holds."""
+        assert self._reactor is not None
+        if self._stopping.is_set():  # the reactor has stopped or is stopping
+            close_socket(conn.sock)
+            self._reactor.forget(conn)
+        else:  # the reactor closes it: it may be waiting for a free slot to accept again
+            self._reactor.resume(conn, keep_alive=False)
 
     # -- responses ---------------------------------------------------------------------------
 
