@@ -19,6 +19,7 @@ Limits (flags in the CLI):
 - `write_timeout`: the whole response must be written within it (a client that does not read
   frees its worker).
 Basic-auth checks that need bcrypt leave the worker and continue when `auth.py` has judged them.
+A few keeper threads wait on authenticated keep-alive connections themselves (`_keep`).
 """
 
 from __future__ import annotations
