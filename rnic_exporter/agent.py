@@ -70,6 +70,8 @@ class ServeConfig:
     listen: tuple[str, ...] = (DEFAULT_LISTEN,)
     telemetry_path: str = "/metrics"
     web_config_file: Path | None = None
+    web_max_connections: int = 512
+    web_max_requests: int = 40
     poll_interval_s: float = 5.0
     reader: ReaderSettings = field(default_factory=ReaderSettings)
     config_file: Path | None = None
@@ -99,6 +101,7 @@ class Agent:
         self.read_errors: Counter[str] = Counter()
         self._announced_empty = False
         self.config_reload_ok = True
+        self.web_config_reload_ok: Callable[[], bool] = lambda: True  # the web server's, wired by run()
         self.sinks: list[EventSink] = []
         self.detection_families: tuple[Family, ...] = ()  # this poll's, shared by every sink
         self.detector = Detector(config.detection_settings, StateStore(config.state_dir))
@@ -127,7 +130,8 @@ class Agent:
         extra: list[Iterable[Family]] = [self.detection_families]
         extra.extend(sink.families() for sink in self.sinks)
         self.prometheus.update(snap, ExporterStats(polls=self.polls, read_errors_by_reason=dict(self.read_errors),
-                                                   config_reload_ok=self.config_reload_ok),
+                                                   config_reload_ok=self.config_reload_ok
+                                                   and self.web_config_reload_ok()),
                                itertools.chain.from_iterable(extra))
         self.last = snap  # after the sink has it: readiness means "scrapes see a poll"
         for sink in self.sinks:
@@ -264,7 +268,8 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
 
         agent.sinks.append(OtelSink(
             config.otlp, stats=lambda: ExporterStats(polls=agent.polls, read_errors_by_reason=dict(agent.read_errors),
-                                                     config_reload_ok=agent.config_reload_ok),
+                                                     config_reload_ok=agent.config_reload_ok
+                                                     and agent.web_config_reload_ok()),
             extra=lambda: agent.detection_families))
     schedule = PollSchedule(config.poll_interval_s, wake)
     web = WebServer(
@@ -280,7 +285,10 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
         ),
         web_config_file=config.web_config_file,
         health=agent.healthy,
+        max_connections=config.web_max_connections,
+        max_requests=config.web_max_requests,
     )
+    agent.web_config_reload_ok = lambda: web.config_reload_ok
     with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll
         cleanup.callback(agent.close)

@@ -178,6 +178,11 @@ def serve_options(f: F) -> F:
         click.option("--web.config.file", "web_config", default=None, metavar="FILE",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="exporter-toolkit web config (TLS, basic auth), as node_exporter uses."),
+        click.option("--web.max-connections", "web_max_connections", type=click.IntRange(min=1), default=512,
+                     help="Open HTTP connections at most; at the cap the one waiting longest without a "
+                     "request is closed, and new clients wait in the listen backlog when none is."),
+        click.option("--web.max-requests", "web_max_requests", type=click.IntRange(min=0), default=40,
+                     help="Concurrent scrapes at most (0: no limit); more get 503 at once."),
         click.option("--config", "config_file", default=None, metavar="FILE",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="Config file (TOML, or YAML by .yml/.yaml). Flags beat the file; SIGHUP reloads it."),
@@ -234,7 +239,7 @@ def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_
           procfs: str, rootfs: str, state_dir: str,
           listen: tuple[str, ...], telemetry_path: str, web_config: Path | None, config_file: Path | None,
           poll_interval: float, log_level: str, log_format: str, watch_netlink: bool, watch_udev: bool,
-          ethtool: bool, **otlp_flags: Any) -> None:
+          ethtool: bool, web_max_connections: int, web_max_requests: int, **otlp_flags: Any) -> None:
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
     from dataclasses import replace
 
@@ -247,7 +252,8 @@ def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_
         config = _serve_config(sysfs, listen, telemetry_path, web_config, config_file, poll_interval,
                                device_include, device_exclude, (procfs, rootfs, state_dir),
                                (watch_netlink, watch_udev, ethtool))
-        config = replace(config, otlp=otel_settings.resolve(otlp_flags))
+        config = replace(config, otlp=otel_settings.resolve(otlp_flags), web_max_connections=web_max_connections,
+                         web_max_requests=web_max_requests)
         explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())
         raise SystemExit(agent.run(config, explicit))
     except ConfigError as exc:

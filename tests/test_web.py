@@ -22,8 +22,9 @@ import pytest
 
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.web import webconfig
+from rnic_exporter.web.auth import BasicAuth, parse_basic_authorization
 from rnic_exporter.web.server import LandingPage, WebServer, parse_listen_address
-from rnic_exporter.web.webconfig import BasicAuth, load_web_config, parse_basic_authorization
+from rnic_exporter.web.webconfig import load_web_config
 
 BODY = b"# HELP rdma_up Whether the port is up.\n# TYPE rdma_up gauge\nrdma_up 1\n"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -601,7 +602,7 @@ def test_successful_checks_are_cached_without_the_plaintext(checkpw: CountingChe
     assert auth.check("alice", "s3cret")
     assert auth.check("alice", "s3cret")
     assert checkpw.calls == 1
-    assert not any(b"s3cret" in value for value in auth._cache.values())
+    assert not any(b"s3cret" in value for value in auth._successes.values())
     assert not auth.check("alice", "wrong")  # a cached success does not vouch for another password
     assert checkpw.calls == 2
 

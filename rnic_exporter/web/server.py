@@ -2,27 +2,39 @@
 
 Why not prometheus-client's `start_http_server`: it wraps the *listening* socket in TLS, so every
 handshake runs inside `accept()` on the one serving thread and a single TCP client that connects
-and says nothing stalls all scrapes (verified; see ecosystem-notes 1.3). Here the accept loop only
-accepts; each connection gets its own daemon thread, which does the TLS handshake under a timeout
-and then reads the request under another, so a silent or slow client only ever holds its own
-thread.
+and says nothing stalls all scrapes. Here one reactor thread (`connections.py`) holds every
+connection that is not being answered, handshakes and reads request heads without blocking,
+each under a whole-step deadline, and a bounded pool of worker threads answers complete
+requests in arrival order. So a client that is slow, silent or malicious costs a descriptor and a
+few kilobytes, never a thread, and the number of threads is fixed by the limits below.
+
+Limits (flags in the CLI):
+- `max_connections` (--web.max-connections): open connections; see `connections.py` for what
+  happens at the cap.
+- `max_requests` (--web.max-requests, as node_exporter): concurrent scrapes; one over the cap gets
+  503 at once. The landing page and health checks are not capped, so a scrape storm does not
+  make a liveness probe kill the exporter. Workers: `max_requests` plus a few spare for those.
+- `request_timeout`: a request head must be complete this long after the connection (or its
+  handshake) is ready, or after its first byte on a keep-alive connection.
+- `write_timeout`: the whole response must be written within it (a client that does not read
+  frees its worker).
+Basic-auth checks that need bcrypt leave the worker and continue when `auth.py` has judged them.
+A few keeper threads wait on authenticated keep-alive connections themselves (`_keep`).
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import html
 import http.server
+import io
 import logging
 import os
-import re
-import selectors
 import socket
-import socketserver
 import ssl
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -32,7 +44,13 @@ from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.web.webconfig import BasicAuth, WebConfig, build_ssl_context, client_sans_allowed, load_web_config
+from rnic_exporter.web.auth import Credential
+from rnic_exporter.web.connections import EVICT_AFTER, MAX_HEAD, Connection, Reactor, close_socket
+from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
+from rnic_exporter.web.reload import Security, WebConfigWatcher
+from rnic_exporter.web.webconfig import client_sans_allowed
+
+__all__ = ["LandingPage", "MetricsProvider", "WebServer", "parse_listen_address", "render_landing_page"]
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +60,28 @@ ALLOWED_METHODS = "GET, HEAD"
 TEXT = "text/plain; charset=utf-8"
 HTML = "text/html; charset=utf-8"
 
-# How long shutdown() waits for connection threads after forcing their sockets closed.
-_SHUTDOWN_GRACE = 3.0
+DEFAULT_MAX_CONNECTIONS = 512  # Prometheus' --web.max-connections default
+DEFAULT_MAX_REQUESTS = 40  # node_exporter's --web.max-requests default
+# Workers beyond the scrape cap, so health checks, the landing page and 401s are answered while
+# every scrape slot is taken; and the pool when scrapes are not capped.
+_SPARE_WORKERS = 4
+_UNCAPPED_WORKERS = 64
+_SWITCH_INTERVAL = 0.001
+# Threads that wait on authenticated keep-alive connections themselves (see WebServer._keep).
+_KEEPERS = 4
 
-_PORT = re.compile(r"[0-9]{1,5}")
+# Descriptors beyond the connection cap for everything else (config files, sysfs reads, logs).
+_SPARE_DESCRIPTORS = 64
+
+# How long shutdown() waits for workers after forcing their sockets closed.
+_SHUTDOWN_GRACE = 3.0
 
 
 class MetricsProvider(Protocol):
     def render(self, accept_header: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
         """The exposition body and its headers (Content-Type, maybe Content-Encoding).
 
-        Called on the connection's thread for every scrape, so it must be cheap and thread-safe.
+        Called on a worker thread for every scrape, so it must be cheap and thread-safe.
         """
         ...
 
@@ -63,23 +92,6 @@ class LandingPage:
     description: str
     version: str
     links: tuple[tuple[str, str], ...] = ()  # (path, text)
-
-
-def parse_listen_address(address: str) -> tuple[str, int]:
-    """(host, port) from node_exporter's syntax: `:9100`, `0.0.0.0:9100`, `[::1]:9100`, `host:port`.
-
-    An empty host means all interfaces.
-    """
-    host, colon, port_text = address.rpartition(":")
-    if not colon:
-        raise ConfigError(f"listen address {address!r}: missing ':<port>' (examples: ':9100', '[::1]:9100')")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ConfigError(f"listen address {address!r}: put an IPv6 address in brackets, e.g. '[::1]:9100'")
-    if not _PORT.fullmatch(port_text) or int(port_text) > 65535:
-        raise ConfigError(f"listen address {address!r}: port {port_text!r} is not a number from 0 to 65535")
-    return host, int(port_text)
 
 
 def render_landing_page(landing: LandingPage, telemetry_path: str) -> bytes:
@@ -105,76 +117,67 @@ def render_landing_page(landing: LandingPage, telemetry_path: str) -> bytes:
     return page.encode("utf-8")
 
 
-@dataclass(frozen=True)
-class _Security:
-    """One loaded web config with what is derived from it; swapped whole on reload."""
+class _Workers:
+    """At most `size` threads answering jobs in arrival order; started as they are needed."""
 
-    config: WebConfig
-    ssl_context: ssl.SSLContext | None
-    auth: BasicAuth
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._ready = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._stopping = False
 
-    @classmethod
-    def load(cls, path: Path | None) -> _Security:
-        config = WebConfig() if path is None else load_web_config(path)
-        return cls(config, build_ssl_context(config), BasicAuth(config.basic_auth_users))
-
-
-def _fingerprint_files(paths: Sequence[Path]) -> dict[Path, bytes | None]:
-    """A digest of each file's content (None: unreadable), to tell whether a reload is due.
-
-    Content rather than mtime: an in-place rewrite within one clock tick keeps mtime and size,
-    and these files are a few kilobytes read at most once per reload interval.
-    """
-    digests: dict[Path, bytes | None] = {}
-    for path in paths:
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._ready:
+            self._jobs.append(job)
+            if self._idle:
+                self._ready.notify()
+                return
+            if len(self._threads) >= self.size:
+                return  # it waits its turn, without a thread of its own
+            thread = threading.Thread(target=self._work, name=f"rnic-web-{len(self._threads)}", daemon=True)
+            self._threads.append(thread)
         try:
-            digests[path] = hashlib.sha256(path.read_bytes()).digest()
-        except OSError:
-            digests[path] = None
-    return digests
+            thread.start()
+        except RuntimeError as exc:  # "can't start new thread": the running ones will get to it
+            log.warning("cannot start a web worker thread: %s", exc)
+            with self._ready:
+                self._threads.remove(thread)
 
+    @property
+    def threads(self) -> int:
+        return len(self._threads)
 
-class _Connections:
-    """The sockets of open connections, so shutdown can cut idle keep-alives short."""
+    def _work(self) -> None:
+        while True:
+            with self._ready:
+                while not self._jobs and not self._stopping:
+                    self._idle += 1
+                    self._ready.wait()
+                    self._idle -= 1
+                if self._stopping and not self._jobs:
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:
+                log.exception("web worker job failed")
 
-    def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._open: set[socket.socket] = set()
-
-    def add(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._open.add(sock)
-
-    def replace(self, old: socket.socket, new: socket.socket) -> None:
-        with self._lock:
-            self._open.discard(old)
-            self._open.add(new)
-
-    def remove(self, sock: socket.socket) -> None:
-        with self._lock:
-            self._open.discard(sock)
-            self._lock.notify_all()
-
-    def close_all(self) -> None:
-        with self._lock:
-            for sock in self._open:
-                # The base-class shutdown acts on the descriptor even for an SSLSocket whose TLS
-                # object another thread is using; it wakes that thread's blocking read.
-                with suppress(OSError):
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-
-    def wait_closed(self, timeout: float) -> bool:
-        with self._lock:
-            return self._lock.wait_for(lambda: not self._open, timeout)
+    def stop(self, timeout: float) -> bool:
+        with self._ready:
+            self._stopping = True
+            self._ready.notify_all()
+            threads = list(self._threads)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            if thread.ident is not None:  # one being started by submit() sees _stopping and ends
+                thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in threads)
 
 
 class WebServer:
-    """Serves the landing page, the telemetry path and health checks on one or more addresses.
-
-    `max_requests` caps concurrent telemetry requests like node_exporter's --web.max-requests
-    (0: no cap); a scrape over the cap gets 503 at once. The landing page and health checks are
-    not capped, so a scrape storm does not make a liveness probe kill the exporter.
-    """
+    """Serves the landing page, the telemetry path and health checks on one or more addresses."""
 
     def __init__(
         self,
@@ -185,10 +188,14 @@ class WebServer:
         web_config_file: Path | None = None,
         health: Callable[[], tuple[bool, str]] | None = None,
         *,
-        max_requests: int = 40,
-        request_timeout: float = 10.0,
-        tls_handshake_timeout: float = 10.0,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_requests: int = DEFAULT_MAX_REQUESTS,
+        request_timeout: float = 5.0,
+        tls_handshake_timeout: float = 5.0,
+        idle_timeout: float = 120.0,
+        write_timeout: float = 10.0,
         reload_interval: float = 1.0,
+        evict_after: float = EVICT_AFTER,
     ) -> None:
         if not listen_addresses:
             raise ConfigError("no listen address given (example: ':9100')")
@@ -197,6 +204,8 @@ class WebServer:
         _check_telemetry_path(telemetry_path)
         if max_requests < 0:
             raise ConfigError(f"max requests must be 0 (no limit) or more, got {max_requests}")
+        if max_connections < 1:
+            raise ConfigError(f"max connections must be 1 or more, got {max_connections}")
         self._addresses = tuple(listen_addresses)
         self.telemetry_path = telemetry_path
         self._provider = provider
@@ -204,62 +213,63 @@ class WebServer:
         self._health = health
         self._slots = threading.BoundedSemaphore(max_requests) if max_requests else None
         self.max_requests = max_requests
+        self.max_connections = max_connections
         self.request_timeout = request_timeout
         self.tls_handshake_timeout = tls_handshake_timeout
-
-        self._config_file = web_config_file
-        self._reload_interval = reload_interval
-        self._reload_lock = threading.Lock()
-        self._next_reload_check = 0.0
-        self._last_reload_error: str | None = None
-        self._fingerprints: dict[Path, bytes | None] | None = None
-        self._security = self._load_security(() if web_config_file is None else (web_config_file,))
-
+        self.idle_timeout = idle_timeout
+        self.write_timeout = write_timeout
+        self.evict_after = evict_after
+        self.watcher = WebConfigWatcher(web_config_file, reload_interval)
+        self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
+        self._keepers = threading.BoundedSemaphore(_KEEPERS)
+        self._reactor: Reactor | None = None
         self._listeners: list[socket.socket] = []
-        self._connections = _Connections()
         self._stopping = threading.Event()
-        self._wake: tuple[socket.socket, socket.socket] | None = None
-        self._acceptor: threading.Thread | None = None
-        self._server = _ConnectionServer(self)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         """Bind every address now (errors are ConfigErrors), then serve in daemon threads."""
-        if self._acceptor is not None:
+        if self._reactor is not None:
             raise RuntimeError("WebServer.start() called twice")
         listeners: list[socket.socket] = []
         try:
             for address in self._addresses:
-                listeners.append(_bind(address))
+                listeners.append(bind(address))
         except ConfigError:
             for sock in listeners:
                 sock.close()
             raise
-        for sock in listeners:
-            sock.setblocking(False)
         self._listeners = listeners
-        self._wake = socket.socketpair()
-        self._acceptor = threading.Thread(target=self._accept_loop, name="rnic-web-accept", daemon=True)
-        self._acceptor.start()
-        scheme = "https" if self._security.ssl_context else "http"
-        for host, port in self.bound:
-            log.info("listening on %s://%s%s", scheme, _format_host_port(host, port), self.telemetry_path)
+        self._reactor = Reactor(
+            listeners, self._on_request, tls=self._tls_context, tls_peer_ok=self._tls_peer_ok,
+            max_connections=self.max_connections, handshake_timeout=self.tls_handshake_timeout,
+            request_timeout=self.request_timeout, idle_timeout=self.idle_timeout, evict_after=self.evict_after,
+        )
+        bound = self.bound
+        _warn_if_descriptors_short(self.max_connections)
+        # A thread waiting for the GIL forces a switch after this long. The default 5 ms, paid
+        # on each of a scrape's socket calls while the reactor is busy with a flood, dominates its
+        # latency; 1 ms costs a CPU-bound thread a few more switches.
+        sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL))
+        self._reactor.start()
+        scheme = "https" if self.tls_enabled else "http"
+        for host, port in bound:
+            log.info("listening on %s://%s%s", scheme, format_host_port(host, port), self.telemetry_path)
 
     def shutdown(self) -> None:
-        """Stop accepting, close listeners and open connections, wait briefly for their threads."""
-        if self._acceptor is None or self._stopping.is_set():
+        """Stop accepting, close listeners and open connections, wait briefly for the workers."""
+        if self._reactor is None or self._stopping.is_set():
             return
         self._stopping.set()
-        assert self._wake is not None
-        with suppress(OSError):
-            self._wake[1].send(b"\0")
-        self._acceptor.join(timeout=_SHUTDOWN_GRACE)
-        for sock in (*self._listeners, *self._wake):
-            sock.close()
-        self._connections.close_all()
-        if not self._connections.wait_closed(_SHUTDOWN_GRACE):
-            log.warning("web server shut down with connections still busy (e.g. a scrape still rendering)")
+        self._reactor.stop(_SHUTDOWN_GRACE)
+        for conn in self._reactor.busy():
+            # The base-class shutdown acts on the descriptor even for an SSLSocket whose TLS
+            # object a worker is using; it wakes that worker's blocking write.
+            with suppress(OSError):
+                socket.socket.shutdown(conn.sock, socket.SHUT_RDWR)
+        if not self._workers.stop(_SHUTDOWN_GRACE):
+            log.warning("web server shut down with requests still busy (e.g. a scrape still rendering)")
 
     def __enter__(self) -> WebServer:
         self.start()
@@ -277,150 +287,130 @@ class WebServer:
 
     @property
     def tls_enabled(self) -> bool:
-        return self._security.ssl_context is not None
+        return self.watcher.security.ssl_context is not None
 
-    # -- web config reload -------------------------------------------------------------------
+    @property
+    def config_reload_ok(self) -> bool:
+        """False while the web config on disk failed to reload (the previous one is serving)."""
+        return self.watcher.ok
+
+    @property
+    def threads(self) -> int:
+        """Threads serving HTTP now: the reactor plus the workers started so far."""
+        return self._workers.threads + (1 if self._reactor is not None else 0)
+
+    @property
+    def open_connections(self) -> int:
+        return 0 if self._reactor is None else self._reactor.open_connections
 
     def reload_web_config(self) -> None:
-        """Re-read the web config now; a broken file keeps the old config and logs an error."""
-        if self._config_file is None:
-            return
-        with self._reload_lock:
-            self._last_reload_error = None  # an explicit reload always reports its outcome
-            self._reload_locked()
+        """Re-read the web config now; a broken or weakening file keeps the old config and logs why."""
+        self.watcher.reload()
 
-    def _current_security(self) -> _Security:
-        self._maybe_reload()
-        return self._security
+    # -- from the reactor --------------------------------------------------------------------
 
-    def _maybe_reload(self) -> None:
-        """Reload when the config file or a file it names changed; checked at most once an interval.
+    def _tls_context(self) -> ssl.SSLContext | None:
+        return self.watcher.current().ssl_context
 
-        Runs on connection threads; whoever finds the lock taken just uses the current config.
-        """
-        now = time.monotonic()
-        if self._config_file is None or now < self._next_reload_check:
-            return
-        if not self._reload_lock.acquire(blocking=False):
-            return
-        try:
-            if now < self._next_reload_check:
-                return
-            self._next_reload_check = now + self._reload_interval
-            if self._fingerprints is not None and _fingerprint_files(self._security.config.files) == self._fingerprints:
-                return
-            self._reload_locked()
-        finally:
-            self._reload_lock.release()
-
-    def _reload_locked(self) -> None:
-        try:
-            security = self._load_security(self._security.config.files)
-            if (security.ssl_context is None) != (self._security.ssl_context is None):
-                raise ConfigError(
-                    f"web config {self._config_file}: tls_server_config: turning TLS on or off needs "
-                    "a restart; keeping the previous config"
-                )
-        except ConfigError as exc:
-            # Keep retrying each interval (the fix may be a file we do not know to watch yet), but
-            # say so once per distinct problem instead of once a second.
-            self._fingerprints = None
-            if str(exc) != self._last_reload_error:
-                log.error("web config reload failed, keeping the previous config: %s", exc)
-                self._last_reload_error = str(exc)
-            return
-        self._security = security
-        self._last_reload_error = None
-        log.info("web config reloaded from %s", self._config_file)
-
-    def _load_security(self, watched_before: Sequence[Path]) -> _Security:
-        """Load the config and remember its files' fingerprints, unless one changed while loading."""
-        before = _fingerprint_files(watched_before)
-        security = _Security.load(self._config_file)
-        after = _fingerprint_files(security.config.files)
-        raced = any(before[path] != after[path] for path in before.keys() & after.keys())
-        # A change during the load may or may not be in what we read: forget the fingerprints so
-        # the next check loads again.
-        self._fingerprints = None if raced else after
-        return security
-
-    # -- accepting ---------------------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        assert self._wake is not None
-        wake = self._wake[0]
-        with selectors.DefaultSelector() as selector:
-            for sock in self._listeners:
-                selector.register(sock, selectors.EVENT_READ)
-            selector.register(wake, selectors.EVENT_READ)
-            while not self._stopping.is_set():
-                for key, _ in selector.select():
-                    if key.fileobj is not wake:
-                        self._accept(cast(socket.socket, key.fileobj))
-
-    def _accept(self, listener: socket.socket) -> None:
-        try:
-            conn, address = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return  # the client gave up between readiness and accept
-        except OSError as exc:
-            # Out of descriptors or buffers: the listener stays readable, so pause instead of
-            # spinning a core until something frees up.
-            log.warning("accept on %s failed: %s", listener.getsockname(), exc)
-            self._stopping.wait(0.1)
-            return
-        conn.setblocking(True)
-        try:
-            self._server.process_request(conn, address)
-        except RuntimeError as exc:  # "can't start new thread"
-            log.warning("dropping connection from %s: %s", address, exc)
-            conn.close()
-
-    # -- per connection (on its own thread) --------------------------------------------------
-
-    def _serve_connection(self, sock: socket.socket, address: Any) -> None:
-        self._connections.add(sock)
-        conn: socket.socket | None = sock
-        try:
-            if self._stopping.is_set():
-                return
-            conn = self._secure(sock, address)
-            if conn is None:
-                return
-            if conn is not sock:
-                self._connections.replace(sock, conn)
-            try:
-                self._server.finish_request(conn, address)
-            except Exception:
-                self._server.handle_error(conn, address)
-        finally:
-            if conn is not None:
-                _close_connection(conn)
-            sock.close()
-            self._connections.remove(sock)
-            if conn is not None:
-                self._connections.remove(conn)
-
-    def _secure(self, sock: socket.socket, address: Any) -> socket.socket | None:
-        """The TLS-wrapped socket (or `sock` itself without TLS); None when the client failed."""
-        security = self._current_security()
-        ctx = security.ssl_context
-        if ctx is None:
-            return sock
-        sock.settimeout(self.tls_handshake_timeout)
-        try:
-            tls = ctx.wrap_socket(sock, server_side=True)
-        except (OSError, ValueError) as exc:
-            log.debug("TLS handshake with %s failed: %s", address, exc)
-            return None
-        tls.settimeout(None)
-        tls_config = security.config.tls_server_config
+    def _tls_peer_ok(self, tls: ssl.SSLSocket) -> bool:
+        tls_config = self.watcher.security.config.tls_server_config
         allowed = () if tls_config is None else tls_config.client_allowed_sans
-        if not client_sans_allowed(tls.getpeercert(), allowed):
-            log.debug("client certificate of %s has none of the allowed SANs %s", address, list(allowed))
-            _close_connection(tls)
-            return None
-        return tls
+        if client_sans_allowed(tls.getpeercert(), allowed):
+            return True
+        log.debug("client certificate of %s has none of the allowed SANs %s", tls.getpeername(), list(allowed))
+        return False
+
+    def _on_request(self, conn: Connection, head: bytes) -> None:
+        self._workers.submit(lambda: self._begin(conn, head))
+
+    # -- on a worker -------------------------------------------------------------------------
+
+    def _begin(self, conn: Connection, head: bytes) -> None:
+        handler = _Handler(self, conn, head, self.watcher.current())
+        try:
+            if not handler.parse():
+                self._finish(handler, keep_alive=False)
+                return
+            verdict = handler.security.auth.decide(handler.headers.get("Authorization"))
+        except Exception:
+            log.debug("request from %s failed", conn.address, exc_info=True)
+            self._finish(handler, keep_alive=False)
+            return
+        if isinstance(verdict, Credential):
+            # bcrypt runs on its own thread, one check at a time; this worker moves on meanwhile.
+            handler.security.auth.submit(verdict, lambda ok: self._workers.submit(lambda: self._respond(handler, ok)))
+        else:
+            self._respond(handler, verdict)
+
+    def _respond(self, handler: _Handler, authorized: bool) -> None:
+        keep_alive = False
+        try:
+            handler.respond(authorized)
+            keep_alive = not handler.close_connection
+        except Exception:  # the client hung up, stopped reading, or the provider broke
+            log.debug("request from %s failed", handler.conn.address, exc_info=True)
+        if authorized:
+            handler.conn.proven = True
+        self._finish(handler, keep_alive)
+
+    def _finish(self, handler: _Handler, keep_alive: bool) -> None:
+        reactor = self._reactor
+        assert reactor is not None
+        conn = handler.conn
+        if self._stopping.is_set():
+            self._close(conn)
+            return
+        if keep_alive and conn.proven and self._keepers.acquire(blocking=False):
+            try:
+                threading.Thread(target=self._keep, args=(conn,), name="rnic-web-keep", daemon=True).start()
+                return
+            except RuntimeError:  # "can't start new thread": the reactor takes it
+                self._keepers.release()
+        reactor.resume(conn, keep_alive)
+
+    def _keep(self, conn: Connection) -> None:
+        """Wait for a scraper's next request on this thread, then answer it here.
+
+        The reactor would do as well in a quiet room, but during a flood its rounds are full of
+        handshakes and evictions, and a request it reads then waits for a worker to wake as well:
+        two scheduler hand-offs. A few threads (_KEEPERS) for connections that passed
+        authentication give the scrapers one hand-off, as a thread per connection does.
+        """
+        try:
+            head = self._read_head(conn)
+        except (OSError, ValueError):
+            head = None
+        finally:
+            self._keepers.release()
+        if head is None or self._stopping.is_set():
+            self._close(conn)
+        else:
+            self._begin(conn, head)
+
+    def _read_head(self, conn: Connection) -> bytes | None:
+        """The next request head (blocking), under the idle and then the request deadline."""
+        deadline = time.monotonic() + self.idle_timeout
+        while (head := conn.take_head()) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or len(conn.buffer) > MAX_HEAD:
+                return None
+            conn.sock.settimeout(remaining)
+            chunk = conn.sock.recv(MAX_HEAD + 1)
+            if not chunk:
+                return None
+            if not conn.buffer:  # the next request started: from now on it has the request deadline
+                deadline = min(deadline, time.monotonic() + self.request_timeout)
+            conn.buffer += chunk
+        return head
+
+    def _close(self, conn: Connection) -> None:
+        """Close a connection a worker or keeper holds."""
+        assert self._reactor is not None
+        if self._stopping.is_set():  # the reactor has stopped or is stopping
+            close_socket(conn.sock)
+            self._reactor.forget(conn)
+        else:  # the reactor closes it: it may be waiting for a free slot to accept again
+            self._reactor.resume(conn, keep_alive=False)
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -472,44 +462,85 @@ class WebServer:
         return 200, self._landing_html, {"Content-Type": HTML}
 
 
-class _ConnectionServer(socketserver.ThreadingMixIn, socketserver.BaseServer):
-    """Gives each accepted connection a daemon thread (ThreadingMixIn) running `_Handler`.
+class _DeadlineWriter(io.BufferedIOBase):
+    """The response stream: every byte must be written by one deadline for the whole response."""
 
-    It has no socket of its own: WebServer's accept loop hands it connections from all listeners.
-    """
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        self._sock = sock
+        self._deadline = time.monotonic() + timeout
 
-    daemon_threads = True
-    block_on_close = False  # WebServer.shutdown waits for connections itself, with a deadline
+    def writable(self) -> bool:
+        return True
 
-    def __init__(self, front: WebServer) -> None:
-        super().__init__(("", 0), _Handler)
-        self.front = front
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        self.front._serve_connection(cast(socket.socket, request), client_address)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # The default prints a traceback to stderr for every client that hangs up mid-response.
-        log.debug("connection from %s failed", client_address, exc_info=True)
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        while view:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("the client did not read the response in time")
+            self._sock.settimeout(remaining)
+            sent = self._sock.send(view)
+            view = view[sent:]
+        return len(data)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    # Headers and body go out in two writes; with Nagle on, a small body then waits for the
-    # client's delayed ACK (40 ms on Linux) on every keep-alive scrape.
-    disable_nagle_algorithm = True
+    """One request, parsed from the head the reactor read; answered by `respond`.
+
+    Built per request rather than per connection (the base class loops over a connection's
+    requests itself); only its parsing and response writing are used.
+    """
+
     protocol_version = "HTTP/1.1"  # keep-alive, so Prometheus reuses its connection
     server_version = "rnic-exporter"
-    _security: _Security | None = None
     _date: tuple[int, str] = (0, "")
 
-    @property
-    def front(self) -> WebServer:
-        return cast(_ConnectionServer, self.server).front
+    def __init__(self, front: WebServer, conn: Connection, head: bytes, security: Security) -> None:
+        # No super().__init__(): it would read and answer the whole connection on its own.
+        self.front = front
+        self.conn = conn
+        self.security = security
+        self.client_address = conn.address
+        self.request = conn.sock
+        self.rfile = io.BytesIO(head)
+        self.wfile = _DeadlineWriter(conn.sock, front.write_timeout)
+        self.close_connection = True
+        self.command = ""
+        self.request_version = self.default_request_version
+        self.requestline = ""
+        self._body = b""  # sent with the head by flush_headers
 
-    def setup(self) -> None:
-        super().setup()
-        # A per-recv/send timeout: a client that stops sending (or reading) frees this thread.
-        self.connection.settimeout(self.front.request_timeout)
+    def parse(self) -> bool:
+        """Parse the head; False when it was answered with an error (or was empty)."""
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.send_error(414)
+            return False
+        if not self.raw_requestline or not self.parse_request():
+            return False
+        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
+            # We never read request bodies; an unread one would be parsed as the next request.
+            self.close_connection = True
+        return True
+
+    def respond(self, authorized: bool) -> None:
+        front = self.front
+        send_body = self.command != "HEAD"
+        if not authorized:
+            self._send(401, b"Unauthorized\n", {"Content-Type": TEXT, "WWW-Authenticate": AUTH_CHALLENGE}, send_body)
+            return
+        route = front._route(unquote(urlsplit(self.path).path))
+        if route is None:
+            self._send(404, b"Not Found\n", {"Content-Type": TEXT}, send_body)
+        elif self.command not in ("GET", "HEAD"):
+            self.close_connection = True
+            self._send(405, b"Method Not Allowed\n", {"Content-Type": TEXT, "Allow": ALLOWED_METHODS}, send_body)
+        elif route == "telemetry":
+            self._scrape(send_body)
+        elif route == "health":
+            self._send(*front._health_check(), send_body)
+        else:
+            self._send(*front._landing(), send_body)
 
     def version_string(self) -> str:
         return self.server_version  # no Python version in the Server header
@@ -517,6 +548,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         if log.isEnabledFor(logging.DEBUG):  # called for every request: format nobody reads costs
             log.debug("%s %s", self.address_string(), format % args)
+
+    def address_string(self) -> str:
+        return str(self.client_address[0]) if self.client_address else "-"
 
     def date_time_string(self, timestamp: float | None = None) -> str:
         """The Date header, formatted once a second rather than for every response."""
@@ -531,45 +565,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def end_headers(self) -> None:
         # Every response, error pages from the base class included, carries the configured headers.
-        security = self._security or self.front._security
-        for name, value in security.config.http_server_config.headers.items():
+        for name, value in self.security.config.http_server_config.headers.items():
             self.send_header(name, value)
         super().end_headers()
-
-    def do_GET(self) -> None:
-        self._handle(send_body=True, method_allowed=True)
-
-    def do_HEAD(self) -> None:
-        self._handle(send_body=False, method_allowed=True)
-
-    def _disallowed_method(self) -> None:
-        self._handle(send_body=True, method_allowed=False)
-
-    # The names are the base class's dispatch convention. Methods it finds no handler for get
-    # 501, which is right for ones HTTP does not define.
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_TRACE = do_CONNECT = _disallowed_method  # noqa: N815
-
-    def _handle(self, *, send_body: bool, method_allowed: bool) -> None:
-        front = self.front
-        self._security = security = front._current_security()
-        if self.headers.get("Content-Length", "0") != "0" or "Transfer-Encoding" in self.headers:
-            # We never read request bodies; an unread one would be parsed as the next request.
-            self.close_connection = True
-        if security.auth.enabled and not security.auth.check_header(self.headers.get("Authorization")):
-            self._send(401, b"Unauthorized\n", {"Content-Type": TEXT, "WWW-Authenticate": AUTH_CHALLENGE}, send_body)
-            return
-        route = front._route(unquote(urlsplit(self.path).path))
-        if route is None:
-            self._send(404, b"Not Found\n", {"Content-Type": TEXT}, send_body)
-        elif not method_allowed:
-            self.close_connection = True
-            self._send(405, b"Method Not Allowed\n", {"Content-Type": TEXT, "Allow": ALLOWED_METHODS}, send_body)
-        elif route == "telemetry":
-            self._scrape(send_body)
-        elif route == "health":
-            self._send(*front._health_check(), send_body)
-        else:
-            self._send(*front._landing(), send_body)
 
     def _scrape(self, send_body: bool) -> None:
         front = self.front
@@ -588,9 +586,31 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
+        self._body = body if send_body else b""
         self.end_headers()
-        if send_body:
-            self.wfile.write(body)
+
+    def flush_headers(self) -> None:
+        # Head and body in one write: each socket call gives up the GIL, and getting it back can
+        # take a switch interval while the reactor is busy with a flood.
+        if hasattr(self, "_headers_buffer") and self._body:
+            self._headers_buffer.append(self._body)
+            self._body = b""
+        super().flush_headers()
+
+
+def _warn_if_descriptors_short(max_connections: int) -> None:
+    """Say once at start-up when the descriptor limit cannot hold the connection cap.
+
+    Past the limit accept() fails with EMFILE; the reactor then closes a waiting connection for
+    room or pauses, so it keeps working, but the operator should know the cap is not the limit.
+    """
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    in_use = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+    if soft != resource.RLIM_INFINITY and soft < in_use + max_connections + _SPARE_DESCRIPTORS:
+        log.warning("descriptor limit %d is below the %d already open plus --web.max-connections %d; "
+                    "raise it (systemd LimitNOFILE=, ulimit -n) or lower the cap", soft, in_use, max_connections)
 
 
 def _check_telemetry_path(path: str) -> None:
@@ -600,47 +620,3 @@ def _check_telemetry_path(path: str) -> None:
         raise ConfigError(f"telemetry path {path!r} is taken by the health endpoint")
     if path == "/":
         raise ConfigError("telemetry path '/' is taken by the landing page; use e.g. '/metrics'")
-
-
-def _bind(address: str) -> socket.socket:
-    host, port = parse_listen_address(address)
-    try:
-        if host == "":
-            return _bind_all_interfaces(port)
-        family, sockaddr = _resolve(host, port)
-        dual = family == socket.AF_INET6 and sockaddr[0] == "::" and socket.has_dualstack_ipv6()
-        # `[::]` listens on IPv4 too, as it does in Go (and so in node_exporter).
-        return socket.create_server(sockaddr, family=family, dualstack_ipv6=dual)
-    except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen on {address!r}: cannot resolve {host!r}: {exc.strerror}") from exc
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise ConfigError(f"cannot listen on {address!r}: {reason}") from exc
-
-
-def _bind_all_interfaces(port: int) -> socket.socket:
-    """`:port`: one dual-stack socket when the host has IPv6, else IPv4 only."""
-    if socket.has_dualstack_ipv6():
-        try:
-            return socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=True)
-        except OSError as exc:
-            # IPv6 switched off at runtime (sysctl disable_ipv6) shows up only when binding.
-            if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL, errno.EPROTONOSUPPORT):
-                raise
-    return socket.create_server(("0.0.0.0", port))
-
-
-def _resolve(host: str, port: int) -> tuple[int, tuple[Any, ...]]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, sockaddr = infos[0]
-    return int(family), tuple(sockaddr)
-
-
-def _close_connection(sock: socket.socket) -> None:
-    with suppress(OSError):
-        sock.shutdown(socket.SHUT_WR)  # flush what we wrote before the close, as TCPServer does
-    sock.close()
-
-
-def _format_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,4 +1,4 @@
-"""The exporter-toolkit web config file (`--web.config.file`): parsing, TLS context, basic auth.
+"""The exporter-toolkit web config file (`--web.config.file`): parsing and the TLS context.
 
 The YAML format is the one node_exporter reads (exporter-toolkit `docs/web-configuration.md`), so
 one file can serve both. Parsing is strict like the toolkit's `yaml.UnmarshalStrict`: an unknown
@@ -9,16 +9,10 @@ in protection they do not have.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
-import hashlib
-import hmac
 import ipaddress
 import re
-import secrets
 import ssl
-import threading
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -143,20 +137,77 @@ class WebConfig:
         return (*own, *tls)
 
 
-def load_web_config(path: Path | str) -> WebConfig:
+# A web config is a few kilobytes and at most four levels deep (top, tls_server_config,
+# client_allowed_sans, item). The bounds turn a runaway file into a one-line error instead of a
+# RecursionError in PyYAML (which is recursive), seconds of parsing (its scanner is quadratic in
+# flow nesting) or a memory spike; 256 KiB is still some 3,000 users.
+MAX_BYTES = 256 * 1024
+MAX_DEPTH = 16
+# Quoted scalars and comments, which may hold brackets that do not nest anything.
+_NOT_STRUCTURE = re.compile(r"'[^']*'|\"(?:[^\"\\]|\\.)*\"|#[^\n]*")
+_FLOW_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def load_web_config(path: Path | str, *, allow_empty: bool = True) -> WebConfig:
     """Read and validate a web config file; every problem is a ConfigError naming file and key."""
     source = Path(path).absolute()
     try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = source.read_bytes()
+    except OSError as exc:
         raise ConfigError(f"web config {source}: cannot read it: {_reason(exc)}") from exc
+    return parse_web_config(source, raw, allow_empty=allow_empty)
+
+
+def parse_web_config(source: Path, raw: bytes, *, allow_empty: bool = True) -> WebConfig:
+    """Validate the bytes of a web config read from `source` (relative paths resolve against it).
+
+    `allow_empty=False` (reloads): a file with no document is an error, not "no TLS, no auth",
+    because that is also what a file looks like in the middle of a non-atomic rewrite.
+    """
+    if len(raw) > MAX_BYTES:
+        _fail(source, "(file)", f"{len(raw)} bytes; a web config is at most {MAX_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        _fail(source, "(file)", f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}")
     import yaml  # only with a web config: PyYAML costs ~1.4 MB of resident memory
 
     try:
+        _check_depth(source, text)
         document = yaml.load(text, Loader=_strict_loader())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"web config {source}: not valid YAML: {exc}") from exc
+        # PyYAML's messages span lines (context, a caret); a log line should be one line.
+        raise ConfigError(f"web config {source}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    except RecursionError as exc:  # a bound we missed above; never let it reach a serving thread
+        raise ConfigError(f"web config {source}: nested too deeply") from exc
+    if document is None and not allow_empty:
+        _fail(source, "(file)", "empty (or only comments); an incomplete write looks like this, so it is "
+              "not read as 'no TLS, no auth': to run without them, restart with that file")
     return _Parser(source).web_config(document)
+
+
+def _check_depth(source: Path, text: str) -> None:
+    """Refuse nesting beyond MAX_DEPTH before PyYAML builds anything.
+
+    Flow brackets first, by a regex pass (fast, where PyYAML's scanner is slow); then the event
+    stream, which PyYAML parses without recursion, for block nesting.
+    """
+    import yaml
+
+    depth = 0
+    for bracket in _FLOW_BRACKET.finditer(_NOT_STRUCTURE.sub("", text)):
+        depth += 1 if bracket[0] in "[{" else -1
+        if depth > MAX_DEPTH:
+            _fail(source, "(file)", f"nested more than {MAX_DEPTH} levels deep")
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark else 0
+                _fail(source, "(file)", f"nested more than {MAX_DEPTH} levels deep (line {line})")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
 
 
 def build_ssl_context(config: WebConfig) -> ssl.SSLContext | None:
@@ -232,92 +283,6 @@ def _canonical_ip(text: str) -> str | None:
         return str(ipaddress.ip_address(text.strip()))
     except ValueError:
         return None
-
-
-class BasicAuth:
-    """Checks HTTP basic-auth credentials against the configured bcrypt hashes.
-
-    bcrypt is slow on purpose (cost 10 is ~70 ms), so, like the toolkit, successful checks are
-    cached: per user, an HMAC of user, stored hash and password under a key that exists only in
-    this process. The cache never holds the plaintext, and a memory dump does not give an offline
-    brute-force target cheaper than bcrypt. A new config builds a new BasicAuth, which drops the
-    cache, so a rotated password stops working at once.
-    """
-
-    def __init__(self, users: Mapping[str, bytes]) -> None:
-        self._users = dict(users)
-        # An unknown user is checked against the costliest real hash, so the response time does
-        # not tell an attacker which user names exist.
-        self._decoy = max(self._users.values(), key=_bcrypt_cost, default=None)
-        self._hmac_key = secrets.token_bytes(32)
-        self._cache: dict[str, bytes] = {}
-        # One bcrypt at a time (as the toolkit does): a flood of bad passwords then costs one
-        # core, and scrapes with cached credentials never wait for this lock.
-        self._bcrypt_lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._users)
-
-    def check_header(self, authorization: str | None) -> bool:
-        """Whether an `Authorization` header value carries valid credentials."""
-        credentials = parse_basic_authorization(authorization)
-        return credentials is not None and self.check(*credentials)
-
-    def check(self, user: str, password: str | bytes) -> bool:
-        secret = password.encode("utf-8") if isinstance(password, str) else password
-        stored = self._users.get(user)
-        target = stored if stored is not None else self._decoy
-        if target is None:
-            return False
-        digest = hmac.new(self._hmac_key, b"\0".join((user.encode("utf-8"), target, secret)), hashlib.sha256).digest()
-        cached = self._cache.get(user)
-        if stored is not None and cached is not None and hmac.compare_digest(cached, digest):
-            return True
-        with self._bcrypt_lock:
-            matches = _bcrypt_matches(secret, target)
-        if matches and stored is not None:
-            self._cache[user] = digest
-            return True
-        return False
-
-
-def parse_basic_authorization(value: str | None) -> tuple[str, bytes] | None:
-    """(user, password) from `Basic <base64>`, or None for anything else.
-
-    The password stays bytes: Go compares raw bytes, and a non-UTF-8 password must still work.
-    """
-    if not value:
-        return None
-    scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        raw = base64.b64decode(token.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        return None
-    user, colon, password = raw.partition(b":")
-    if not colon:
-        return None
-    try:
-        return user.decode("utf-8"), password
-    except UnicodeDecodeError:
-        return None
-
-
-def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
-    import bcrypt  # only with basic auth configured
-
-    try:
-        return bcrypt.checkpw(password, hashed)
-    except ValueError:
-        # bcrypt 5 refuses passwords over 72 bytes instead of silently comparing only the first
-        # 72; treating them as wrong is the safe side of that difference.
-        return False
-
-
-def _bcrypt_cost(hashed: bytes) -> int:
-    return int(hashed[4:6])
 
 
 @functools.cache

@@ -1,0 +1,245 @@
+"""HTTP basic auth against the web config's bcrypt hashes, safe to expose to a hostile network.
+
+bcrypt is slow on purpose (cost 10 is ~70 ms of one core), so every check that reaches it is a
+resource an unauthenticated client can spend. What bounds that here:
+- successful checks are cached per user (an HMAC under a key that exists only in this process,
+  never the plaintext), so a scraper pays bcrypt once per config;
+- failed checks are cached for a short while per exact credential, so a client repeating one
+  wrong password costs one check per `failure_ttl`, not one per request;
+- at most one check per distinct credential runs at a time (single flight): the others wait for
+  its verdict;
+- checks run one at a time on one thread, in arrival order (a FIFO, not a lock whose waiters
+  race), and callers are called back instead of blocking, so no request-serving thread ever waits
+  for bcrypt and a correct user waits at most for the checks queued before it.
+An unknown user name is checked against the hash of a configured user picked by a keyed hash of
+the name, so it takes the same code path at a cost that real users have, and the answer time
+does not tell which names exist (several costs are spread over unknown names as over real users).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+Verdict = Callable[[bool], None]
+
+# How long a failed credential is answered from memory. It is keyed by the exact password, so a
+# user who fixes a typo is not held up; it only spares bcrypt from the same guess repeated.
+FAILURE_TTL = 10.0
+# Bounds the failure cache under a flood of distinct guesses; the oldest entries go first.
+MAX_CACHED_FAILURES = 4096
+
+
+@dataclass(frozen=True)
+class Credential:
+    """A credential that only bcrypt can judge; `digest` identifies it in the caches."""
+
+    digest: bytes
+    user: str
+    secret: bytes
+    target: bytes
+    known: bool
+
+
+@dataclass
+class _Flight:
+    credential: Credential
+    waiters: list[Verdict] = field(default_factory=list)
+
+
+class BasicAuth:
+    """Checks basic-auth credentials against bcrypt hashes; one instance per loaded web config.
+
+    A new config builds a new BasicAuth, which drops the caches, so a rotated password stops
+    working at once.
+    """
+
+    def __init__(self, users: Mapping[str, bytes], *, failure_ttl: float = FAILURE_TTL,
+                 max_cached_failures: int = MAX_CACHED_FAILURES) -> None:
+        self._users = dict(users)
+        self._decoys = tuple(self._users[name] for name in sorted(self._users))
+        self._hmac_key = secrets.token_bytes(32)
+        self._failure_ttl = failure_ttl
+        self._max_failures = max_cached_failures
+        self._lock = threading.Lock()
+        self._successes: dict[str, bytes] = {}
+        self._failures: OrderedDict[bytes, float] = OrderedDict()
+        self._flights: dict[bytes, _Flight] = {}
+        self._queue: deque[bytes] = deque()
+        self._draining = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._users)
+
+    # -- the non-blocking interface the server uses ----------------------------------------
+
+    def decide(self, authorization: str | None) -> bool | Credential:
+        """The verdict for an `Authorization` header if it needs no bcrypt, else what to submit."""
+        if not self._users:
+            return True
+        credentials = parse_basic_authorization(authorization)
+        if credentials is None:
+            return False
+        return self._lookup(*credentials)
+
+    def submit(self, credential: Credential, verdict: Verdict) -> None:
+        """Queue a bcrypt check; `verdict` is called with the outcome on the checking thread."""
+        with self._lock:
+            flight = self._flights.get(credential.digest)
+            if flight is not None:  # the same credential is queued or being checked: share it
+                flight.waiters.append(verdict)
+                return
+            self._flights[credential.digest] = _Flight(credential, [verdict])
+            self._queue.append(credential.digest)
+            if self._draining:
+                return
+            self._draining = True
+        try:
+            threading.Thread(target=self._drain, name="rnic-web-bcrypt", daemon=True).start()
+        except RuntimeError as exc:  # "can't start new thread": deny rather than hang the request
+            log.warning("cannot start the bcrypt thread: %s", exc)
+            self._fail_queued()
+
+    # -- blocking conveniences (tests, tools) -----------------------------------------------
+
+    def check_header(self, authorization: str | None) -> bool:
+        """Whether an `Authorization` header value carries valid credentials (blocks for bcrypt)."""
+        outcome = self.decide(authorization)
+        return outcome if isinstance(outcome, bool) else self._wait(outcome)
+
+    def check(self, user: str, password: str | bytes) -> bool:
+        if not self._users:
+            return False
+        outcome = self._lookup(user, password.encode("utf-8") if isinstance(password, str) else password)
+        return outcome if isinstance(outcome, bool) else self._wait(outcome)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _lookup(self, user: str, secret: bytes) -> bool | Credential:
+        stored = self._users.get(user)
+        target = stored if stored is not None else self._decoy(user)
+        digest = hmac.new(self._hmac_key, b"\0".join((user.encode("utf-8"), target, secret)), hashlib.sha256).digest()
+        # The same steps whether or not the user exists; only a real user can have a success.
+        cached = hmac.compare_digest(self._successes.get(user, b""), digest)
+        if cached and stored is not None:
+            return True
+        with self._lock:
+            expiry = self._failures.get(digest)
+        if expiry is not None and expiry > time.monotonic():
+            return False
+        return Credential(digest, user, secret, target, stored is not None)
+
+    def _decoy(self, user: str) -> bytes:
+        """The hash an unknown user is checked against: always the same one for the same name."""
+        pick = hmac.new(self._hmac_key, b"decoy\0" + user.encode("utf-8"), hashlib.sha256).digest()
+        return self._decoys[int.from_bytes(pick[:8], "big") % len(self._decoys)]
+
+    def _wait(self, credential: Credential) -> bool:
+        done = threading.Event()
+        outcome: list[bool] = []
+
+        def verdict(ok: bool) -> None:
+            outcome.append(ok)
+            done.set()
+
+        self.submit(credential, verdict)
+        done.wait()
+        return outcome[0]
+
+    def _drain(self) -> None:
+        _lower_priority()
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+                flight = self._flights[self._queue.popleft()]
+            credential = flight.credential
+            ok = _bcrypt_matches(credential.secret, credential.target) and credential.known
+            with self._lock:
+                del self._flights[credential.digest]
+                if ok:
+                    self._successes[credential.user] = credential.digest
+                else:
+                    self._failures[credential.digest] = time.monotonic() + self._failure_ttl
+                    self._failures.move_to_end(credential.digest)
+                    while len(self._failures) > self._max_failures:
+                        self._failures.popitem(last=False)
+                waiters = flight.waiters
+            _notify(waiters, ok)
+
+    def _fail_queued(self) -> None:
+        with self._lock:
+            flights = [self._flights.pop(digest) for digest in self._queue]
+            self._queue.clear()
+            self._draining = False
+        for flight in flights:
+            _notify(flight.waiters, False)
+
+
+# Nice increment of the bcrypt thread: a flood of guesses then takes only the CPU that serving
+# scrapes leaves, on a node whose cores belong to training jobs anyway.
+_BCRYPT_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Lower this thread's scheduling priority (Linux: nice is per thread); best effort."""
+    with suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + _BCRYPT_NICE))
+
+
+def _notify(waiters: list[Verdict], ok: bool) -> None:
+    for waiter in waiters:
+        try:
+            waiter(ok)
+        except Exception:  # one broken continuation must not stop the others or the thread
+            log.exception("basic-auth continuation failed")
+
+
+def parse_basic_authorization(value: str | None) -> tuple[str, bytes] | None:
+    """(user, password) from `Basic <base64>`, or None for anything else.
+
+    The password stays bytes: Go compares raw bytes, and a non-UTF-8 password must still work.
+    """
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        raw = base64.b64decode(token.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, colon, password = raw.partition(b":")
+    if not colon:
+        return None
+    try:
+        return user.decode("utf-8"), password
+    except UnicodeDecodeError:
+        return None
+
+
+def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
+    import bcrypt  # only with basic auth configured
+
+    try:
+        return bcrypt.checkpw(password, hashed)
+    except ValueError:
+        # bcrypt 5 refuses passwords over 72 bytes instead of silently comparing only the first
+        # 72; treating them as wrong is the safe side of that difference.
+        return False
