@@ -158,3 +158,23 @@ def test_unsupported_is_logged_once_at_info_and_never_warned(tmp_path: Path,
                'reason="not_supported"} 1.0' in body
     finally:
         agent.close()
+
+
+def test_an_attribute_a_driver_lacks_does_not_make_every_poll_learn_the_device_again(tmp_path: Path) -> None:
+    """A device attribute that fails is re-learned each poll until it reads; one the driver never had
+    (EINVAL from the first read) is not: polls cost the same reads as on a device that has it."""
+    def reads_per_poll(lacking: int | None) -> int:
+        host = SimHost.build(tmp_path / f"sys-{lacking}", roce=1, gid_table_size=8)
+        if lacking is not None:
+            host.fail_with("class/infiniband/mlx5_0/board_id", lacking)
+        root = SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay)
+        reader = HostReader(root)
+        reader.read(full_gid_tables=True)
+        reader.read()
+        before = root.reads
+        reader.read()
+        return root.reads - before
+
+    healthy = reads_per_poll(None)
+    assert reads_per_poll(errno.EINVAL) == healthy
+    assert reads_per_poll(errno.EIO) > healthy  # a failure is retried: the device is learned again

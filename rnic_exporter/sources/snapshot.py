@@ -216,7 +216,9 @@ class _DeviceReader:
     def read(self, full_gids: bool, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink],
              errors: list[ReadError], unsupported: list[ReadError]) -> Device:
         shape = self.shape
-        if shape is None or shape.errors or self._dev_netdevs_changed(shape):
+        # Learned again while part of it failed; what the driver does not provide never comes (availability).
+        if shape is None or any(availability.symptom(e) is None for e in shape.errors) \
+                or self._dev_netdevs_changed(shape):
             shape = self.shape = self._discover()
             self.plan = None
         fresh_gids: set[int] = set()
