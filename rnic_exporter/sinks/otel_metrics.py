@@ -16,6 +16,7 @@ from typing import Literal
 
 from rnic_exporter import catalog as c
 from rnic_exporter.catalog import MetricSpec
+from rnic_exporter.labels import label_value
 
 InstrumentKind = Literal["counter", "gauge", "updowncounter"]
 
@@ -53,7 +54,7 @@ class MetricMapping:
     def attributes(self, route: Route, labels: tuple[str, ...]) -> dict[str, str]:
         """OTel attributes of one sample; empty label values stay absent, as Prometheus treats them."""
         names = dict(route.rename)
-        attrs = {names.get(k, k): v for k, v in zip(self.spec.labels, labels, strict=True) if v != ""}
+        attrs = {names.get(k, k): label_value(v) for k, v in zip(self.spec.labels, labels, strict=True) if v != ""}
         if route.hw_id:
             attrs["hw.id"] = f"{attrs['device']}/{attrs['port']}"
         attrs.update(route.constant)

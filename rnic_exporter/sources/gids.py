@@ -23,14 +23,21 @@ def parse_gid(text: str) -> str:
     """`fe80:0000:0000:0000:0e42:a1ff:fe41:2d36` (%pI6: eight groups, never `::`-compressed)."""
     value = text.strip()
     if not _GID.match(value):
-        raise MalformedValueError(f"GID {text!r} is not eight ':'-separated 4-digit lowercase hex groups")
+        raise MalformedValueError(f"GID {text[:60]!r} is not eight ':'-separated 4-digit lowercase hex groups")
     return value
 
 
 def parse_gid_type(text: str) -> str | None:
     """`IB/RoCE v1` or `RoCE v2`; empty (the on-disk stand-in for EINVAL) means an empty slot."""
     value = text.strip()
+    if "\0" in value:
+        raise MalformedValueError(f"GID type {text[:40]!r} holds a NUL byte")
     return value or None
+
+
+# The kernel's dev_valid_name(): under IFNAMSIZ (16) bytes, not "." or "..", no "/", ":",
+# whitespace or NUL. The name becomes a path (class/net/<name>) and a label: anything else is malformed.
+IFNAMSIZ = 16
 
 
 def parse_netdev_name(text: str) -> str | None:
@@ -38,8 +45,9 @@ def parse_netdev_name(text: str) -> str | None:
     value = text.strip()
     if not value:
         return None
-    if "/" in value or any(c.isspace() for c in value):
-        raise MalformedValueError(f"netdev name {text!r} is not an interface name")
+    if (len(value) >= IFNAMSIZ or value in (".", "..")
+            or any(c in "/:\0" or c.isspace() for c in value)):
+        raise MalformedValueError(f"netdev name {text[:40]!r} is not an interface name")
     return value
 
 
