@@ -25,7 +25,7 @@ from rnic_exporter.detect.conditions import AddressLike
 from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.inputs import Inputs, gather_inputs
 from rnic_exporter.detect.settings import DetectionSettings
-from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateStore
+from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateLock, StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import Event
 from rnic_exporter.model import Snapshot
@@ -262,6 +262,7 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
     wake, reload = threading.Event(), threading.Event()
     base = config  # flags and defaults: every (re)load of the file starts from these
     config = apply_file(base, set(explicit))
+    state_lock = StateLock.acquire(config.state_dir)  # a second daemon on the directory: exit 2 here
     agent = Agent(config)
     if config.otlp is not None:  # before serving: a missing extra is a one-line error, exit 2
         from rnic_exporter.sinks.otel import OtelSink
@@ -311,6 +312,7 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
             agent.poll_once(full_gid_tables=due.full_gid_tables)
             log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6),
                                                 "reason": due.reason}})
+    state_lock.release()
     log.info("stopped")
     return 0
 
