@@ -20,7 +20,7 @@ from types import FrameType, MappingProxyType
 from typing import Protocol
 
 from rnic_exporter import __version__
-from rnic_exporter import config as config_file
+from rnic_exporter.config import apply_file  # one resolver: check uses it too
 from rnic_exporter.detect.conditions import AddressLike
 from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.inputs import Inputs, gather_inputs
@@ -206,25 +206,6 @@ class Agent:
             sink.close()
         self.ethtool.close()
         self.reader.close()
-
-
-def apply_file(config: ServeConfig, explicit: set[str]) -> ServeConfig:
-    """Overlay the config file on `config`, except for settings given explicitly as flags."""
-    if config.config_file is None:
-        return config
-    loaded = config_file.load(config.config_file)
-    interval = config.poll_interval_s
-    if "poll_interval" not in explicit and loaded.poll_interval_seconds is not None:
-        interval = loaded.poll_interval_seconds
-    include = config.reader.device_include.pattern if config.reader.device_include else None
-    exclude = config.reader.device_exclude.pattern if config.reader.device_exclude else None
-    if "device_include" not in explicit and loaded.device_include is not None:
-        include = loaded.device_include
-    if "device_exclude" not in explicit and loaded.device_exclude is not None:
-        exclude = loaded.device_exclude
-    return replace(config, poll_interval_s=interval,
-                   reader=ReaderSettings.build(include, exclude, loaded.nccl_env),
-                   detection=loaded.detection(config.detection, keep_gid_index="nccl_gid_index" in explicit))
 
 
 @contextlib.contextmanager
