@@ -295,7 +295,7 @@ class _Observer:
                     route = mapping.route(labels)
                     cached = (route.instrument.name, mapping.attributes(route, labels))
                 attrs_cache[key] = cached
-                out.setdefault(cached[0], []).append(Observation(value, cached[1]))
+                out.setdefault(cached[0], []).append(Observation(otel_metrics.otlp_number(value), cached[1]))
         self._attrs = attrs_cache  # keeps only live series: a removed NIC's attributes go
         return out
 
