@@ -192,6 +192,11 @@ def load(path: Path) -> FileConfig:
         raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read it: {exc.strerror}") from None
+    return parse_file(path, raw)
+
+
+def parse_file(path: Path, raw: bytes) -> FileConfig:
+    """The FileConfig in `raw`, the bytes of `path` (TOML, or YAML by suffix); ConfigError only."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

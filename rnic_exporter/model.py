@@ -48,7 +48,8 @@ class LinkRate:
 
     @property
     def per_lane_gbps(self) -> float:
-        return self.gbps / self.lanes if self.lanes > 0 else math.nan  # parse_rate never gives 0 lanes
+        lanes = finite_float(self.lanes) if self.lanes > 0 else None  # parse_rate gives 1-12 lanes
+        return math.nan if lanes is None else self.gbps / lanes
 
     @property
     def bits_per_second(self) -> float:
@@ -158,7 +159,8 @@ def finite_float(value: float) -> float | None:
 def gid_table_hash(entries: tuple[GidEntry, ...]) -> int:
     """A stable hash of the populated slots, below 2^53 so a float64 sample holds it exactly."""
     text = "\n".join(f"{e.index} {e.gid} {e.type} {e.netdev}" for e in entries)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 11
+    # surrogatepass: a name from a listing may hold PEP 383 surrogates; the hash must not raise on it
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big") >> 11
 
 
 @dataclass(frozen=True, slots=True)

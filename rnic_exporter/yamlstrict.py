@@ -16,10 +16,17 @@ from typing import Any
 
 @functools.cache
 def strict_loader() -> type[Any]:
-    """SafeLoader that rejects duplicate keys."""
+    """SafeLoader that rejects duplicate keys; on libyaml's parser when PyYAML has it.
+
+    libyaml is a state machine with a nesting limit (1,000 levels, then "exceeded maximum nesting
+    depth"); PyYAML's own parser takes seconds for a few thousand levels of `[[[`, which on SIGHUP
+    would stall the poll loop. The constructor (and so the duplicate check) is Python either way.
+    """
     import yaml
 
-    class StrictLoader(yaml.SafeLoader):
+    base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # same constructor API
+
+    class StrictLoader(base):  # type: ignore[misc,valid-type]
         def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
             seen: set[object] = set()
             for key_node, _ in node.value:
@@ -30,6 +37,7 @@ def strict_loader() -> type[Any]:
                         key_node.start_mark)
                 if isinstance(key, Hashable):
                     seen.add(key)
-            return super().construct_mapping(node, deep)
+            mapping: dict[Hashable, Any] = super().construct_mapping(node, deep)
+            return mapping
 
     return StrictLoader

@@ -220,6 +220,33 @@ class LoadResult:
     reason: str | None = None  # low-cardinality label: corrupt | foreign | unreadable
 
 
+class StateFileError(ValueError):
+    """Why a state file's bytes are not a state; `reason` is the label (corrupt | foreign)."""
+
+    def __init__(self, problem: str, reason: str) -> None:
+        super().__init__(problem)
+        self.reason = reason
+
+
+def decode_state(raw: bytes) -> State:
+    """The state in a file's bytes, or StateFileError saying why not (one line); nothing else escapes."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StateFileError(f"corrupt (not UTF-8 at byte {exc.start})", "corrupt") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise StateFileError(f"corrupt ({exc.msg} at line {exc.lineno})", "corrupt") from None
+    except (ValueError, RecursionError) as exc:  # NaN/Infinity, numbers beyond int(), nesting
+        raise StateFileError(f"corrupt ({_one_line(exc)})", "corrupt") from None
+    try:
+        return State.from_json(data)
+    except ValueError as exc:
+        reason = "corrupt" if isinstance(data, dict) and data.get("format") == STATE_FORMAT else "foreign"
+        raise StateFileError(_one_line(exc), reason) from None
+
+
 class StateStore:
     """Loads and saves the state file in `directory`; `None` keeps state in memory only."""
 
@@ -243,21 +270,10 @@ class StateStore:
             return LoadResult(State(), f"cannot read {path}: {exc.strerror}; starting with an empty inventory",
                               "unreadable")
         try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return self._rebuild(path, f"{path} is corrupt (not UTF-8 at byte {exc.start})", "corrupt")
-        try:
-            data = json.loads(text, parse_constant=_no_constant)
-        except json.JSONDecodeError as exc:
-            return self._rebuild(path, f"{path} is corrupt ({exc.msg} at line {exc.lineno})", "corrupt")
-        except (ValueError, RecursionError) as exc:  # NaN/Infinity, numbers beyond int(), nesting
-            return self._rebuild(path, f"{path} is corrupt ({_one_line(exc)})", "corrupt")
-        try:
-            state = State.from_json(data)
-        except ValueError as exc:
-            reason = "corrupt" if isinstance(data, dict) and data.get("format") == STATE_FORMAT else "foreign"
-            return self._rebuild(path, f"{path}: {exc}", reason)
-        self._last_written = text
+            state = decode_state(raw)
+        except StateFileError as exc:
+            return self._rebuild(path, f"{path}: {exc}", exc.reason)
+        self._last_written = raw.decode("utf-8")
         return LoadResult(state)
 
     def _rebuild(self, path: Path, problem: str, reason: str) -> LoadResult:

@@ -28,6 +28,7 @@ from typing import Any
 from rnic_exporter import __version__, catalog
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
+from rnic_exporter.labels import label_value
 from rnic_exporter.model import Snapshot
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.exposition import Family
@@ -330,13 +331,13 @@ class _LogShipper:
         self._wake.set()
 
     def record(self, event: Event) -> ReadableLogRecord:
-        attributes = {k: v for k, v in event.fields().items() if k not in ("event", "severity")}
+        attributes = {k: label_value(v) for k, v in event.fields().items() if k not in ("event", "severity")}
         now = time.time_ns()
         return ReadableLogRecord(
             log_record=LogRecord(
                 timestamp=int(event.time * 1e9) if event.time else now, observed_timestamp=now,
                 severity_number=SeverityNumber(OTEL_SEVERITY_NUMBER[event.severity]),
-                severity_text=OTEL_SEVERITY_TEXT[event.severity], body=event.message,
+                severity_text=OTEL_SEVERITY_TEXT[event.severity], body=label_value(event.message),
                 attributes=attributes, event_name=event.name),
             resource=self._resource, instrumentation_scope=self._scope)
 

@@ -74,8 +74,9 @@ class MetricMapping:
         """OTel attributes of one sample; empty label values stay absent, as Prometheus treats them."""
         names = dict(route.rename)
         attrs = {names.get(k, k): label_value(v) for k, v in zip(self.spec.labels, labels, strict=True) if v != ""}
-        if route.hw_id:
-            attrs["hw.id"] = f"{attrs['device']}/{attrs['port']}"
+        if route.hw_id:  # from the labels themselves: an empty one is left out of `attrs` above
+            given = dict(zip(self.spec.labels, labels, strict=True))
+            attrs["hw.id"] = label_value(f"{given.get('device', '')}/{given.get('port', '')}")
         attrs.update(route.constant)
         return attrs
 
