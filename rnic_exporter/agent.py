@@ -20,12 +20,12 @@ from types import FrameType, MappingProxyType
 from typing import Protocol
 
 from rnic_exporter import __version__
-from rnic_exporter import config as config_file
+from rnic_exporter.config import apply_file  # one resolver: check uses it too
 from rnic_exporter.detect.conditions import AddressLike
 from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.inputs import Inputs, gather_inputs
 from rnic_exporter.detect.settings import DetectionSettings
-from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateStore
+from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateLock, StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import Event
 from rnic_exporter.model import Snapshot
@@ -208,25 +208,6 @@ class Agent:
         self.reader.close()
 
 
-def apply_file(config: ServeConfig, explicit: set[str]) -> ServeConfig:
-    """Overlay the config file on `config`, except for settings given explicitly as flags."""
-    if config.config_file is None:
-        return config
-    loaded = config_file.load(config.config_file)
-    interval = config.poll_interval_s
-    if "poll_interval" not in explicit and loaded.poll_interval_seconds is not None:
-        interval = loaded.poll_interval_seconds
-    include = config.reader.device_include.pattern if config.reader.device_include else None
-    exclude = config.reader.device_exclude.pattern if config.reader.device_exclude else None
-    if "device_include" not in explicit and loaded.device_include is not None:
-        include = loaded.device_include
-    if "device_exclude" not in explicit and loaded.device_exclude is not None:
-        exclude = loaded.device_exclude
-    return replace(config, poll_interval_s=interval,
-                   reader=ReaderSettings.build(include, exclude, loaded.nccl_env),
-                   detection=loaded.detection(config.detection, keep_gid_index="nccl_gid_index" in explicit))
-
-
 @contextlib.contextmanager
 def capture_signals(stop: threading.Event, wake: threading.Event, reload: threading.Event) -> Iterator[None]:
     """SIGTERM/SIGINT set stop; SIGHUP sets reload. Old handlers come back on exit."""
@@ -262,6 +243,7 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
     wake, reload = threading.Event(), threading.Event()
     base = config  # flags and defaults: every (re)load of the file starts from these
     config = apply_file(base, set(explicit))
+    state_lock = StateLock.acquire(config.state_dir)  # a second daemon on the directory: exit 2 here
     agent = Agent(config)
     if config.otlp is not None:  # before serving: a missing extra is a one-line error, exit 2
         from rnic_exporter.sinks.otel import OtelSink
@@ -311,6 +293,7 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
             agent.poll_once(full_gid_tables=due.full_gid_tables)
             log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6),
                                                 "reason": due.reason}})
+    state_lock.release()
     log.info("stopped")
     return 0
 

@@ -15,6 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from rnic_exporter import __version__
+from rnic_exporter.bounds import POLL_INTERVAL, NumberParam
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sinks.otel_settings import otlp_options
 
@@ -186,8 +187,8 @@ def serve_options(f: F) -> F:
         click.option("--config", "config_file", default=None, metavar="FILE",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="Config file (TOML, or YAML by .yml/.yaml). Flags beat the file; SIGHUP reloads it."),
-        click.option("--poll.interval", "poll_interval", type=click.FloatRange(min=0.05), default=5.0,
-                     help="Seconds between sysfs polls. Scrapes are served from the last poll."),
+        click.option("--poll.interval", "poll_interval", type=NumberParam(POLL_INTERVAL), default=5.0,
+                     help="Seconds between sysfs polls (0.05 to 3600). Scrapes are served from the last poll."),
         click.option("--log.level", "log_level", type=click.Choice(list(LEVELS)), default="info"),
         click.option("--log.format", "log_format", type=click.Choice(sorted(FORMATTERS)), default="logfmt"),
         click.option("--watch.netlink/--no-watch.netlink", "watch_netlink", default=True,
@@ -288,30 +289,23 @@ def check(sysfs: str, device_include: str | None, device_exclude: str | None, pr
     expected addresses, address managers that drop addresses on a flap, and unreadable
     attributes. Each problem says what it means for a job and what to do. Use it in job prologues.
     """
-    from dataclasses import replace
-
     from rnic_exporter import config as config_module
     from rnic_exporter.detect.settings import DetectionSettings
     from rnic_exporter.doctor import format_report, run_check
     from rnic_exporter.sources.hostnet import HostPaths
-    from rnic_exporter.sources.snapshot import ReaderSettings
 
     try:
-        env_index = _nccl_gid_index_env()
-        detection = DetectionSettings(nccl_gid_index=env_index)
-        nccl_env: dict[str, str] = {}
-        if config_file is not None:
-            loaded = config_module.load(config_file)
-            detection = loaded.detection(detection, keep_gid_index=env_index is not None)
-            nccl_env = dict(loaded.nccl_env)
-        if nccl_gid_index is not None:
-            detection = replace(detection, nccl_gid_index=nccl_gid_index)
-        if expected_devices is not None:
-            detection = replace(detection, expected_devices=expected_devices)
-        reader_settings = ReaderSettings.build(device_include, device_exclude, nccl_env)
-        report = run_check(Path(sysfs), Path(state_dir) if state_dir else None,
-                           replace(detection, nccl=reader_settings.nccl), reader_settings,
-                           HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)), use_netlink=not no_netlink)
+        # The flag beats NCCL_IB_GID_INDEX, which beats the file; serve resolves the same way.
+        index = nccl_gid_index if nccl_gid_index is not None else _nccl_gid_index_env()
+        given = {"device_include": device_include, "device_exclude": device_exclude, "nccl_gid_index": index,
+                 "expected_devices": expected_devices}
+        resolved = config_module.resolve(
+            config_file, device_include=device_include, device_exclude=device_exclude,
+            detection=DetectionSettings(nccl_gid_index=index, expected_devices=expected_devices),
+            explicit={name for name, value in given.items() if value is not None})
+        report = run_check(Path(sysfs), Path(state_dir) if state_dir else None, resolved.detection,
+                           resolved.reader, HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
+                           use_netlink=not no_netlink)
     except ConfigError as exc:
         fail(str(exc))
     if as_json:
@@ -326,7 +320,7 @@ def check(sysfs: str, device_include: str | None, device_exclude: str | None, pr
 @click.option("--step.seconds", "step_seconds", type=click.FloatRange(min=1.0), default=20.0,
               help="Seconds between the injected failures.")
 @click.option("--web.listen-address", "listen", multiple=True, default=["127.0.0.1:19879"], metavar="[HOST]:PORT")
-@click.option("--poll.interval", "poll_interval", type=click.FloatRange(min=0.05), default=2.0)
+@click.option("--poll.interval", "poll_interval", type=NumberParam(POLL_INTERVAL), default=2.0)
 @click.option("--log.format", "log_format", type=click.Choice(["logfmt", "json"]), default="logfmt")
 def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interval: float, log_format: str) -> None:
     """Serve metrics of a simulated host and play the failures rnic-exporter exists for.

@@ -32,13 +32,30 @@ environment variable beats the file; the file beats the built-in default.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from rnic_exporter.bounds import (
+    CLEAR_AFTER,
+    DEVICES,
+    FORGET_AFTER,
+    GBPS,
+    GID_INDEX,
+    GTS,
+    POLL_INTERVAL,
+    ROCE_VERSION,
+    TRANSITIONS,
+    WIDTH,
+    WINDOW,
+    check_number,
+    show,
+    within,
+)
 from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.sources.snapshot import ReaderSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,54 +89,32 @@ class FileConfig:
                        address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s)
 
 
-def _positive(path: str, value: Any, what: str = "a positive number") -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ValueError(f"{path}: expected {what}, got {value!r}")
-    return float(value)
-
-
-def _number(path: str, value: Any) -> float:
-    return _positive(path, value, "a positive number of seconds")
-
-
 def _regex(path: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{path}: expected a regular expression string, got {value!r}")
+        raise ValueError(f"{path}: expected a regular expression string, got {show(value)}")
     try:
         re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"{path}: {value!r} is not a valid regular expression ({exc})") from None
-    return value
-
-
-def _int(path: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{path}: expected an integer, got {value!r}")
-    return value
-
-
-def _count(path: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{path}: expected a positive integer, got {value!r}")
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ValueError(f"{path}: {show(value)} is not a valid regular expression ({exc})") from None
     return value
 
 
 # A [[rated]] table's values (RatedExpectation fields), in the order the error message lists them.
 _RATED_VALUES: Mapping[str, Callable[[str, Any], Any]] = {
-    "port_rate_gbps": _positive, "port_width": _count, "netdev_speed_gbps": _positive,
-    "pcie_speed_gts": _positive, "pcie_width": _count,
+    "port_rate_gbps": within(GBPS), "port_width": within(WIDTH), "netdev_speed_gbps": within(GBPS),
+    "pcie_speed_gts": within(GTS), "pcie_width": within(WIDTH),
 }
 
 
 def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
     if not isinstance(value, list):
-        raise ValueError(f"{path}: expected a list of tables ([[rated]] in TOML, a list in YAML), got {value!r}")
+        raise ValueError(f"{path}: expected a list of tables ([[rated]] in TOML, a list in YAML), got {show(value)}")
     out = []
     problems = []
     for i, item in enumerate(value):
         where = f"{path}[{i}]"
         if not isinstance(item, Mapping):
-            problems.append(f"{where}: expected a table, got {item!r}")
+            problems.append(f"{where}: expected a table, got {show(item)}")
             continue
         match = item.get("match")
         if not isinstance(match, Mapping) or not match:
@@ -127,16 +122,16 @@ def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
             continue
         bad = [k for k in match if k not in MATCH_KEYS or not isinstance(match[k], str)]
         if bad:
-            problems.append(f"{where}.match: unknown key or non-string value {bad[0]!r} "
+            problems.append(f"{where}.match: unknown key or non-string value {show(bad[0])} "
                             f"(keys: {', '.join(MATCH_KEYS)})")
             continue
         values: dict[str, Any] = {}
         for key, raw in item.items():
             if key == "match":
                 continue
-            validate = _RATED_VALUES.get(key)
+            validate = _RATED_VALUES.get(key) if isinstance(key, str) else None
             if validate is None:
-                problems.append(f"{where}.{key}: unknown key ({', '.join(_RATED_VALUES)}, match)")
+                problems.append(f"{where}.{show(key)}: unknown key ({', '.join(_RATED_VALUES)}, match)")
                 continue
             try:
                 values[key] = validate(f"{where}.{key}", raw)
@@ -153,24 +148,24 @@ def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
 
 def _str(path: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{path}: expected a string, got {value!r}")
+        raise ValueError(f"{path}: expected a string, got {show(value)}")
     return value
 
 
 # key path -> (validator, FileConfig field or NCCL env name)
 _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
-    "poll_interval_seconds": (_number, "poll_interval_seconds"),
+    "poll_interval_seconds": (within(POLL_INTERVAL), "poll_interval_seconds"),
     "collector.infiniband.device_include": (_regex, "device_include"),
     "collector.infiniband.device_exclude": (_regex, "device_exclude"),
-    "nccl.ib_gid_index": (_int, "nccl_gid_index"),
+    "nccl.ib_gid_index": (within(GID_INDEX), "nccl_gid_index"),
     "nccl.ib_addr_family": (_str, "env:NCCL_IB_ADDR_FAMILY"),
     "nccl.ib_addr_range": (_str, "env:NCCL_IB_ADDR_RANGE"),
-    "nccl.ib_roce_version_num": (_int, "env:NCCL_IB_ROCE_VERSION_NUM"),
-    "inventory.expected_devices": (_count, "expected_devices"),
-    "flapping.transitions": (_count, "flap_transitions"),
-    "flapping.window_seconds": (_number, "flap_window_seconds"),
-    "flapping.clear_after_seconds": (_number, "flap_clear_after_seconds"),
-    "addresses.forget_after_seconds": (_number, "address_forget_after_seconds"),
+    "nccl.ib_roce_version_num": (within(ROCE_VERSION), "env:NCCL_IB_ROCE_VERSION_NUM"),
+    "inventory.expected_devices": (within(DEVICES), "expected_devices"),
+    "flapping.transitions": (within(TRANSITIONS), "flap_transitions"),
+    "flapping.window_seconds": (within(WINDOW), "flap_window_seconds"),
+    "flapping.clear_after_seconds": (within(CLEAR_AFTER), "flap_clear_after_seconds"),
+    "addresses.forget_after_seconds": (within(FORGET_AFTER), "address_forget_after_seconds"),
     "rated": (_rated, "rated"),
 }
 _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}
@@ -178,6 +173,9 @@ _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collect
 
 def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any], problems: list[str]) -> None:
     for key, value in data.items():
+        if not isinstance(key, str):  # YAML allows `1: x` or `null: x`
+            problems.append(f"{prefix}{show(key)}: keys must be strings")
+            continue
         path = f"{prefix}{key}"
         if isinstance(value, Mapping):
             if path not in _SECTIONS:
@@ -191,19 +189,19 @@ def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any], problems
 def load(path: Path) -> FileConfig:
     """Parse and validate `path`; raise ConfigError listing every problem at once."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read it: {exc.strerror}") from None
-    # Parsers only when a config file is given: PyYAML costs ~1.4 MB of resident memory.
-    import tomllib
+    return parse_file(path, raw)
 
-    import yaml
 
+def parse_file(path: Path, raw: bytes) -> FileConfig:
+    """The FileConfig in `raw`, the bytes of `path` (TOML, or YAML by suffix); ConfigError only."""
     try:
-        data = (yaml.safe_load(text) or {}) if path.suffix in (".yml", ".yaml") else tomllib.loads(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        kind = "YAML" if path.suffix in (".yml", ".yaml") else "TOML (use .yml/.yaml for YAML)"
-        raise ConfigError(f"config file {path}: not valid {kind}: {exc}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    data = parse_text(path, text)
     if not isinstance(data, Mapping):
         raise ConfigError(f"config file {path}: the top level must be a table/mapping of keys")
     flat: dict[str, Any] = {}
@@ -215,7 +213,9 @@ def load(path: Path) -> FileConfig:
         spec = _SCHEMA.get(key)
         if spec is None:
             close = [k for k in _SCHEMA if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
-            hint = f" (did you mean {close[0]}?)" if close else f" (known keys: {', '.join(sorted(_SCHEMA))})"
+            listed = any("(known keys: " in p for p in problems)  # the list once, not per unknown key
+            hint = f" (did you mean {close[0]}?)" if close else "" if listed else \
+                f" (known keys: {', '.join(sorted(_SCHEMA))})"
             problems.append(f"{key}: unknown key{hint}")
             continue
         validate, target = spec
@@ -229,5 +229,112 @@ def load(path: Path) -> FileConfig:
         else:
             values[target] = checked
     if problems:
-        raise ConfigError(f"config file {path}: " + "; ".join(problems))
+        shown = problems[:_SHOWN_PROBLEMS] + ([f"and {len(problems) - _SHOWN_PROBLEMS} more problem(s)"]
+                                              if len(problems) > _SHOWN_PROBLEMS else [])
+        raise ConfigError(one_line(f"config file {path}: " + "; ".join(shown)))
     return FileConfig(nccl_env=env, **values)
+
+
+_SHOWN_PROBLEMS = 8  # a message is read by a person: the first few problems, and how many more
+
+
+def one_line(message: str) -> str:
+    """A message as the one line the README promises (YAML's marks span several)."""
+    return " ".join(message.split())
+
+
+def parse_text(path: Path, text: str) -> Any:
+    """The document in `text`, TOML or YAML by `path`'s suffix; every failure is one ConfigError.
+
+    YAML is read with the strict loader the web config uses (a duplicate key is an error, not
+    "the last one wins"). Both parsers recurse: a 500-deep nested array is a RecursionError, and
+    TOML's int() refuses numbers of more than 4,300 digits with a ValueError; both are "not valid".
+    """
+    # Parsers only when a config file is given: PyYAML costs ~1.4 MB of resident memory.
+    import tomllib
+
+    import yaml
+
+    from rnic_exporter.yamlstrict import strict_loader
+
+    is_yaml = path.suffix in (".yml", ".yaml")
+    kind = "YAML" if is_yaml else "TOML (use .yml/.yaml for YAML)"
+    try:
+        if is_yaml:
+            return yaml.load(text, Loader=strict_loader()) or {}  # a SafeLoader subclass
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"config file {path}: not valid {kind}: nested too deeply") from None
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, ValueError) as exc:
+        raise ConfigError(one_line(f"config file {path}: not valid {kind}: {exc}")[:2000]) from None
+
+
+# -- precedence: one resolver for serve and check ---------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    poll_interval_s: float
+    reader: ReaderSettings
+    detection: DetectionSettings
+
+
+def resolve(config_file: Path | None, *, poll_interval_s: float = 5.0, device_include: str | None = None,
+            device_exclude: str | None = None, detection: DetectionSettings | None = None,
+            explicit: Collection[str] = ()) -> Resolved:
+    """Flags and environment, the config file, built-in defaults: in that order, for serve and check.
+
+    The keyword arguments are what the flags (or their environment variables) and the built-in
+    defaults say; `explicit` names those the operator gave (`poll_interval`, `device_include`,
+    `device_exclude`, `nccl_gid_index`, `expected_devices`): those beat the file, defaults lose to
+    it. NCCL_IB_GID_INDEX in the environment counts as given (it is what jobs get). Every number
+    goes through `check_number`, whether it came from a flag or the file. Raises ConfigError only.
+    """
+    given = detection or DetectionSettings()
+    try:
+        check_number("--poll.interval", poll_interval_s, POLL_INTERVAL)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    loaded = load(config_file) if config_file is not None else FileConfig()
+
+    def pick(name: str, flag: Any, file: Any) -> Any:
+        return flag if name in explicit or file is None else file
+
+    merged = loaded.detection(given, keep_gid_index="nccl_gid_index" in explicit)
+    if "expected_devices" in explicit:
+        merged = replace(merged, expected_devices=given.expected_devices)
+    reader = ReaderSettings.build(pick("device_include", device_include, loaded.device_include),
+                                  pick("device_exclude", device_exclude, loaded.device_exclude), loaded.nccl_env)
+    return Resolved(poll_interval_s=pick("poll_interval", poll_interval_s, loaded.poll_interval_seconds),
+                    reader=reader, detection=replace(merged, nccl=reader.nccl))  # judged as the reader picks
+
+
+class Configurable(Protocol):
+    """What `apply_file` overlays: the daemon's ServeConfig (kept in agent.py)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def poll_interval_s(self) -> float: ...
+    @property
+    def reader(self) -> ReaderSettings: ...
+    @property
+    def detection(self) -> DetectionSettings: ...
+    @property
+    def config_file(self) -> Path | None: ...
+
+
+C = TypeVar("C", bound=Configurable)
+
+
+def apply_file(config: C, explicit: Collection[str]) -> C:
+    """`config` (flags and defaults) with the config file resolved onto it, by `resolve`."""
+    if config.config_file is None:  # nothing to overlay; the numbers are still checked
+        resolve(None, poll_interval_s=config.poll_interval_s)
+        return config
+    reader = config.reader
+    resolved = resolve(config.config_file, poll_interval_s=config.poll_interval_s,
+                       device_include=reader.device_include.pattern if reader.device_include else None,
+                       device_exclude=reader.device_exclude.pattern if reader.device_exclude else None,
+                       detection=config.detection, explicit=explicit)
+    return replace(config, poll_interval_s=resolved.poll_interval_s, reader=resolved.reader,
+                   detection=resolved.detection)

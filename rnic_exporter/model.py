@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -47,7 +48,8 @@ class LinkRate:
 
     @property
     def per_lane_gbps(self) -> float:
-        return self.gbps / self.lanes
+        lanes = finite_float(self.lanes) if self.lanes > 0 else None  # parse_rate gives 1-12 lanes
+        return math.nan if lanes is None else self.gbps / lanes
 
     @property
     def bits_per_second(self) -> float:
@@ -99,13 +101,18 @@ class GidEntry:
         """The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`), else None."""
         if not self.gid.startswith(_IPV4_MAPPED_PREFIX):
             return None
-        return str(ipaddress.IPv6Address(self.gid).ipv4_mapped)
+        ip = _ipv6(self.gid)
+        return None if ip is None else str(ip.ipv4_mapped)
 
     @property
     def address(self) -> str:
-        """The GID as an IP address string (IPv4 for mapped GIDs, compressed IPv6 otherwise)."""
+        """The GID as an IP address string (IPv4 for mapped GIDs, compressed IPv6 otherwise); a
+        GID that is no IPv6 address (parse_gid never gives one) stays as it is."""
         ipv4 = self.ipv4
-        return ipv4 if ipv4 is not None else str(ipaddress.IPv6Address(self.gid))
+        if ipv4 is not None:
+            return ipv4
+        ip = _ipv6(self.gid)
+        return self.gid if ip is None else str(ip)
 
     @property
     def is_link_local(self) -> bool:
@@ -131,11 +138,29 @@ class GidEntry:
         return self.type[pos:] if pos >= 0 else self.type
 
 
+def _ipv6(text: str) -> ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.IPv6Address(text)
+    except ValueError:
+        return None
+
+
+def finite_float(value: float) -> float | None:
+    """`value` as a float, or None when it is beyond float range (an int of more than 308 digits)
+    or not finite: such a value cannot be represented, and "unavailable" is never shown as inf."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 @functools.lru_cache(maxsize=1024)  # asked every poll by detection and rendering; tables rarely change
 def gid_table_hash(entries: tuple[GidEntry, ...]) -> int:
     """A stable hash of the populated slots, below 2^53 so a float64 sample holds it exactly."""
     text = "\n".join(f"{e.index} {e.gid} {e.type} {e.netdev}" for e in entries)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 11
+    # surrogatepass: a name from a listing may hold PEP 383 surrogates; the hash must not raise on it
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()[:8], "big") >> 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +250,8 @@ class Netdev:
     def speed_bytes_per_second(self) -> float | None:
         if self.speed_mbps is None or self.speed_mbps < 0:
             return None
-        return self.speed_mbps * 1e6 / 8
+        mbps = finite_float(self.speed_mbps)  # parse_int bounds it to 32 bits; a constructor may not
+        return None if mbps is None else finite_float(mbps * 1e6 / 8)
 
 
 @dataclass(frozen=True, slots=True)

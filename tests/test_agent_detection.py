@@ -232,7 +232,7 @@ def test_a_detection_failure_costs_no_metrics(sim_host: SimHost, tmp_path: Path,
 
 
 def test_nccl_gid_index_from_the_environment_beats_the_config_file(tmp_path: Path) -> None:
-    from rnic_exporter.agent import apply_file
+    from rnic_exporter.config import apply_file
 
     cfg = tmp_path / "rnic.toml"
     cfg.write_text("[nccl]\nib_gid_index = 2\n[inventory]\nexpected_devices = 4\n")

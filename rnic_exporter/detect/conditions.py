@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
+from rnic_exporter.detect.expected import bound_expected
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.detect.state import State, device_key, port_key
 from rnic_exporter.model import ROCE_V2, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
@@ -341,9 +342,11 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
         current, source = None, ""
     # Expected: what the netdev carried before (remembered) and what it carries now (remembered
     # from this poll on), so the gauge exists from the first poll.
-    expected = ({a: a in current for a in remembered}
-                | {a: True for a in current if is_expected_candidate(a) and a not in transient}
-                if current is not None else {})
+    # Bounded, and only what NCCL and the GID table care about (detect/expected.py).
+    expected = bound_expected(remembered, current, [a for a in current if is_expected_candidate(a)
+                                                    and a not in transient],
+                              gid_table_addresses(port) if port.link_layer == "Ethernet" else None,
+                              indices) if current is not None else {}
     valid, content = _configured_index(port, configured, nccl)
     unreadable = gid_table_problem(port, snap.errors) if uses_roce(dev, port) else None
     pick = judge_pick(port, nccl, configured) if uses_roce(dev, port) and unreadable is None else None

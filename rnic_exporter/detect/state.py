@@ -8,18 +8,29 @@ exporter's job is to keep reporting, and the inventory re-learns itself on the n
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
+import logging
+import math
 import os
+import socket
+import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rnic_exporter.errors import ConfigError
 from rnic_exporter.model import Device
+
+log = logging.getLogger(__name__)
 
 STATE_FORMAT = "rnic-exporter-state"
 STATE_VERSION = 1
 STATE_FILE = "state.json"
+LOCK_FILE = "state.lock"
 DEFAULT_STATE_DIR = Path("/var/lib/rnic-exporter")
 
 
@@ -73,24 +84,133 @@ class State:
 
     @classmethod
     def from_json(cls, data: Any) -> State:
-        """Raise ValueError (naming what is wrong) for anything that is not our current format."""
+        """Raise ValueError (naming the first thing wrong) for anything that is not our current
+        format, checked against the schema in full: a wrong type or an impossible number in one
+        record would otherwise break detection on every poll, or silently switch a judgement off."""
         if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
             raise ValueError(f"not an rnic-exporter state file (format {_field(data, 'format')!r})")
         if data.get("version") != STATE_VERSION:
             raise ValueError(f"state version {_field(data, 'version')!r}, this exporter reads {STATE_VERSION}")
-        try:
-            return cls(
-                devices={str(k): KnownDevice(**v) for k, v in data["devices"].items()},
-                baselines={str(k): Baseline(**v) for k, v in data["baselines"].items()},
-                addresses={str(k): {str(a): KnownAddress(**s) for a, s in v.items()}
-                           for k, v in data["addresses"].items()},
-            )
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"malformed state content: {exc!r}") from None
+        unknown = sorted(set(data) - _TOP_LEVEL)
+        if unknown:
+            raise ValueError(f"unknown top-level key {unknown[0][:40]!r}")
+        return cls(
+            devices={k: KnownDevice(**_record(f"devices.{k}", v, _DEVICE_FIELDS))
+                     for k, v in _table("devices", data.get("devices")).items()},
+            baselines={k: Baseline(**_record(f"baselines.{k}", v, _BASELINE_FIELDS))
+                       for k, v in _table("baselines", data.get("baselines")).items()},
+            addresses={k: {a: KnownAddress(**_record(f"addresses.{k}.{a}", r, _ADDRESS_FIELDS))
+                           for a, r in _table(f"addresses.{k}", v).items()}
+                       for k, v in _table("addresses", data.get("addresses")).items()},
+        )
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a state file holds")
+
+
+def _one_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _field(data: Any, name: str) -> Any:
     return data.get(name) if isinstance(data, dict) else type(data).__name__
+
+
+# -- the schema: one checker per field; each returns the value or raises ValueError ---------------
+
+Check = Callable[[str, Any], Any]
+_MAX_TIME = 1e11  # seconds since the epoch: year 5138; beyond is no clock reading
+# 12 lanes of XDR are 2.4 Tb/s = 3e11 B/s: a baseline a thousand times that is no measurement.
+_MAX_RATE = 3e14
+_MAX_LANES = 32
+_MAX_GID_INDEX = 1 << 16
+
+
+def _text(where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: expected a string, got {_kind(value)}")
+    return value
+
+
+def _optional_text(where: str, value: Any) -> str | None:
+    return None if value is None else _text(where, value)
+
+
+def _number(where: str, value: Any, low: float, high: float, *, exclusive_low: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a number, got {_kind(value)}")
+    if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+        raise ValueError(f"{where}: {str(value)[:20]}... is out of range")
+    number = float(value)
+    if not math.isfinite(number) or number < low or number > high or (exclusive_low and number == low):
+        raise ValueError(f"{where}: {value!r} is not within {low:g}..{high:g}")
+    return number
+
+
+def _time(where: str, value: Any) -> float:
+    return _number(where, value, 0.0, _MAX_TIME)
+
+
+def _rate(where: str, value: Any) -> float:
+    return _number(where, value, 0.0, _MAX_RATE, exclusive_low=True)
+
+
+def _integer(where: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where}: expected an integer, got {_kind(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"{where}: {str(value)[:20]} is not within {low}..{high}")
+    return value
+
+
+def _lanes(where: str, value: Any) -> int:
+    return _integer(where, value, 1, _MAX_LANES)
+
+
+def _gid_index(where: str, value: Any) -> int | None:
+    return None if value is None else _integer(where, value, 0, _MAX_GID_INDEX)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+_TOP_LEVEL = frozenset({"format", "version", "devices", "baselines", "addresses"})
+# field -> (checker, required)
+_DEVICE_FIELDS: Mapping[str, tuple[Check, bool]] = {
+    "name": (_text, True), "pci_address": (_optional_text, True), "node_guid": (_optional_text, False),
+    "hca_type": (_optional_text, False), "board_id": (_optional_text, False),
+    "first_seen": (_time, False), "last_seen": (_time, False),
+}
+_BASELINE_FIELDS: Mapping[str, tuple[Check, bool]] = {
+    "rate_bytes_per_second": (_rate, True), "lanes": (_lanes, True),
+}
+_ADDRESS_FIELDS: Mapping[str, tuple[Check, bool]] = {
+    "netdev": (_text, True), "last_seen": (_time, True), "v2_index": (_gid_index, False),
+}
+
+
+def _table(where: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a table, got {_kind(value)}")
+    return value
+
+
+def _record(where: str, value: Any, fields: Mapping[str, tuple[Check, bool]]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: expected a table, got {_kind(value)}")
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r}")
+    out = {}
+    for name, (check, required) in fields.items():
+        if name not in value:
+            if required:
+                raise ValueError(f"{where}: {name} is missing")
+            continue
+        out[name] = check(f"{where}.{name}", value[name])
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +218,33 @@ class LoadResult:
     state: State
     problem: str | None = None  # why the file was rebuilt; None when it loaded or did not exist
     reason: str | None = None  # low-cardinality label: corrupt | foreign | unreadable
+
+
+class StateFileError(ValueError):
+    """Why a state file's bytes are not a state; `reason` is the label (corrupt | foreign)."""
+
+    def __init__(self, problem: str, reason: str) -> None:
+        super().__init__(problem)
+        self.reason = reason
+
+
+def decode_state(raw: bytes) -> State:
+    """The state in a file's bytes, or StateFileError saying why not (one line); nothing else escapes."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise StateFileError(f"corrupt (not UTF-8 at byte {exc.start})", "corrupt") from None
+    try:
+        data = json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise StateFileError(f"corrupt ({exc.msg} at line {exc.lineno})", "corrupt") from None
+    except (ValueError, RecursionError) as exc:  # NaN/Infinity, numbers beyond int(), nesting
+        raise StateFileError(f"corrupt ({_one_line(exc)})", "corrupt") from None
+    try:
+        return State.from_json(data)
+    except ValueError as exc:
+        reason = "corrupt" if isinstance(data, dict) and data.get("format") == STATE_FORMAT else "foreign"
+        raise StateFileError(_one_line(exc), reason) from None
 
 
 class StateStore:
@@ -116,22 +263,17 @@ class StateStore:
         if path is None:
             return LoadResult(State())
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return LoadResult(State())
         except OSError as exc:
             return LoadResult(State(), f"cannot read {path}: {exc.strerror}; starting with an empty inventory",
                               "unreadable")
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return self._rebuild(path, f"{path} is corrupt ({exc.msg} at line {exc.lineno})", "corrupt")
-        try:
-            state = State.from_json(data)
-        except ValueError as exc:
-            reason = "corrupt" if isinstance(data, dict) and data.get("format") == STATE_FORMAT else "foreign"
-            return self._rebuild(path, f"{path}: {exc}", reason)
-        self._last_written = text
+            state = decode_state(raw)
+        except StateFileError as exc:
+            return self._rebuild(path, f"{path}: {exc}", exc.reason)
+        self._last_written = raw.decode("utf-8")
         return LoadResult(state)
 
     def _rebuild(self, path: Path, problem: str, reason: str) -> LoadResult:
@@ -150,8 +292,9 @@ class StateStore:
         if text == self._last_written:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one writer per process: the pid suffices
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # A name of its own (O_EXCL, random): two containers are both PID 1, so a pid is not unique.
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "w") as out:
                 out.write(text)
@@ -168,3 +311,61 @@ class StateStore:
         finally:
             os.close(dir_fd)
         self._last_written = text
+
+
+class StateLock:
+    """An exclusive `flock` on `<dir>/state.lock`, held by the one daemon that owns the directory.
+
+    Two daemons writing one state file overwrite each other's inventory, so the second one must
+    not start: `acquire` raises ConfigError (one line, exit 2) naming the holder, whose pid and
+    host name are in the lock file. The kernel drops the lock when the holder dies, so a stale
+    file never blocks. `check` only reads the file and takes no lock.
+    """
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, directory: Path | None) -> StateLock:
+        if directory is None:
+            return cls(None)
+        path = directory / LOCK_FILE
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:  # a read-only state dir: saving will fail and be counted; reading goes on
+            log.warning("state directory not locked", extra={"fields": {"path": str(path), "err": exc.strerror}})
+            return cls(None)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _holder(fd)
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ConfigError(f"--state.dir {directory} is in use by another rnic-exporter ({holder}); "
+                                  "give each daemon its own state directory") from None
+            log.warning("state directory not locked", extra={"fields": {"path": str(path), "err": exc.strerror}})
+            return cls(None)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        return cls(fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def _holder(fd: int) -> str:
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    return text.splitlines()[0] if text else "holder unknown"

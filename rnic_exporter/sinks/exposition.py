@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rnic_exporter.catalog import MetricSpec
+from rnic_exporter.labels import label_value
 
 Sample = tuple[tuple[str, ...], float]
 Lines = dict[tuple[str, tuple[str, ...]], tuple[float, str]]  # (metric, labels) -> (value, line)
@@ -48,7 +49,10 @@ class FamilyBuilder:
 
 def go_float(value: float) -> str:
     """Values as prometheus-client (and Go) print them: `1.0`, `5e+10`, `+Inf`."""
-    d = float(value)
+    try:
+        d = float(value)
+    except OverflowError:  # an int beyond float range: what float64 would hold is an infinity
+        d = math.inf if value > 0 else -math.inf
     if d == math.inf:
         return "+Inf"
     if d == -math.inf:
@@ -102,7 +106,7 @@ def _version(text: str) -> tuple[int | str, ...]:
 
 
 def _escape_value(value: str) -> str:
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return label_value(value).replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def headers(spec: MetricSpec) -> tuple[str, str]:

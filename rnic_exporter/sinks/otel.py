@@ -28,6 +28,7 @@ from typing import Any
 from rnic_exporter import __version__, catalog
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
+from rnic_exporter.labels import label_value
 from rnic_exporter.model import Snapshot
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.exposition import Family
@@ -295,7 +296,7 @@ class _Observer:
                     route = mapping.route(labels)
                     cached = (route.instrument.name, mapping.attributes(route, labels))
                 attrs_cache[key] = cached
-                out.setdefault(cached[0], []).append(Observation(value, cached[1]))
+                out.setdefault(cached[0], []).append(Observation(otel_metrics.otlp_number(value), cached[1]))
         self._attrs = attrs_cache  # keeps only live series: a removed NIC's attributes go
         return out
 
@@ -330,13 +331,13 @@ class _LogShipper:
         self._wake.set()
 
     def record(self, event: Event) -> ReadableLogRecord:
-        attributes = {k: v for k, v in event.fields().items() if k not in ("event", "severity")}
+        attributes = {k: label_value(v) for k, v in event.fields().items() if k not in ("event", "severity")}
         now = time.time_ns()
         return ReadableLogRecord(
             log_record=LogRecord(
                 timestamp=int(event.time * 1e9) if event.time else now, observed_timestamp=now,
                 severity_number=SeverityNumber(OTEL_SEVERITY_NUMBER[event.severity]),
-                severity_text=OTEL_SEVERITY_TEXT[event.severity], body=event.message,
+                severity_text=OTEL_SEVERITY_TEXT[event.severity], body=label_value(event.message),
                 attributes=attributes, event_name=event.name),
             resource=self._resource, instrumentation_scope=self._scope)
 

@@ -9,6 +9,7 @@ loads nothing of OpenTelemetry.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -16,8 +17,27 @@ from typing import Literal
 
 from rnic_exporter import catalog as c
 from rnic_exporter.catalog import MetricSpec
+from rnic_exporter.labels import label_value
 
 InstrumentKind = Literal["counter", "gauge", "updowncounter"]
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def otlp_number(value: float) -> float:
+    """A sample value as an OTLP data point carries it: an int inside int64 stays an exact `as_int`;
+    beyond it (a PMA counter at its 64-bit saturation value 18446744073709551615, a 64-bit data
+    counter past 2^61 multiplied by 4 into bytes) it becomes a double, as Prometheus carries every
+    value. Clamping to 2^63-1 would freeze a moving counter and make its rate 0; a double keeps it
+    monotonic and within 2^-53 of the truth. Without this, protobuf refuses the value and the whole
+    batch - every metric of the host - fails to encode.
+    """
+    if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+        try:
+            return float(value)
+        except OverflowError:  # beyond float range (no parser gives one): what a double would hold
+            return math.inf if value > 0 else -math.inf
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +73,10 @@ class MetricMapping:
     def attributes(self, route: Route, labels: tuple[str, ...]) -> dict[str, str]:
         """OTel attributes of one sample; empty label values stay absent, as Prometheus treats them."""
         names = dict(route.rename)
-        attrs = {names.get(k, k): v for k, v in zip(self.spec.labels, labels, strict=True) if v != ""}
-        if route.hw_id:
-            attrs["hw.id"] = f"{attrs['device']}/{attrs['port']}"
+        attrs = {names.get(k, k): label_value(v) for k, v in zip(self.spec.labels, labels, strict=True) if v != ""}
+        if route.hw_id:  # from the labels themselves: an empty one is left out of `attrs` above
+            given = dict(zip(self.spec.labels, labels, strict=True))
+            attrs["hw.id"] = label_value(f"{given.get('device', '')}/{given.get('port', '')}")
         attrs.update(route.constant)
         return attrs
 

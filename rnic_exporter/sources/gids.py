@@ -23,14 +23,21 @@ def parse_gid(text: str) -> str:
     """`fe80:0000:0000:0000:0e42:a1ff:fe41:2d36` (%pI6: eight groups, never `::`-compressed)."""
     value = text.strip()
     if not _GID.match(value):
-        raise MalformedValueError(f"GID {text!r} is not eight ':'-separated 4-digit lowercase hex groups")
+        raise MalformedValueError(f"GID {text[:60]!r} is not eight ':'-separated 4-digit lowercase hex groups")
     return value
 
 
 def parse_gid_type(text: str) -> str | None:
     """`IB/RoCE v1` or `RoCE v2`; empty (the on-disk stand-in for EINVAL) means an empty slot."""
     value = text.strip()
+    if "\0" in value:
+        raise MalformedValueError(f"GID type {text[:40]!r} holds a NUL byte")
     return value or None
+
+
+# The kernel's dev_valid_name(): under IFNAMSIZ (16) bytes, not "." or "..", no "/", ":",
+# whitespace or NUL. The name becomes a path (class/net/<name>) and a label: anything else is malformed.
+IFNAMSIZ = 16
 
 
 def parse_netdev_name(text: str) -> str | None:
@@ -38,8 +45,9 @@ def parse_netdev_name(text: str) -> str | None:
     value = text.strip()
     if not value:
         return None
-    if "/" in value or any(c.isspace() for c in value):
-        raise MalformedValueError(f"netdev name {text!r} is not an interface name")
+    if (len(value) >= IFNAMSIZ or value in (".", "..")
+            or any(c in "/:\0" or c.isspace() for c in value)):
+        raise MalformedValueError(f"netdev name {text[:40]!r} is not an interface name")
     return value
 
 
@@ -88,10 +96,23 @@ class GidTable:
     empty: list[str]  # `gids/<i>` of the other slots, relative to the mount
     nccl_gid_index: int | None = None
     sweep_at: int = 0
+    # Slots with a file that could not be read: their content is unknown, not empty. Each keeps
+    # what the last read knew of it, so a slot that is briefly unreadable changes neither the
+    # table hash nor NCCL's pick (no table_changed / gid_index_changed on break and on heal).
+    unreadable: tuple[int, ...] = ()
+
+    @property
+    def partly_unreadable(self) -> bool:
+        return bool(self.unreadable)
 
 
-def read_gid_table(root: SysfsRoot, port_dir: str, device: str, port: int) -> GidTable:
-    """Every slot, discovered by listing `gids/` (never a hard-coded table size), in two batches."""
+def read_gid_table(root: SysfsRoot, port_dir: str, device: str, port: int,
+                   previous: GidTable | None = None) -> GidTable:
+    """Every slot, discovered by listing `gids/` (never a hard-coded table size), in two batches.
+
+    A slot whose files cannot be read takes its entry from `previous` (the last read of this
+    port's table) when that read knew it: unknown is not empty.
+    """
     log = ErrorLog(root)
     indices = log.numbered_entries(f"{port_dir}/gids", device=device, port=port, attribute="gids",
                                    what="slot number", optional=True)
@@ -106,17 +127,25 @@ def read_gid_table(root: SysfsRoot, port_dir: str, device: str, port: int) -> Gi
     entries: list[GidEntry] = []
     errors = list(log.errors)
     watched_raws: list[Raw] = []
+    known = {} if previous is None else {e.index: e for e in previous.entries}
+    unreadable: list[int] = []
     for k, i in enumerate(watched):
         triple = (by_index[i], attr_raws[2 * k], attr_raws[2 * k + 1])
         watched_raws.extend(triple)
         entry, faults = gid_slot(i, *triple)
+        if faults:
+            unreadable.append(i)
+            last = known.get(i)
+            if last is not None and (entry is None or entry.gid == last.gid):
+                entry = last  # the GID, or a field of it, is unknown now: keep what was known
         if entry is not None:
             entries.append(entry)
         errors.extend(ReadError(device, port, attribute, reason) for attribute, reason in faults)
     watched_set = set(watched)
     return GidTable(size=len(indices), entries=tuple(entries), errors=tuple(errors), watched=watched,
                     watched_raws=watched_raws,
-                    empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set])
+                    empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set],
+                    unreadable=tuple(unreadable))
 
 
 def sweep(root: SysfsRoot, table: GidTable, slots: int) -> bool:

@@ -19,10 +19,16 @@ LANE_GBPS: Mapping[str, float] = MappingProxyType(
 )
 VALID_LANES = frozenset({1, 2, 4, 8, 12})
 
-_RATE = re.compile(r"^(\d+)(\.5)? Gb/sec \((\d+)X(?: (\w+))?\)$")
-_STATE = re.compile(r"^(\d+): (.+)$")
+_RATE = re.compile(r"^(\d+)(\.5)? Gb/sec \((\d+)X(?: (\w+))?\)$", re.ASCII)
+_STATE = re.compile(r"^(\d+): (.+)$", re.ASCII)
 _GUID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){3}$")
-_COUNTER = re.compile(r"^\d+$")
+_COUNTER = re.compile(r"^[0-9]+$")
+# The kernel prints counters as u64 (hw_counters too); anything wider is not a counter value.
+COUNTER_MAX = (1 << 64) - 1
+# Kernel enums (port state 0-5, phys_state 0-7, node_type 1-4) fit a byte; rates are u32 Mb/s.
+_STATE_MAX = 255
+_RATE_MAX_GBPS = (1 << 32) // 1000
+_LID_MAX = (1 << 32) - 1  # 16-bit on InfiniBand, 32-bit on OPA
 
 
 def parse_rate(text: str) -> LinkRate:
@@ -33,6 +39,8 @@ def parse_rate(text: str) -> LinkRate:
     m = _RATE.match(text.strip())
     if m is None:
         raise MalformedValueError(f"rate {text!r} is not '<Gb/s> Gb/sec (<lanes>X <speed>)'")
+    if len(m[1]) > 10 or len(m[3]) > 3 or int(m[1]) > _RATE_MAX_GBPS:
+        raise MalformedValueError(f"rate {text[:40]!r} is beyond what the kernel can print (u32 Mb/s)")
     lanes = int(m[3])
     if lanes not in VALID_LANES:
         raise MalformedValueError(f"rate {text!r} has {lanes} lanes; the kernel prints 1, 2, 4, 8 or 12")
@@ -45,6 +53,8 @@ def parse_numbered_state(text: str) -> NumberedState:
     m = _STATE.match(text.strip())
     if m is None:
         raise MalformedValueError(f"{text!r} is not '<number>: <name>'")
+    if len(m[1]) > 3 or int(m[1]) > _STATE_MAX:
+        raise MalformedValueError(f"state number {m[1][:20]!r} is beyond a kernel enum (0-{_STATE_MAX})")
     return NumberedState(int(m[1]), m[2].strip())
 
 
@@ -61,37 +71,49 @@ def parse_lid(text: str) -> int:
     value = text.strip()
     if not value.startswith("0x"):
         raise MalformedValueError(f"LID {text!r} is not '0x<hex>'")
-    try:
-        return int(value, 16)
-    except ValueError:
-        raise MalformedValueError(f"LID {text!r} is not '0x<hex>'") from None
+    digits = value[2:]
+    if not digits or len(digits) > 8 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+        raise MalformedValueError(f"LID {text[:40]!r} is not '0x<hex>' of at most 32 bits")
+    lid = int(digits, 16)
+    if lid > _LID_MAX:  # pragma: no cover - 8 hex digits cannot exceed it; kept as the stated bound
+        raise MalformedValueError(f"LID {text[:40]!r} is beyond 32 bits")
+    return lid
 
 
 def parse_link_layer(text: str) -> str:
     """`InfiniBand` / `Ethernet` / `Unknown`; tolerates trailing blank lines seen in captures."""
     value = text.strip()
-    if not value or any(c.isspace() for c in value):
-        raise MalformedValueError(f"link_layer {text!r} is not a single word")
+    if not value or any(c.isspace() or c == "\0" for c in value):
+        raise MalformedValueError(f"link_layer {text[:40]!r} is not a single word")
     return value
 
 
 def parse_string(text: str) -> str:
-    """Free text such as `fw_ver` or `board_id`: stripped; empty is malformed."""
+    """Free text such as `fw_ver` or `board_id`: stripped; empty is malformed, and so is a NUL
+    (the kernel prints C strings: a NUL is not part of any value)."""
     value = text.strip()
     if not value:
         raise MalformedValueError("empty value")
+    if "\0" in value:
+        raise MalformedValueError(f"{text[:40]!r} holds a NUL byte")
     return value
 
 
 def parse_counter(text: str) -> int:
-    """A decimal counter. Kernels before ~4.20 print `N/A (no PMA)` when the MAD fails."""
-    if text.isdigit() and text.isascii():  # what the kernel prints: the one check a poll pays
+    """A decimal u64 counter. Kernels before ~4.20 print `N/A (no PMA)` when the MAD fails.
+
+    More than 20 digits is checked before `int()`: a 5,000-digit value would otherwise cost a
+    quadratic conversion (and Python refuses 4,301 digits with a ValueError of its own).
+    """
+    if len(text) < 20 and text.isdigit() and text.isascii():  # what the kernel prints: the one check a poll pays
         return int(text)
     value = text.strip()
     if value.startswith("N/A"):
-        raise MalformedValueError(f"{value!r}: the port's PMA did not answer")
+        raise MalformedValueError(f"{value[:40]!r}: the port's PMA did not answer")
     if not _COUNTER.match(value):
-        raise MalformedValueError(f"counter {text!r} is not a decimal number")
+        raise MalformedValueError(f"counter {text[:40]!r} is not a decimal number")
+    if len(value) > 20 or int(value) > COUNTER_MAX:
+        raise MalformedValueError(f"counter {value[:24]!r}... is beyond 64 bits")
     return int(value)
 
 

@@ -17,17 +17,25 @@ CLASS_DIR = "class/net"
 # `speed`, `carrier`, `duplex` answer EINVAL while the interface is admin down: that is the
 # kernel telling us "down", not a fault.
 _ADMIN_DOWN = frozenset({errno.EINVAL})
-_MAC = re.compile(r"^[0-9a-f]{2}(?::[0-9a-f]{2})+$")
+# Up to MAX_ADDR_LEN (32) octets: InfiniBand hardware addresses have 20.
+_MAC = re.compile(r"^[0-9a-f]{2}(?::[0-9a-f]{2}){0,31}$")
 OPERSTATES = ("unknown", "notpresent", "down", "lowerlayerdown", "testing", "dormant", "up")
 
 
+# net-sysfs prints every number of ours with "%d": a C int.
+_INT = re.compile(r"^-?[0-9]{1,10}$")
+INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
+
+
 def parse_int(text: str) -> int:
-    """Signed decimal (`speed` is -1 without carrier)."""
+    """Signed decimal C int (`speed` is -1 without carrier); beyond 32 bits is malformed."""
     value = text.strip()
-    try:
-        return int(value, 10)
-    except ValueError:
-        raise MalformedValueError(f"{text!r} is not a decimal integer") from None
+    if not _INT.match(value):
+        raise MalformedValueError(f"{text[:40]!r} is not a decimal integer of at most 32 bits")
+    number = int(value, 10)
+    if not INT_MIN <= number <= INT_MAX:
+        raise MalformedValueError(f"{value!r} is beyond a 32-bit integer")
+    return number
 
 
 def parse_bool01(text: str) -> bool:
@@ -47,7 +55,7 @@ def parse_operstate(text: str) -> str:
 def parse_mac(text: str) -> str:
     value = text.strip().lower()
     if not _MAC.match(value):
-        raise MalformedValueError(f"address {text!r} is not a hardware address")
+        raise MalformedValueError(f"address {text[:40]!r} is not a hardware address")
     return value
 
 

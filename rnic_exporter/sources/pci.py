@@ -12,7 +12,7 @@ from rnic_exporter.sources.plan import Attribute
 from rnic_exporter.sources.sysfs import MalformedValueError, SysfsRoot
 
 # Current kernels print `16.0 GT/s PCIe`; up to about 5.6 `16 GT/s` and `Unknown speed`.
-_SPEED = re.compile(r"^(\d+(?:\.\d+)?) GT/s(?: PCIe)?$")
+_SPEED = re.compile(r"^([0-9]{1,4}(?:\.[0-9]{1,4})?) GT/s(?: PCIe)?$")
 _UNKNOWN = ("Unknown", "Unknown speed")
 # An all-ones config read (device gone or in reset) reports width 63.
 _BOGUS_WIDTH = 63
@@ -25,15 +25,15 @@ def parse_link_speed(text: str) -> float | None:
         return None
     m = _SPEED.match(value)
     if m is None:
-        raise MalformedValueError(f"link speed {text!r} is not '<n> GT/s[ PCIe]'")
+        raise MalformedValueError(f"link speed {text[:40]!r} is not '<n> GT/s[ PCIe]' (at most 4 digits)")
     return float(m[1])
 
 
 def parse_link_width(text: str) -> int | None:
     """`16` -> 16; 0 (VFs) and 63 (all-ones read) mean unknown -> None."""
     value = text.strip()
-    if not value.isdigit():
-        raise MalformedValueError(f"link width {text!r} is not a lane count")
+    if not (value.isascii() and value.isdigit() and len(value) <= 3):
+        raise MalformedValueError(f"link width {text[:40]!r} is not a lane count")
     width = int(value)
     return None if width in (0, _BOGUS_WIDTH) else width
 

@@ -280,7 +280,8 @@ class _DeviceReader:
 
     def _read_gid_table(self, port: _PortShape) -> None:
         self.host.full_gid_reads += 1
-        table = gid_source.read_gid_table(self.root, f"{self.base}/ports/{port.number}", self.name, port.number)
+        table = gid_source.read_gid_table(self.root, f"{self.base}/ports/{port.number}", self.name, port.number,
+                                          previous=self.gids.get(port.number))
         table.nccl_gid_index = select_gid_index(table.entries, table.size, port.link_layer,
                                                 self.host.settings.nccl)
         self.gids[port.number] = table

@@ -9,11 +9,10 @@ in protection they do not have.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 import ssl
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -21,6 +20,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.yamlstrict import strict_loader as _strict_loader  # one home: --config uses it too
 
 
 class ClientAuthType(StrEnum):
@@ -283,31 +283,6 @@ def _canonical_ip(text: str) -> str | None:
         return str(ipaddress.ip_address(text.strip()))
     except ValueError:
         return None
-
-
-@functools.cache
-def _strict_loader() -> type[Any]:
-    """SafeLoader that rejects duplicate keys, as Go's UnmarshalStrict does.
-
-    PyYAML silently keeps the last one, which would make a user listed twice use whichever hash
-    happens to come last. Built on first use so PyYAML is imported only with a web config.
-    """
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
-            seen: set[object] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if isinstance(key, Hashable) and key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
-                        key_node.start_mark)
-                if isinstance(key, Hashable):
-                    seen.add(key)
-            return super().construct_mapping(node, deep)
-
-    return StrictLoader
 
 
 class _Parser:
