@@ -46,8 +46,8 @@ from harness import (  # noqa: E402
 )
 
 from rnic_exporter.agent import Agent, ServeConfig  # noqa: E402
+from rnic_exporter.samples import ExporterStats  # noqa: E402
 from rnic_exporter.sim import SimHost  # noqa: E402
-from rnic_exporter.sinks.prometheus import ExporterStats  # noqa: E402
 from rnic_exporter.sources.sysfs import SysfsRoot  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def in_process(sysfs: Path, host: SimHost, state_dir: Path) -> dict[str, float]:
     stats = ExporterStats(polls=agent.polls)
     # The floor under any reader in Python: one bare pread per attribute a poll reads, on
     # descriptors the reader holds, nothing else.
-    fds = list(agent.reader.root._fds.values())[:reads]
+    fds = [os.open(sysfs / rel, os.O_RDONLY) for rel in agent.reader.held_rels()[:reads]]
 
     def bare_preads() -> None:
         for fd in fds:
@@ -106,6 +106,8 @@ def in_process(sysfs: Path, host: SimHost, state_dir: Path) -> dict[str, float]:
     figures["busy: render ms"] = median_ms(lambda: agent.prometheus.update(latest[0], stats), setup=traffic_and_read)
     figures["busy: poll ms"] = median_ms(agent.poll_once, setup=traffic)
     figures["held fds"] = float(agent.reader.root.held_fds)
+    for fd in fds:
+        os.close(fd)
     agent.close()
     return figures
 

@@ -1,4 +1,10 @@
-"""The daemon: owns time. Polls sysfs on its clock, publishes each snapshot, serves HTTP.
+"""The daemon: owns time. Passes over sysfs state on its clock, publishes each change, serves HTTP.
+
+Each poll is a state pass (`sources/snapshot.py`): when no device changed, it ends there, with no
+detection and no rendering. A change runs detection and hands every sink the same frozen record
+(`samples.Published`). Counters are read per consumer: a scrape or an OTLP export asks for a
+counter pass (`counter_view`). Reads run on sacrificial threads (`sources/read_thread.py`), so a
+hung read stalls only its own device, never the loop, the scrapes or a stop.
 
 Startup, loop and shutdown are separate steps; a signal only sets a flag. SIGTERM/SIGINT stop,
 SIGHUP re-reads the config file (a broken file keeps the running config and says why).
@@ -7,7 +13,7 @@ SIGHUP re-reads the config file (a broken file keeps the running config and says
 from __future__ import annotations
 
 import contextlib
-import itertools
+import gc
 import logging
 import signal
 import threading
@@ -28,27 +34,37 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateLock, StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import Event
-from rnic_exporter.model import Snapshot
+from rnic_exporter.model import ReadError, Snapshot
+from rnic_exporter.samples import ExporterStats, Family, Published
 from rnic_exporter.schedule import PollSchedule
-from rnic_exporter.sinks.exposition import Family
 from rnic_exporter.sinks.otel_settings import OtlpSettings
-from rnic_exporter.sinks.prometheus import ExporterStats, PrometheusSink
+from rnic_exporter.sinks.process import ProcessFamilies
+from rnic_exporter.sinks.prometheus import DEFAULT_COUNTER_WAIT_S, CounterView, PrometheusSink
 from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.ethtool import AdvertisedLink, EthtoolReader
 from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
-from rnic_exporter.sources.snapshot import HostReader, ReaderSettings
+from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S, ReadRunner, SingleFlight
+from rnic_exporter.sources.snapshot import HostReader, Job, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 log = logging.getLogger("rnic_exporter.agent")
 event_log = logging.getLogger("rnic_exporter.events")
 _EVENT_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
 RISK_TTL_S = 60.0
+# A pass under this old is reused by the next consumer (concurrent scrapers, Prometheus HA pairs).
+COUNTER_PASS_REUSE_S = 1.0
+# With nothing changed, detection still runs this often: time-based judgements (flap windows,
+# last-seen refreshes, risk re-reads) move without any byte moving.
+DETECTION_REFRESH_S = 60.0
+# Generation 0 collections every ~50k allocations instead of 700: a busy pass allocates a few
+# thousand short-lived objects, and the long-lived ones are frozen after start-up.
+GC_GEN0_THRESHOLD = 50_000
 
 
 class EventSink(Protocol):
-    """A consumer of every poll's snapshot and events (OTLP). Must return quickly: queue, never block."""
+    """A consumer of every poll's record (OTLP). Must return quickly: queue, never block."""
 
-    def publish(self, snap: Snapshot, events: Sequence[Event]) -> None: ...
+    def publish(self, record: Published) -> None: ...
 
     def families(self) -> Iterable[Family]:
         """The sink's own health metrics for /metrics (export failures, drops)."""
@@ -82,6 +98,8 @@ class ServeConfig:
     watch_udev: bool = True
     ethtool: bool = True  # advertised link modes as a rated source (loads pyroute2, ~10 MB)
     otlp: OtlpSettings | None = None  # None: OTLP off, OpenTelemetry never imported
+    counter_wait_s: float = DEFAULT_COUNTER_WAIT_S  # --web.counter-wait
+    read_deadline_s: float = DEFAULT_DEADLINE_S
 
     @property
     def detection_settings(self) -> DetectionSettings:
@@ -90,20 +108,28 @@ class ServeConfig:
 
 
 class Agent:
-    """Polls, keeps the last snapshot, and feeds the sinks. Usable without threads in tests."""
+    """Polls, keeps the last snapshot, and feeds the sinks. Usable without a loop in tests."""
 
-    def __init__(self, config: ServeConfig, root: SysfsRoot | None = None) -> None:
+    def __init__(self, config: ServeConfig, root: SysfsRoot | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.config = config
         self.reader = HostReader(root or SysfsRoot(config.sysfs, hold_fds=True), config.reader)
-        self.prometheus = PrometheusSink()
+        self.stop = stop or threading.Event()  # set: every wait on a read gives up
+        self._state_runner = ReadRunner("state", config.read_deadline_s)
+        self._counter_runner = ReadRunner("counters", config.read_deadline_s)
+        self._counter_pass = SingleFlight(self._counter_runner, self._counter_jobs, COUNTER_PASS_REUSE_S)
+        self.prometheus = PrometheusSink(self.counter_view, config.counter_wait_s)
+        self.process = ProcessFamilies()
         self.last: Snapshot | None = None
+        self.last_poll: float | None = None  # wall clock: the loop's heartbeat, whatever a device does
         self.polls = 0
+        self._stats_lock = threading.Lock()
         self.read_errors: Counter[str] = Counter()
         self._announced_empty = False
         self.config_reload_ok = True
         self.web_config_reload_ok: Callable[[], bool] = lambda: True  # the web server's, wired by run()
         self.sinks: list[EventSink] = []
-        self.detection_families: tuple[Family, ...] = ()  # this poll's, shared by every sink
+        self.detection_families: tuple[Family, ...] = ()  # the last detection's, shared by every sink
         self.detector = Detector(config.detection_settings, StateStore(config.state_dir))
         self.ethtool = EthtoolReader()
         self._advertised: dict[str, AdvertisedLink | None] = {}  # netdev -> best advertised mode, cached
@@ -111,32 +137,98 @@ class Agent:
         self.source_errors: Counter[str] = Counter()
         self.wakeups: Counter[str] = Counter()
         self.addresses: Callable[[], Mapping[str, tuple[AddressLike, ...]]] | None = None  # set with netlink
+        # The RDMA devices whose every change netlink announces (healthy, no overrun, all their
+        # netdevs known to it), or True for all: set with netlink
+        self.trust_events: Callable[[], bool | Collection[str]] = lambda: False
         # netdev -> its RDMA device; read by watcher threads: replaced each poll, never mutated
         self.rnic_netdevs: Mapping[str, str] = MappingProxyType({})
+        self._detected_at = float("-inf")
+        # (device, port, attribute) already logged as failed, and as unsupported: each is said once
+        self._state_logged: tuple[frozenset[tuple[str, int | None, str]], ...] = (frozenset(), frozenset())
+        self._counters_logged: tuple[frozenset[tuple[str, int | None, str]], ...] = (frozenset(), frozenset())
 
-    def poll_once(self, full_gid_tables: bool | Collection[str] = False) -> Snapshot:
-        snap = self.reader.read(full_gid_tables=full_gid_tables)
-        self.rnic_netdevs = MappingProxyType({n: port.device for port in snap.ports for n in port.netdevs})
+    def poll_once(self, full_gid_tables: bool | Collection[str] = False, *, event: bool = False) -> Snapshot:
+        """One state pass; detection and publishing only when something changed (or `event`: an
+        announcement may have changed what detection sees besides sysfs)."""
+        trusted = self.trust_events()
+        result = self.reader.state_pass(full_gid_tables=full_gid_tables, trust_events=trusted,
+                                        runner=self._run_state)
+        now = time.time()
         self.polls += 1
-        for err in snap.errors:
-            self.read_errors[err.kind] += 1
+        self._count(result.read_errors)
+        snap = result.snapshot
+        due = (result.changed or event or self.last is None or now - self._detected_at >= DETECTION_REFRESH_S
+               or self.detector.learned or self._flapping())
+        if not due:
+            self.last_poll = now
+            return snap
+        if snap.taken_at != now:
+            snap = replace(snap, taken_at=now)  # detection's clock (flap windows, last seen)
+        self._detected_at = now
+        self.rnic_netdevs = MappingProxyType({n: port.device for port in snap.ports for n in port.netdevs})
         self._log_changes(snap)
         events = self._detect(snap)
-        for event in events:
-            event_log.log(_EVENT_LEVEL[event.severity], event.message, extra={"fields": event.fields()})
+        for event_ in events:
+            event_log.log(_EVENT_LEVEL[event_.severity], event_.message, extra={"fields": event_.fields()})
         if self.ethtool.errors:
             self.source_errors["ethtool"] = self.ethtool.errors
         self.detection_families = tuple(self.detector.families(self.source_errors, self.wakeups))
-        extra: list[Iterable[Family]] = [self.detection_families]
-        extra.extend(sink.families() for sink in self.sinks)
-        self.prometheus.update(snap, ExporterStats(polls=self.polls, read_errors_by_reason=dict(self.read_errors),
-                                                   config_reload_ok=self.config_reload_ok
-                                                   and self.web_config_reload_ok()),
-                               itertools.chain.from_iterable(extra))
+        record = Published(snap, tuple(events), replace(self.stats(), last_poll=now), self.detection_families)
+        self.prometheus.publish(record)
         self.last = snap  # after the sink has it: readiness means "scrapes see a poll"
+        self.last_poll = now
         for sink in self.sinks:
-            sink.publish(snap, events)
+            sink.publish(record)
         return snap
+
+    def _run_state(self, jobs: Sequence[Job]) -> None:
+        self._state_runner.run(jobs, stop=self.stop)
+
+    def _flapping(self) -> bool:
+        """A port is flapping: its flag clears with time alone, so detection must keep looking."""
+        last = self.detector.last
+        return last is not None and any(view.flapping for view in last.ports.values())
+
+    def _count(self, errors: Iterable[ReadError]) -> None:
+        with self._stats_lock:
+            for err in errors:
+                self.read_errors[err.kind] += 1
+
+    def _counter_jobs(self) -> list[Job]:
+        return self.reader.counter_jobs()
+
+    def counter_view(self, wait_s: float | None) -> CounterView:
+        """A counter pass for one consumer (a scrape, an OTLP export): joins the pass in flight or
+        starts one, waits at most `wait_s`, and says whether what it hands back is stale."""
+        fresh = self._counter_pass.refresh(wait_s)
+        self._count(self.reader.take_counter_errors())
+        freshness = self.reader.freshness()
+        stale = not fresh or any(d.stuck for d in freshness)
+        groups = {}
+        failed: list[ReadError] = []
+        unsupported: list[ReadError] = []
+        for device, plan in self.reader.counter_plans():
+            if plan is None:
+                continue
+            for group in plan.groups:
+                groups[(device, group.kind, group.port)] = group
+        for reader_failed, reader_unsupported in self.reader.counter_judgements():
+            failed.extend(reader_failed)
+            unsupported.extend(reader_unsupported)
+        self._log_counter_changes(failed, unsupported)
+        stats = self.stats(devices=freshness, counter_errors=tuple(failed), counter_unsupported=tuple(unsupported),
+                           counters_stale=stale)
+        health = (*self.process.families(), *(family for sink in self.sinks for family in sink.families()))
+        return CounterView(groups, stats, self._counter_pass.passes * 2 + (1 if stale else 0), health)
+
+    def stats(self, **scrape: object) -> ExporterStats:
+        """The exporter's own bookkeeping; `scrape` adds what a counter pass knows."""
+        with self._stats_lock:
+            errors = dict(self.read_errors)
+        base = ExporterStats(polls=self.polls, read_errors_by_reason=errors,
+                             config_reload_ok=self.config_reload_ok and self.web_config_reload_ok(),
+                             last_poll=self.last_poll)
+        return replace(base, **scrape) if scrape else base  # type: ignore[arg-type]
 
     def _detect(self, snap: Snapshot) -> list[Event]:
         """Detection must never cost the metrics: a failure is logged with its traceback and counted."""
@@ -180,32 +272,49 @@ class Agent:
             self._announced_empty = True
         elif snap.devices:
             self._announced_empty = False
-        known = {(e.device, e.port, e.attribute) for e in self.last.unsupported} if self.last else set()
-        fresh = [e for e in snap.unsupported if (e.device, e.port, e.attribute) not in known]
-        if fresh:  # once per device registration, at info: the driver simply does not have these
-            log.info("attributes not provided by the driver (not monitored, not a fault)",
-                     extra={"fields": {"attributes": "; ".join(summarize(fresh))}})
-        before = {(e.device, e.port, e.attribute) for e in self.last.errors} if self.last else set()
-        for err in snap.errors:
-            if (err.device, err.port, err.attribute) not in before:
-                log.warning("attribute unreadable", extra={"fields": {
-                    "device": err.device, "port": err.port if err.port is not None else "",
-                    "attribute": err.attribute, "reason": err.reason}})
+        self._state_logged = _log_unreadable(snap.errors, snap.unsupported, self._state_logged)
+
+    def _log_counter_changes(self, failed: Sequence[ReadError], unsupported: Sequence[ReadError]) -> None:
+        with self._stats_lock:
+            self._counters_logged = _log_unreadable(failed, unsupported, self._counters_logged)
 
     def healthy(self) -> tuple[bool, str]:
-        last = self.last
+        """The exporter's own health: its loop is alive. A device whose reads hang is skipped by the
+        loop and shown by rnic_device_read_stuck; it must not get the exporter restarted."""
+        last = self.last_poll
         if last is None:
             return False, "no poll has completed yet"
-        age = time.time() - last.taken_at
+        age = time.time() - last
         if age > max(3 * self.config.poll_interval_s, 30.0):
             return False, f"last poll finished {age:.0f}s ago"
         return True, "OK"
 
     def close(self) -> None:
+        self.stop.set()
+        self._state_runner.close()
+        self._counter_runner.close()
         for sink in self.sinks:
             sink.close()
         self.ethtool.close()
         self.reader.close()
+
+
+def _log_unreadable(failed: Sequence[ReadError], unsupported: Sequence[ReadError],
+                    logged: tuple[frozenset[tuple[str, int | None, str]], ...],
+                    ) -> tuple[frozenset[tuple[str, int | None, str]], ...]:
+    """A warning per attribute that started failing, one info line for what the driver lacks."""
+    known_failed, known_unsupported = logged
+    fresh = [e for e in unsupported if (e.device, e.port, e.attribute) not in known_unsupported]
+    if fresh:  # once per device registration, at info: the driver simply does not have these
+        log.info("attributes not provided by the driver (not monitored, not a fault)",
+                 extra={"fields": {"attributes": "; ".join(summarize(fresh))}})
+    for err in failed:
+        if (err.device, err.port, err.attribute) not in known_failed:
+            log.warning("attribute unreadable", extra={"fields": {
+                "device": err.device, "port": err.port if err.port is not None else "",
+                "attribute": err.attribute, "reason": err.reason}})
+    return (frozenset((e.device, e.port, e.attribute) for e in failed),
+            frozenset((e.device, e.port, e.attribute) for e in unsupported))
 
 
 @contextlib.contextmanager
@@ -239,20 +348,16 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
     """Run until stopped. Returns the process exit code; raises ConfigError before serving."""
     from rnic_exporter.web.server import LandingPage, WebServer
 
-    stop = stop or threading.Event()
     wake, reload = threading.Event(), threading.Event()
     base = config  # flags and defaults: every (re)load of the file starts from these
     config = apply_file(base, set(explicit))
     state_lock = StateLock.acquire(config.state_dir)  # a second daemon on the directory: exit 2 here
-    agent = Agent(config)
+    stop = stop or threading.Event()
+    agent = Agent(config, stop=stop)
     if config.otlp is not None:  # before serving: a missing extra is a one-line error, exit 2
         from rnic_exporter.sinks.otel import OtelSink
 
-        agent.sinks.append(OtelSink(
-            config.otlp, stats=lambda: ExporterStats(polls=agent.polls, read_errors_by_reason=dict(agent.read_errors),
-                                                     config_reload_ok=agent.config_reload_ok
-                                                     and agent.web_config_reload_ok()),
-            extra=lambda: agent.detection_families))
+        agent.sinks.append(OtelSink(config.otlp, counters=agent.counter_view))
     schedule = PollSchedule(config.poll_interval_s, wake)
     web = WebServer(
         listen_addresses=config.listen,
@@ -277,6 +382,7 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
         cleanup.callback(web.shutdown)
         watchers = start_watchers(config, agent, schedule, cleanup)
         agent.poll_once(full_gid_tables=True)
+        settle_garbage_collector()
         log.info("listening", extra={"fields": {
             "address": ",".join(f"{h}:{p}" for h, p in web.bound), "telemetry_path": config.telemetry_path,
             "sysfs": str(config.sysfs), "poll_interval_s": config.poll_interval_s, "version": __version__,
@@ -290,12 +396,21 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
                 agent.source_errors[source] = watcher.errors
             agent.wakeups.update(due.sources)
             started = time.monotonic()
-            agent.poll_once(full_gid_tables=due.full_gid_tables)
+            agent.poll_once(full_gid_tables=due.full_gid_tables, event=due.reason == "event")
             log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6),
                                                 "reason": due.reason}})
     state_lock.release()
     log.info("stopped")
     return 0
+
+
+def settle_garbage_collector() -> None:
+    """After start-up: move everything alive (modules, plans, held objects) out of the collector's
+    sight, and collect young objects rarely; a poll's garbage is mostly freed by reference counts."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 class Watcher(Protocol):
@@ -322,6 +437,21 @@ def start_watchers(config: ServeConfig, agent: Agent, schedule: PollSchedule,
         netlink.start()
         cleanup.callback(netlink.close)
         agent.addresses = netlink.addresses
+        overruns = [netlink.overruns]
+
+        def trusted() -> frozenset[str]:
+            """Healthy, nothing dropped since the last pass (an overrun loses announcements), and only
+            devices all of whose netdevs netlink knows (it announces nothing about the others)."""
+            seen, overruns[0] = overruns[0], netlink.overruns
+            if not netlink.healthy or seen != netlink.overruns:
+                return frozenset()
+            links = netlink.links()
+            known: dict[str, bool] = {}
+            for netdev, device in agent.rnic_netdevs.items():
+                known[device] = known.get(device, True) and netdev in links
+            return frozenset(device for device, ok in known.items() if ok)
+
+        agent.trust_events = trusted
         watchers["netlink"] = netlink
     if config.watch_udev:
         from rnic_exporter.sources.udev import UdevWatcher

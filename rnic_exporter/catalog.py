@@ -168,6 +168,40 @@ NCCL_GID_USABLE = _m("rnic_nccl_gid_usable", "gauge", PORT_LABELS,
 ATTRIBUTE_UNSUPPORTED = _m("rnic_attribute_unsupported_info", "info", ("device", "port", "attribute", "reason"),
                            "An attribute the driver does not provide (no value, not a fault): reason absent, "
                            "no_pma or not_supported (EINVAL/EOPNOTSUPP since the first read); always 1.")
+# Hung reads and data age (a sick firmware blocks a counter read for tens of seconds).
+DEVICE_READ_STUCK = _m("rnic_device_read_stuck", "gauge", DEVICE_LABELS,
+                       "1 while a sysfs read of the device has been blocking longer than the read deadline "
+                       "(a hung firmware command); the device is skipped, its last values are served.")
+DEVICE_DATA_TIMESTAMP = _m("rnic_device_data_timestamp_seconds", "gauge", (*DEVICE_LABELS, "pass"),
+                           "Unix time the device's data was last read in full: pass=state (what detection "
+                           "judges) or counters (read per scrape and OTLP export).", "seconds")
+ATTRIBUTE_BACKOFF = _m("rnic_attribute_backoff_seconds", "gauge", ("device", "port", "attribute"),
+                       "Retry interval of a counter file the function does not support (EINVAL, "
+                       "EOPNOTSUPP: restricted functions), doubling up to an hour.", "seconds")
+COUNTERS_STALE = _m("rnic_exporter_counters_stale", "gauge", (),
+                    "1 when this scrape's counters are not all from a counter pass finished for it (the "
+                    "scrape stopped waiting, or a device's read hangs): they are the last values read.")
+# The exporter's own process, from prometheus-client's collectors (sinks/process.py): their names
+# and help, the convention every Prometheus client library follows.
+PROCESS_CPU = _m("process_cpu_seconds_total", "counter", (), "Total user and system CPU time spent in seconds.",
+                 "seconds")
+PROCESS_RSS = _m("process_resident_memory_bytes", "gauge", (), "Resident memory size in bytes.", "bytes")
+PROCESS_VMS = _m("process_virtual_memory_bytes", "gauge", (), "Virtual memory size in bytes.", "bytes")
+PROCESS_START = _m("process_start_time_seconds", "gauge", (),
+                   "Start time of the process since unix epoch in seconds.", "seconds")
+PROCESS_OPEN_FDS = _m("process_open_fds", "gauge", (), "Number of open file descriptors.")
+PROCESS_MAX_FDS = _m("process_max_fds", "gauge", (), "Maximum number of open file descriptors.")
+PYTHON_INFO = _m("python_info", "gauge", ("implementation", "major", "minor", "patchlevel", "version"),
+                 "Python platform information")
+PYTHON_GC_COLLECTED = _m("python_gc_objects_collected_total", "counter", ("generation",),
+                         "Objects collected during gc")
+PYTHON_GC_UNCOLLECTABLE = _m("python_gc_objects_uncollectable_total", "counter", ("generation",),
+                             "Uncollectable objects found during GC")
+PYTHON_GC_COLLECTIONS = _m("python_gc_collections_total", "counter", ("generation",),
+                           "Number of times this generation was collected")
+PROCESS_METRICS: Mapping[str, MetricSpec] = MappingProxyType({m.family_name: m for m in (
+    PROCESS_CPU, PROCESS_RSS, PROCESS_VMS, PROCESS_START, PROCESS_OPEN_FDS, PROCESS_MAX_FDS, PYTHON_INFO,
+    PYTHON_GC_COLLECTED, PYTHON_GC_UNCOLLECTABLE, PYTHON_GC_COLLECTIONS)})
 
 METRICS: tuple[MetricSpec, ...] = (
     DEVICE_INFO, PORT_INFO, PORT_STATE, PORT_PHYSICAL_STATE, PORT_UP, PORT_ACTIVE_RATE, PORT_ACTIVE_WIDTH,
@@ -180,6 +214,8 @@ METRICS: tuple[MetricSpec, ...] = (
     NETDEV_ADDRESSES, NETDEV_ADDRESS_LOSS_RISK, GID_V2_IPV4_INDEX, NCCL_CONFIGURED_GID_INDEX_VALID,
     PORT_FLAPPING, GID_TABLE_CHANGES, EVENTS, STATE_ERRORS, EVENT_SOURCE_ERRORS, WAKEUPS,
     OTLP_EXPORT_FAILURES, OTLP_DROPPED, ATTRIBUTE_UNSUPPORTED, NCCL_GID_USABLE,
+    OTLP_EXPORT_FAILURES, OTLP_DROPPED, DEVICE_READ_STUCK, DEVICE_DATA_TIMESTAMP, ATTRIBUTE_BACKOFF, COUNTERS_STALE,
+    *PROCESS_METRICS.values(),
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})
@@ -191,3 +227,12 @@ NAMED_PMA_COUNTERS: Mapping[str, MetricSpec] = MappingProxyType({
     "port_rcv_packets": PORT_PACKETS_RECEIVED,
     "port_xmit_packets": PORT_PACKETS_TRANSMITTED,
 })
+
+# PMA PortCounters that count errors (IBTA), in PortCounters order: the OTLP sink sends them to
+# hw.errors (the rest to rnic.port.pma), and the dashboards' error panels select the same ones.
+PMA_ERROR_COUNTER_NAMES: tuple[str, ...] = (
+    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+)

@@ -176,6 +176,9 @@ def serve_options(f: F) -> F:
                      metavar="[HOST]:PORT", help="Address to listen on; repeat for several. 19879 is outside "
                      "Prometheus' allocated exporter range 9100-9999."),
         click.option("--web.telemetry-path", "telemetry_path", default="/metrics", help="Path of the metrics."),
+        click.option("--web.counter-wait", "counter_wait", type=click.FloatRange(min=0.0), default=2.0,
+                     help="Seconds a scrape waits for its counter read; then it serves the last values and "
+                     "sets rnic_exporter_counters_stale (a hung firmware read must not hang the scrape)."),
         click.option("--web.config.file", "web_config", default=None, metavar="FILE",
                      type=click.Path(dir_okay=False, path_type=Path),
                      help="exporter-toolkit web config (TLS, basic auth), as node_exporter uses."),
@@ -240,7 +243,8 @@ def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_
           procfs: str, rootfs: str, state_dir: str,
           listen: tuple[str, ...], telemetry_path: str, web_config: Path | None, config_file: Path | None,
           poll_interval: float, log_level: str, log_format: str, watch_netlink: bool, watch_udev: bool,
-          ethtool: bool, web_max_connections: int, web_max_requests: int, **otlp_flags: Any) -> None:
+          ethtool: bool, web_max_connections: int, web_max_requests: int, counter_wait: float,
+          **otlp_flags: Any) -> None:
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
     from dataclasses import replace
 
@@ -254,7 +258,7 @@ def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_
                                device_include, device_exclude, (procfs, rootfs, state_dir),
                                (watch_netlink, watch_udev, ethtool))
         config = replace(config, otlp=otel_settings.resolve(otlp_flags), web_max_connections=web_max_connections,
-                         web_max_requests=web_max_requests)
+                         web_max_requests=web_max_requests, counter_wait_s=counter_wait)
         explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())
         raise SystemExit(agent.run(config, explicit))
     except ConfigError as exc:

@@ -3,6 +3,15 @@
 The reading layer (`rnic_exporter.sources`) fills these; detection and the sinks only read them.
 A value that could not be read is ``None`` and a `ReadError` in `Snapshot.errors` says why, so
 "unreadable" never looks like 0.
+
+The contract between the reading layer and its consumers: **an object is reused exactly while
+every byte behind it is unchanged.** A `Device`, `Port`, `Netdev`, `PcieLink`, a port's `gids`
+tuple or counter mapping is the very same object from one pass to the next while nothing it was
+built from changed, and a new object whenever something did (even when the new one compares
+equal). A consumer may therefore keep what it derived from an object keyed by its identity
+(`is`), and `Snapshot` itself is the previous pass's object when no device changed. Counters are
+the exception by design: they are read per consumer into `CounterGroup`s of plain ints, whose
+`version` changes whenever their values do.
 """
 
 from __future__ import annotations
@@ -316,3 +325,46 @@ class Snapshot:
             if port.number == number:
                 return port
         return None
+
+
+@dataclass(slots=True)
+class CounterGroup:
+    """One object's counter files: a port's `counters/` or `hw_counters/`, or the device's `hw_counters/`.
+
+    `values` holds base units (`port_{xmit,rcv}_data` x4: bytes), None while unreadable; it is
+    replaced, never mutated, so a reader on another thread sees one whole pass or the previous one.
+    `version` changes whenever a value, a saturation flag or an error of the group does.
+    """
+
+    kind: str  # "counters" (PMA) or "hw"
+    port: int | None  # None: device-wide
+    names: tuple[str, ...]
+    start: int  # slice of the plan's slots
+    ceilings: tuple[int | None, ...]  # PMA saturation value per file (2^width-1); None for hw counters
+    scales: tuple[int, ...]
+    values: list[int | None] = field(default_factory=list)
+    saturated: list[bool] = field(default_factory=list)
+    # What the latest version changed (indices into `names`), and whether a value appeared or went:
+    # a consumer one version behind re-renders only these.
+    changed: tuple[int, ...] = ()
+    reshaped: bool = False
+    version: int = 0  # written last: who reads it first sees values at least that new
+    _mapping: tuple[int, Mapping[str, CounterValue] | Mapping[str, int]] | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.names)
+
+    def as_mapping(self) -> Mapping[str, CounterValue] | Mapping[str, int]:
+        """The values as the model carries them (one-shot reads, `show`): built once per version."""
+        cached = self._mapping
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        mapping: Mapping[str, CounterValue] | Mapping[str, int]
+        if self.kind == "counters":
+            mapping = {n: CounterValue(v, s) for n, v, s in zip(self.names, self.values, self.saturated, strict=True)
+                       if v is not None}
+        else:
+            mapping = {n: v for n, v in zip(self.names, self.values, strict=True) if v is not None}
+        self._mapping = (self.version, mapping)
+        return mapping

@@ -109,6 +109,7 @@ def test_the_issue_alerts_are_all_there() -> None:
         "RnicAddressLost": "critical", "RnicAddressLossRisk": "info", "RnicExporterDown": "warning",
         "RnicExporterPollStalled": "warning", "RnicAttributeUnreadable": "warning",
         "RnicNcclGidUnusable": "critical",
+        "RnicDeviceReadStuck": "critical", "RnicExporterNeverPolled": "warning",
     }
 
 

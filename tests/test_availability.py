@@ -114,14 +114,17 @@ def test_counters_failing_after_having_been_read_are_a_warning(tmp_path: Path, c
     overlay = host.errno_overlay
     agent = Agent(ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
                   SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
     try:
         assert agent.poll_once(full_gid_tables=True).errors == ()
+        assert agent.counter_view(None).stats.counter_errors == ()  # counters read once (a scrape)
         for name in PMA_EXTENDED_COUNTERS:
             overlay[f"{PORT}/counters/{name}"] = code
         with caplog.at_level(logging.INFO):
-            snap = agent.poll_once()
-        assert snap.unsupported == ()
-        assert {e.attribute for e in snap.errors} == {f"counters/{n}" for n in PMA_EXTENDED_COUNTERS}
+            agent.poll_once()
+            stats = agent.counter_view(None).stats  # counters are read per scrape
+        assert stats.counter_unsupported == ()
+        assert {e.attribute for e in stats.counter_errors} == {f"counters/{n}" for n in PMA_EXTENDED_COUNTERS}
         assert sum(r.levelno == logging.WARNING and "unreadable" in r.getMessage() for r in caplog.records) \
             == len(PMA_EXTENDED_COUNTERS)
     finally:
@@ -142,13 +145,15 @@ def test_unsupported_is_logged_once_at_info_and_never_warned(tmp_path: Path,
     agent = Agent(ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False,
                               detection=DetectionSettings()),
                   SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
     try:
         with caplog.at_level(logging.INFO):
             for _ in range(3):
                 snap = agent.poll_once(full_gid_tables=True)
+                stats = agent.counter_view(None).stats  # counters are read per scrape
                 host.add_traffic(1.0)
-        assert snap.errors == () and len(snap.unsupported) == len(PMA_EXTENDED_COUNTERS)
-        assert agent.read_errors == {}
+        assert snap.errors == () and stats.counter_errors == ()
+        assert len(stats.counter_unsupported) == len(PMA_EXTENDED_COUNTERS)
         mine = [r for r in caplog.records if "not provided by the driver" in r.getMessage()]
         assert len(mine) == 1 and mine[0].levelno == logging.INFO
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

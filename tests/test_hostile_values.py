@@ -18,9 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rnic_exporter import catalog
 from rnic_exporter.cli import main
 from rnic_exporter.model import GidEntry, LinkRate, Netdev, Snapshot
+from rnic_exporter.samples import ExporterStats, snapshot_families
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks import otel_metrics
-from rnic_exporter.sinks.prometheus import ExporterStats, PrometheusSink, snapshot_families
+from rnic_exporter.sinks.prometheus import PrometheusSink
 from rnic_exporter.sources.gids import parse_gid_type, parse_netdev_name
 from rnic_exporter.sources.infiniband import (
     parse_counter,

@@ -32,11 +32,10 @@ from rnic_exporter import __version__, catalog
 from rnic_exporter.events import BY_NAME as EVENTS
 from rnic_exporter.events import OTEL_SEVERITY_NUMBER, Event
 from rnic_exporter.model import Snapshot
+from rnic_exporter.samples import ExporterStats, Family, Published, snapshot_families
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks import otel_metrics
-from rnic_exporter.sinks.exposition import Family
 from rnic_exporter.sinks.otel_settings import OtlpSettings, resolve
-from rnic_exporter.sinks.prometheus import ExporterStats, snapshot_families
 from tests.support.tls import self_signed
 from tests.support.wait import wait_for
 
@@ -403,10 +402,10 @@ def test_sink_exports_the_catalogue_and_events(receiver: HttpReceiver | GrpcRece
     snap = read_sim(sim_host)
     stats = ExporterStats(polls=7, read_errors_by_reason={"EIO": 2})
     detection = Family(catalog.LINK_BELOW_RATED, [(("mlx5_2", "1", "port"), 1)])
-    sink = OtelSink(_settings(receiver), stats=lambda: stats, extra=lambda: [detection])
+    sink = OtelSink(_settings(receiver))
     try:
         events = _events(snap)
-        sink.publish(snap, events)
+        sink.publish(Published(snap, tuple(events), stats, (detection,)))
         rcv = receiver.received
         wait_for(lambda: len(rcv.records()) == 3 and rcv.latest_points(), timeout=20, what="metrics and 3 records")
     finally:
@@ -471,11 +470,11 @@ def test_a_removed_nic_leaves_the_export(sim_host: SimHost, read_sim: Callable[[
     with HttpReceiver() as rcv:
         sink = OtelSink(_settings(rcv))
         try:
-            sink.publish(read_sim(sim_host), ())
+            sink.publish(Published(read_sim(sim_host), (), ExporterStats(), ()))
             wait_for(lambda: any(p.attrs.get("device") == "mlx5_1" for p in rcv.received.latest_points()),
                      timeout=20, what="mlx5_1 exported")
             sim_host.remove_device("mlx5_1")
-            sink.publish(read_sim(sim_host), ())
+            sink.publish(Published(read_sim(sim_host), (), ExporterStats(), ()))
             wait_for(lambda: rcv.received.latest_points() and not any(
                 p.attrs.get("device") == "mlx5_1" for p in rcv.received.latest_points()),
                 timeout=20, what="mlx5_1 gone from the export")
@@ -492,7 +491,7 @@ def test_full_event_queue_drops_the_oldest_and_counts(sim_host: SimHost,
         rcv.mode = "503"
         sink = OtelSink(_settings(rcv, queue_size=2))
         try:
-            sink.publish(snap, _events(snap))  # three events, room for two
+            sink.publish(Published(snap, tuple(_events(snap)), ExporterStats(), ()))  # three events, room for two
             assert sink.families()[1].samples == [(("metrics",), 0), (("logs",), 1)]
             wait_for(lambda: dict(sink.families()[0].samples)[("logs",)] >= 1, timeout=20, what="a failed export")
             rcv.mode = "ok"
@@ -519,7 +518,7 @@ def test_tls_collector_with_ca_and_client_certificate(tmp_path: Path, sim_host: 
         base: dict[str, Any] = {"endpoint": rcv.url, "certificate": server_cert, "interval_s": 0.2, "timeout_s": 1.0}
         sink = OtelSink(OtlpSettings(**base, client_certificate=client_cert, client_key=client_key))
         try:
-            sink.publish(snap, _events(snap))
+            sink.publish(Published(snap, tuple(_events(snap)), ExporterStats(), ()))
             wait_for(lambda: rcv.received.latest_points() and len(rcv.received.records()) == 3, timeout=20,
                      what="metrics and events over mTLS")
         finally:
@@ -527,7 +526,7 @@ def test_tls_collector_with_ca_and_client_certificate(tmp_path: Path, sim_host: 
         before = rcv.received.metric_count()
         anonymous = OtelSink(OtlpSettings(**base))  # no client certificate: the handshake fails
         try:
-            anonymous.publish(snap, ())
+            anonymous.publish(Published(snap, (), ExporterStats(), ()))
             wait_for(lambda: dict(anonymous.families()[0].samples)[("metrics",)] >= 2, timeout=20,
                      what="refused exports counted")
         finally:
@@ -546,7 +545,7 @@ def test_grpc_over_tls_with_the_collector_ca(tmp_path: Path, sim_host: SimHost,
                                 headers={"authorization": "Bearer t0ken"}, interval_s=0.2, timeout_s=2.0)
         sink = OtelSink(settings)
         try:
-            sink.publish(snap, _events(snap)[:1])
+            sink.publish(Published(snap, tuple(_events(snap)[:1]), ExporterStats(), ()))
             wait_for(lambda: rcv.received.latest_points() and rcv.received.records(), timeout=20,
                      what="metrics and an event over gRPC with TLS")
         finally:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from rnic_exporter.samples import ExporterStats, Published
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.otel_metrics import otlp_number
 from rnic_exporter.sinks.otel_settings import OtlpSettings
-from rnic_exporter.sinks.prometheus import ExporterStats
 from rnic_exporter.sources.snapshot import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.wait import wait_for
@@ -43,10 +43,9 @@ def test_counters_beyond_int64_do_not_stop_the_batch(tmp_path: Path) -> None:
     snap = HostReader(root).read(full_gid_tables=True)
     root.close()
     with HttpReceiver() as rcv:
-        sink = OtelSink(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0),
-                        stats=ExporterStats)
+        sink = OtelSink(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0))
         try:
-            sink.publish(snap, [])
+            sink.publish(Published(snap, (), ExporterStats(), ()))
             points = wait_for(lambda: rcv.received.latest_points() or None, timeout=20, what="a metrics batch")
         finally:
             sink.close()

@@ -13,8 +13,9 @@ from click.testing import CliRunner
 
 from rnic_exporter.cli import Exit, main
 from rnic_exporter.model import Snapshot
+from rnic_exporter.samples import ExporterStats, Published
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sinks.prometheus import ExporterStats, render_text
+from rnic_exporter.sinks.prometheus import render_text
 from tests.support.exposition import samples
 from tests.support.wait import wait_for
 from tests.test_otel import HttpReceiver
@@ -84,10 +85,9 @@ def test_exposition_and_otlp_leave_unknown_out(host: SimHost, read_sim: Callable
     for name in ("rnic_nccl_gid_index", "rnic_gid_table_size", "rnic_gid_table_hash"):
         assert not has(name, "mlx5_0") and has(name, "mlx5_1"), name
     with HttpReceiver() as rcv:
-        sink = OtelSink(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0),
-                        stats=lambda: ExporterStats(polls=1), extra=list)
+        sink = OtelSink(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0))
         try:
-            sink.publish(snap, [])
+            sink.publish(Published(snap, (), ExporterStats(polls=1), ()))
             wait_for(lambda: bool(rcv.received.latest_points()), timeout=20, what="an OTLP metrics export")
         finally:
             sink.close()

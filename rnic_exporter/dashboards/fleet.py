@@ -20,7 +20,6 @@ from rnic_exporter.dashboards.panels import (
     targets,
     timeseries,
 )
-from rnic_exporter.sinks.otel_metrics import PMA_ERROR_COUNTER_NAMES
 
 UID = "rnic-fleet-overview"
 HOST_DASHBOARD_UID = "rnic-host-detail"
@@ -28,7 +27,7 @@ SEL = 'instance=~"$instance"'
 
 # PMA counters that mean a damaged link or a dropped packet (IBTA PortCounters), as the kernel names them:
 # the ones OTLP exports as hw.errors.
-ERROR_COUNTERS = "|".join(PMA_ERROR_COUNTER_NAMES)
+ERROR_COUNTERS = "|".join(c.PMA_ERROR_COUNTER_NAMES)
 # mlx5 hw_counters that count RoCE retransmissions and their causes.
 RETRANSMISSION_COUNTERS = ("out_of_sequence|packet_seq_err|implied_nak_seq_err|local_ack_timeout_err|"
                            "rnr_nak_retry_err|duplicate_request|roce_adp_retrans|roce_slow_restart")

@@ -16,7 +16,7 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import Baseline, KnownAddress, KnownDevice, State, StateStore, device_key, port_key
 from rnic_exporter.events import Event
 from rnic_exporter.model import Snapshot
-from rnic_exporter.sinks.exposition import Family
+from rnic_exporter.samples import Family
 
 log = logging.getLogger("rnic_exporter.detect")
 
@@ -35,6 +35,7 @@ class Detector:
         self.events: Counter[tuple[str, str, str]] = Counter()
         self.state_errors: Counter[str] = Counter()
         self._unsaved = True  # the first poll writes the file (a new or rebuilt state)
+        self.learned = False  # the last observation changed the state: judging again may differ
         loaded = store.load()
         self.state: State = loaded.state
         if loaded.problem is not None:
@@ -60,7 +61,8 @@ class Detector:
             if event.name == "rnic.gid.table_changed" and event.port is not None:
                 self.gid_changes[(event.device, event.port)] += 1
         self.last = cur
-        if self._learn(snap, cur):
+        self.learned = self._learn(snap, cur)
+        if self.learned:
             self._save()
         return events
 

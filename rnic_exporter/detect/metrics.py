@@ -8,7 +8,7 @@ from rnic_exporter import catalog
 from rnic_exporter.catalog import MetricSpec
 from rnic_exporter.detect.conditions import HostConditions
 from rnic_exporter.events import EVENT_SPECS
-from rnic_exporter.sinks.exposition import Family, FamilyBuilder
+from rnic_exporter.samples import Family, FamilyBuilder
 from rnic_exporter.sources.hostnet import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
 
 RISK_REASONS = (NETWORKMANAGER, IPV6_KEEP_ADDR_OFF)

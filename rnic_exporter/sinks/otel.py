@@ -1,9 +1,10 @@
 """OTLP sink: the catalogue's metrics as observable instruments, detection events as log records.
 
 The poller only swaps a reference (`publish`); everything else runs on two background threads:
-- metrics: the SDK's periodic reader calls our callbacks, which read the last published snapshot
-  (no sysfs access) through the table in `otel_metrics.py`. Instruments are cumulative, so a
-  failed export loses nothing: the next one carries the same totals. Nothing is queued.
+- metrics: the SDK's periodic reader calls our callbacks, which read the last published record
+  and ask for one counter pass per export (shared with any scrape under a second old), through
+  the table in `otel_metrics.py`. Instruments are cumulative, so a failed export loses nothing:
+  the next one carries the same totals. Nothing is queued.
 - events: a bounded queue drained by `_LogShipper`, which keeps a failed batch and retries it
   with exponential backoff; beyond the bound the oldest event is dropped and counted.
 A collector that is down, hanging or refusing is logged once per change of state and counted in
@@ -23,19 +24,19 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rnic_exporter import __version__, catalog
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
 from rnic_exporter.labels import label_value
-from rnic_exporter.model import Snapshot
+from rnic_exporter.model import CounterGroup
+from rnic_exporter.samples import ExporterStats, Family, Published, counter_families, snapshot_families
 from rnic_exporter.sinks import otel_metrics
-from rnic_exporter.sinks.exposition import Family
 from rnic_exporter.sinks.otel_settings import OtlpSettings
-from rnic_exporter.sinks.prometheus import ExporterStats, snapshot_families
 
 SHUTDOWN_BUDGET_S = 5.0  # the whole last export at stop, both signals
+COUNTER_WAIT_S = 2.0  # an export waits this long for its counter pass, then sends the last values
 
 try:
     from opentelemetry._logs import LogRecord, SeverityNumber
@@ -248,20 +249,21 @@ class _TrackedMetricExporter(MetricExporter):
         self._inner.shutdown(timeout_millis=timeout_millis)
 
 
-@dataclass(frozen=True, slots=True)
-class _Published:
-    snap: Snapshot
-    stats: ExporterStats
-    extra: tuple[Family, ...]
+class CounterSource(Protocol):
+    """A counter pass for one export (the agent's `counter_view`); `groups` keyed (device, kind, port)."""
+
+    def __call__(self, wait_s: float | None) -> Any: ...
 
 
 class _Observer:
-    """Builds every instrument's observations once per collection from the last published state."""
+    """Builds every instrument's observations once per collection from the last published record
+    and one counter pass."""
 
-    def __init__(self) -> None:
-        self.state: _Published | None = None
+    def __init__(self, counters: CounterSource | None = None) -> None:
+        self.state: Published | None = None
+        self._counters = counters
         self._lock = threading.Lock()
-        self._built_for: _Published | None = None
+        self._built_for: tuple[Published, int] | None = None
         self._observations: dict[str, list[Observation]] = {}
         self._attrs: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
 
@@ -276,15 +278,22 @@ class _Observer:
         if state is None:
             return {}
         with self._lock:
-            if self._built_for is not state:
-                self._observations = self._build(state)
-                self._built_for = state
+            stats, generation = state.stats, 0
+            groups: list[tuple[str, CounterGroup]] = []
+            if self._counters is not None:
+                view = self._counters(COUNTER_WAIT_S)
+                stats, generation = view.stats, view.generation
+                groups = [(key[0], group) for key, group in view.groups.items()]
+            if self._built_for is None or self._built_for[0] is not state or self._built_for[1] != generation:
+                self._observations = self._build(state, stats, groups)
+                self._built_for = (state, generation)
             return self._observations
 
-    def _build(self, state: _Published) -> dict[str, list[Observation]]:
+    def _build(self, state: Published, stats: ExporterStats,
+               groups: list[tuple[str, CounterGroup]]) -> dict[str, list[Observation]]:
         out: dict[str, list[Observation]] = {}
         attrs_cache: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
-        families = [*snapshot_families(state.snap, state.stats), *state.extra]
+        families = [*snapshot_families(state.snapshot, stats), *counter_families(groups), *state.families]
         for family in families:
             mapping = otel_metrics.BY_SPEC.get(family.spec.name)
             if mapping is None:
@@ -424,19 +433,16 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
 class OtelSink:
     """An `agent.EventSink`: `publish` costs the poller a reference swap and a queue append."""
 
-    def __init__(self, settings: OtlpSettings, stats: Callable[[], ExporterStats] = ExporterStats,
-                 extra: Callable[[], Iterable[Family]] = tuple, *,
+    def __init__(self, settings: OtlpSettings, counters: CounterSource | None = None, *,
                  machine_id_files: Sequence[Path] = MACHINE_ID_FILES) -> None:
         _install_reasons()
         self.settings = settings
-        self._stats = stats
-        self._extra = extra
         metric_exporter, log_exporter = _exporters(settings)
         self.resource = resource(machine_id_files)
         where = settings.endpoint
         self.metrics_health = _Health("metrics", where)
         self.logs_health = _Health("logs", where)
-        self._observer = _Observer()
+        self._observer = _Observer(counters)
         self._reader = PeriodicExportingMetricReader(
             _TrackedMetricExporter(metric_exporter, self.metrics_health),
             export_interval_millis=settings.interval_s * 1000, export_timeout_millis=settings.timeout_s * 1000)
@@ -456,10 +462,10 @@ class OtelSink:
         log.info("exporting over OTLP", extra={"fields": {
             "endpoint": settings.endpoint, "protocol": settings.protocol, "interval_s": settings.interval_s}})
 
-    def publish(self, snap: Snapshot, events: Sequence[Event]) -> None:
-        self._observer.state = _Published(snap, self._stats(), tuple(self._extra()))
-        if events:
-            self._logs.put(events)
+    def publish(self, record: Published) -> None:
+        self._observer.state = record
+        if record.events:
+            self._logs.put(record.events)
 
     def families(self) -> list[Family]:
         """rnic_exporter_otlp_* for /metrics (the agent passes them to PrometheusSink.update)."""

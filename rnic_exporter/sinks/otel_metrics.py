@@ -99,15 +99,7 @@ HW_ERRORS = _i("hw.errors", "counter", "{error}",
 _RECEIVE = (("network.io.direction", "receive"),)
 _TRANSMIT = (("network.io.direction", "transmit"),)
 
-# PMA PortCounters that count errors (IBTA), in PortCounters order; they go to hw.errors, the rest
-# to rnic.port.pma. The dashboards' error panels select the same counters.
-PMA_ERROR_COUNTER_NAMES = (
-    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
-    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors",
-    "VL15_dropped",
-)
-PMA_ERROR_COUNTERS = frozenset(PMA_ERROR_COUNTER_NAMES)
+PMA_ERROR_COUNTERS = frozenset(c.PMA_ERROR_COUNTER_NAMES)  # to hw.errors, the rest to rnic.port.pma
 
 MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.DEVICE_INFO, "rnic.device.info", "gauge", "1"),
@@ -148,6 +140,9 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.POLLS, "rnic.exporter.polls", "counter", "{poll}"),
     _one(c.READ_ERRORS, "rnic.exporter.read_errors", "counter", "{error}"),
     _one(c.CONFIG_RELOAD_OK, "rnic.exporter.config.reload_successful", "gauge", "1"),
+    _one(c.DEVICE_READ_STUCK, "rnic.device.read.stuck", "gauge", "1"),
+    _one(c.DEVICE_DATA_TIMESTAMP, "rnic.device.data.time", "gauge", "s"),
+    _one(c.ATTRIBUTE_BACKOFF, "rnic.attribute.backoff", "gauge", "s"),
     _one(c.PORT_RATED_RATE, "rnic.port.rated_rate", "gauge", "By/s"),
     _one(c.PORT_RATED_WIDTH, "rnic.port.rated_width", "gauge", "{lane}"),
     _one(c.LINK_BELOW_RATED, "rnic.link.below_rated", "gauge", "1"),
@@ -173,6 +168,10 @@ EXCLUDED: MappingProxyType[str, str] = MappingProxyType({
                                  "that channel is down",
     c.OTLP_DROPPED.name: "describes the OTLP channel itself; on /metrics it stays readable while that "
                          "channel is down",
+    c.COUNTERS_STALE.name: "describes one scrape's answer; rnic.device.data.time says the same per device",
+    **{spec.name: "the process's own series, for Prometheus; OTel describes a process with its resource and "
+                  "the process.* semantic conventions of an SDK's runtime instrumentation"
+       for spec in c.PROCESS_METRICS.values()},
 })
 
 BY_SPEC: MappingProxyType[str, MetricMapping] = MappingProxyType({m.spec.name: m for m in MAPPINGS})

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import errno
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rnic_exporter.model import ZERO_GID, GidEntry, ReadError
-from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, Raw, SysfsRoot, interpret
+from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, Raw, Tree, interpret
 
 _GID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){7}$")
 # An empty or pending-delete slot answers EINVAL from types/ and ndevs/ by design; an absent
@@ -100,13 +100,17 @@ class GidTable:
     # what the last read knew of it, so a slot that is briefly unreadable changes neither the
     # table hash nor NCCL's pick (no table_changed / gid_index_changed on break and on heal).
     unreadable: tuple[int, ...] = ()
+    # Every file the read found, with its bytes then: the rotating slice compares a window of them.
+    files: list[str] = field(default_factory=list)
+    file_raws: list[Raw] = field(default_factory=list)
+    slice_at: int = 0
 
     @property
     def partly_unreadable(self) -> bool:
         return bool(self.unreadable)
 
 
-def read_gid_table(root: SysfsRoot, port_dir: str, device: str, port: int,
+def read_gid_table(root: Tree, port_dir: str, device: str, port: int,
                    previous: GidTable | None = None) -> GidTable:
     """Every slot, discovered by listing `gids/` (never a hard-coded table size), in two batches.
 
@@ -145,10 +149,10 @@ def read_gid_table(root: SysfsRoot, port_dir: str, device: str, port: int,
     return GidTable(size=len(indices), entries=tuple(entries), errors=tuple(errors), watched=watched,
                     watched_raws=watched_raws,
                     empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set],
-                    unreadable=tuple(unreadable))
+                    unreadable=tuple(unreadable), files=[*gid_rels, *attr_rels], file_raws=[*gid_raws, *attr_raws])
 
 
-def sweep(root: SysfsRoot, table: GidTable, slots: int) -> bool:
+def sweep(root: Tree, table: GidTable, slots: int) -> bool:
     """Read the next `slots` empty slots; True when one of them is no longer plainly empty."""
     empty = table.empty
     if not empty:
@@ -157,3 +161,27 @@ def sweep(root: SysfsRoot, table: GidTable, slots: int) -> bool:
     chunk = (empty[start:] + empty[:start])[:slots] if start + slots > len(empty) else empty[start:start + slots]
     table.sweep_at = start + len(chunk)
     return any(raw not in EMPTY_RAWS for raw in root.read_many(chunk))
+
+
+def slice_moved(root: Tree, table: GidTable, passes: int) -> bool:
+    """Re-read the next 1/`passes` of the files the last whole read found; True when one differs.
+    Every file is compared once every `passes` calls."""
+    files = table.files
+    if not files:
+        return False
+    count = -(-len(files) // passes)
+    start = table.slice_at % len(files)
+    window = [*range(start, min(start + count, len(files))), *range(0, max(0, start + count - len(files)))]
+    table.slice_at = start + count
+    raws = root.read_many([files[i] for i in window])
+    return any(raw != table.file_raws[i] for i, raw in zip(window, raws, strict=True))
+
+
+def keep_listing(table: GidTable, before: GidTable) -> GidTable:
+    """A listing of `gids/` that failed read nothing: the table is the last one known, not empty
+    (its hash and NCCL's pick stay; the error says the table is unreadable now)."""
+    if not any(e.attribute == "gids" for e in table.errors):
+        return table
+    return GidTable(size=before.size, entries=before.entries, errors=table.errors, watched=before.watched,
+                    watched_raws=before.watched_raws, empty=before.empty, sweep_at=before.sweep_at,
+                    unreadable=before.unreadable, files=before.files, file_raws=before.file_raws)

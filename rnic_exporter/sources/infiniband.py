@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import MappingProxyType
 
-from rnic_exporter.model import CounterValue, LinkRate, NumberedState
+from rnic_exporter.model import LinkRate, NumberedState
 from rnic_exporter.sources.plan import Attribute
 from rnic_exporter.sources.sysfs import NOT_EXPOSED, MalformedValueError
 
@@ -149,12 +149,13 @@ PORT_POLLED = (
     Attribute("rate", parse_rate),
     Attribute("lid", parse_lid, NOT_EXPOSED),
 )
-
-
-def counter_attributes(subdir: str, names: list[str]) -> list[Attribute]:
-    """`counters/` or `hw_counters/` files; one failed read is one error, no retry (on mlx5 each
-    read is a firmware command)."""
-    return [Attribute(f"{subdir}/{name}", parse_counter) for name in names]
+# What detection judges (up, flapping, below rated): read on every state pass; the rest of
+# PORT_POLLED only when one of these moved, on an announcement, or in rotation.
+PORT_WATCHED = PORT_POLLED[:3]
+# A change of these reads the port's whole GID table (a flap is when addresses, and GIDs, move).
+PORT_STATES = frozenset({"state", "phys_state"})
+# counters/ and hw_counters/ files are read per consumer (a scrape, an OTLP export), never by the
+# state pass: sources/counters.py.
 
 
 def pma_counter_width(name: str, extended: bool) -> int:
@@ -165,20 +166,12 @@ def pma_counter_width(name: str, extended: bool) -> int:
     return _PMA_WIDTH.get(name, 64)
 
 
-def port_counters(raw: dict[str, int], previous: Mapping[str, CounterValue] | None = None) -> dict[str, CounterValue]:
-    """`counters/` values in base units: `port_{xmit,rcv}_data` count 4-octet words, so x4 gives bytes.
+def counter_scale(name: str) -> int:
+    """`port_{xmit,rcv}_data` count 4-octet words: x4 gives bytes."""
+    return 4 if name in _DATA_COUNTERS else 1
 
-    Saturation: PMA counters stick at 2^width-1; the extended set (64-bit data) is recognised by
-    its unicast/multicast files. Entries equal to one in `previous` are that object (most
-    counters of a busy port do not move between two polls).
-    """
-    extended = any(name in _EXTENDED_ONLY for name in raw)
-    before = previous or {}
-    out: dict[str, CounterValue] = {}
-    for name, value in raw.items():
-        scaled = value * 4 if name in _DATA_COUNTERS else value
-        saturated = value == (1 << pma_counter_width(name, extended)) - 1
-        kept = before.get(name)
-        out[name] = kept if kept is not None and kept.value == scaled and kept.saturated == saturated \
-            else CounterValue(scaled, saturated)
-    return out
+
+def counter_ceiling(name: str, names: Collection[str]) -> int:
+    """The value a PMA counter sticks at (2^width-1: they saturate, not wrap); the extended set
+    (64-bit data) is recognised by its unicast/multicast files among `names`."""
+    return (1 << pma_counter_width(name, any(n in _EXTENDED_ONLY for n in names))) - 1

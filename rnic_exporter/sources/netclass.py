@@ -10,7 +10,7 @@ from typing import cast
 
 from rnic_exporter.model import Netdev
 from rnic_exporter.sources.plan import Attribute
-from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, MalformedValueError, SysfsRoot, errno_reason, interpret
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, MalformedValueError, Tree, errno_reason, interpret
 
 CLASS_DIR = "class/net"
 
@@ -70,6 +70,8 @@ NETDEV_POLLED = (
     Attribute("carrier_up_count", parse_int, NOT_EXPOSED),
     Attribute("carrier_down_count", parse_int, NOT_EXPOSED),
 )
+# What detection judges, read on every state pass: speed, operstate, carrier.
+NETDEV_WATCHED = NETDEV_POLLED[3:6]
 
 
 def netdev_from_values(name: str, values: Sequence[object], pci_address: str | None) -> Netdev:
@@ -90,7 +92,7 @@ def netdev_from_values(name: str, values: Sequence[object], pci_address: str | N
     )
 
 
-def netdev_pci_address(root: SysfsRoot, name: str) -> tuple[str | None, str | None]:
+def netdev_pci_address(root: Tree, name: str) -> tuple[str | None, str | None]:
     """(BDF behind the netdev's `device` link, ReadError reason). Bonds, VLANs and macvlans have no
     link: that is normal, not a fault."""
     try:

@@ -44,6 +44,8 @@ LINK_POLLED = (
     Attribute("current_link_width", parse_link_width),
     Attribute("max_link_width", parse_link_width),
 )
+# What detection judges (downtrained), read on every state pass.
+LINK_WATCHED = (LINK_POLLED[0], LINK_POLLED[2])
 # The upstream port's capability: a x16 card in a x8 slot is not "downtrained".
 UPSTREAM_POLLED = (
     Attribute("max_link_speed", parse_link_speed),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rnic_exporter.model import ReadError
-from rnic_exporter.sources.sysfs import Raw, ReadBatch, SysfsRoot, interpret
+from rnic_exporter.sources.sysfs import FdCache, Raw, ReadBatch, interpret
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,13 +39,24 @@ def under(base: str, attributes: Sequence[Attribute], label_prefix: str = "") ->
     return [(f"{base}/{a.file}", label_prefix + a.file, a) for a in attributes]
 
 
+def as_values(values: Sequence[object]) -> object:
+    """A group whose values are used as they are (port state, node_desc, GID slots watched)."""
+    return list(values)
+
+
 @dataclass(frozen=True, slots=True)
 class Group:
-    """A run of slots that together make one object; `start:end` index the plan's slots."""
+    """A run of slots that together make one object; `start:end` index the plan's slots.
 
-    key: str  # what it builds, e.g. "counters:1", "netdev:ens1f0np0"
+    `build` makes the object from the group's values (in slot order), and `watched` names the
+    files of it a pass that trusts announcements reads (what detection judges): each class file
+    (`infiniband.py`, `netclass.py`, `pci.py`) says both for its own files."""
+
+    key: str  # what it builds, e.g. "port:1", "netdev:ens1f0np0"
     start: int
     end: int
+    build: Callable[[Sequence[object]], object] = as_values
+    watched: frozenset[str] = frozenset()
 
 
 class ReadPlan:
@@ -65,7 +76,9 @@ class ReadPlan:
         self._by_key: dict[str, Group] = {}
         self._batch = ReadBatch(self.rels)
 
-    def add_group(self, key: str, slots: Sequence[tuple[str, str, Attribute]], *, port: int | None) -> Group:
+    def add_group(self, key: str, slots: Sequence[tuple[str, str, Attribute]], *, port: int | None,
+                  build: Callable[[Sequence[object]], object] = as_values,
+                  watched: Sequence[Attribute] = ()) -> Group:
         """`slots`: (path relative to the mount, attribute label for errors, how to read it)."""
         start = len(self.rels)
         for rel, label, attr in slots:
@@ -78,7 +91,7 @@ class ReadPlan:
         self.raws = [*self.raws, *([None] * n)]
         self.values.extend([None] * n)
         self.reasons.extend([None] * n)
-        group = Group(key, start, start + n)
+        group = Group(key, start, start + n, build, frozenset(a.file for a in watched))
         self.groups.append(group)
         self._by_key[key] = group
         return group
@@ -86,7 +99,7 @@ class ReadPlan:
     def group(self, key: str) -> Group:
         return self._by_key[key]
 
-    def refresh(self, root: SysfsRoot) -> set[str]:
+    def refresh(self, root: FdCache) -> set[str]:
         """Re-read every slot; the keys of the groups in which something changed."""
         raws = root.read_batch(self._batch)
         if raws == self.raws:

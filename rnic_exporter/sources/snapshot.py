@@ -1,16 +1,35 @@
-"""Read every RDMA device of a host into one `Snapshot`.
+"""Read every RDMA device of a host: its state for detection, its counters for whoever publishes.
 
 `HostReader` is the reading layer's front: it enumerates, filters, then reads (a read can itself
-upset a restricted NIC, so excluded devices are never touched). It keeps what makes the next poll
+upset a restricted NIC, so excluded devices are never touched). It keeps what makes the next pass
 cheap, per device registration (inode and ctime of its class directory):
 - its shape: static attributes, PCI function, ports, counter file names. Learned once; learned
-  again every poll while any of it is unreadable, and when `device/net` or a netdev changes.
-- a `ReadPlan` of every attribute a poll reads, re-read in one pass over held descriptors; only
-  values whose bytes changed are parsed, and objects none of whose values changed are reused.
-- each port's last GID table. Populated GID slots are re-read every poll; the whole table is
-  re-read when one of them changed, when the caller asks (netlink or udev announced a change), and
-  a rotating sweep reads a slice of the empty slots each poll, so a GID appearing in an empty slot
-  is never missed for more than a few polls.
+  again while any of it is unreadable, and when `device/net` or a netdev changes.
+- a `ReadPlan` of every state attribute, re-read over held descriptors; only values whose bytes
+  changed are parsed, and objects none of whose values changed are reused (see `model.py`).
+- a `CounterPlan` of its counter files (`sources/counters.py`), read per consumer.
+- each port's last GID table.
+
+Two ways to pass over the state (`state_pass`):
+- **trusting events** (netlink is healthy, has not overrun, and knows every netdev of the device:
+  an announcement can only come for a netdev netlink reports on): a device's pass reads only what detection
+  watches (port state, physical state, rate; the netdev's speed, operstate, carrier; the PCIe
+  link's current speed and width: about 8 files) and compares the bytes. Nothing moved: the pass
+  ends there. Something moved: the device's full state is re-read and its objects rebuilt, with
+  its whole GID tables when a port's state moved. The announcer (netlink, udev) forces whole GID
+  tables of the devices it names. Two safety nets for what an announcement could miss: every
+  `ROTATION_PASSES`-th pass of a device (staggered across devices) re-reads its whole state (a
+  minute at the default 5 s interval), and each pass compares a slice of every GID table's files
+  with what its last whole read found, so every GID file is re-read within `GID_COVERAGE_PASSES`
+  passes (5 minutes at the default interval); a difference reads the table whole.
+- **not trusting events** (netlink off, failing or overrun; `read`): every device's full state
+  every pass. Populated GID slots are re-read every pass; the whole table is re-read when one of
+  them changed, and a rotating sweep reads `GID_SWEEP_SLOTS` empty slots per port per pass, so a
+  GID appearing in an empty slot is seen within ceil(size / GID_SWEEP_SLOTS) passes.
+A GID table with a read error is re-read whole on the next pass, until it heals.
+
+Every device is read under its `Gate` lock, on whatever thread the caller's runner provides
+(`sources/read_thread.py`): a device whose read hangs is skipped, the others carry on.
 """
 
 from __future__ import annotations
@@ -18,9 +37,10 @@ from __future__ import annotations
 import errno
 import os
 import re
+import threading
 import time
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 from rnic_exporter.errors import ConfigError
@@ -36,23 +56,41 @@ from rnic_exporter.model import (
     Snapshot,
 )
 from rnic_exporter.nccl import NcclSettings, nccl_environment, select_gid_index
+from rnic_exporter.samples import DeviceFreshness
 from rnic_exporter.sources import availability, netclass, pci
 from rnic_exporter.sources import gids as gid_source
+from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.infiniband import (
     CLASS_DIR,
     DEVICE_POLLED,
     DEVICE_STATIC,
     PORT_POLLED,
-    counter_attributes,
+    PORT_STATES,
+    PORT_WATCHED,
     parse_link_layer,
-    port_counters,
 )
 from rnic_exporter.sources.plan import RAW_ONLY, Attribute, ReadPlan, under
-from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, SysfsRoot, errno_reason, interpret
+from rnic_exporter.sources.read_thread import Gate
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, Raw, ReadBatch, SysfsRoot, errno_reason, interpret
 
-# Empty GID slots checked per port per poll: 255 slots are all seen every 16 polls. Netlink and
-# udev wake-ups force a full read, so the sweep is only the safety net.
+# Empty GID slots checked per port per pass while events are not trusted: 255 slots are all seen
+# every 16 passes.
 GID_SWEEP_SLOTS = 16
+# While events are trusted: each device's whole state is re-read every ROTATION_PASSES passes (a
+# minute at the default 5 s), and every GID file is compared with what its table's last whole read
+# found once every GID_COVERAGE_PASSES passes (5 minutes), a slice per pass.
+ROTATION_PASSES = 12
+GID_COVERAGE_PASSES = 60
+
+Job = tuple[Gate, Callable[[], None]]
+Runner = Callable[[Sequence[Job]], object]
+
+
+def run_here(jobs: Sequence[Job]) -> None:
+    """Run jobs on the calling thread (one-shot reads, tests)."""
+    for gate, job in jobs:
+        with gate.lock:
+            job()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +137,15 @@ class _PortShape:
     hw_names: list[str]
 
 
+def _settled(shape: _Shape) -> bool:
+    """Learned whole: nothing failed (what the driver does not provide never comes:
+    sources/availability.py; the `device` link is the device's identity, retried whatever it
+    answers), and the ports are there (the kernel adds a device's ports after the device itself:
+    `ports/` listed empty at registration is not the last word)."""
+    return bool(shape.ports) and not any(availability.symptom(e) is None or e.attribute == "device"
+                                         for e in shape.errors)
+
+
 @dataclass(slots=True)
 class _Shape:
     """What does not change while the device stays registered (or is re-learned while unreadable)."""
@@ -114,13 +161,25 @@ class _Shape:
 
 
 class HostReader:
-    """Reads snapshots from one sysfs root; reuse one instance across polls."""
+    """Reads one sysfs root; reuse one instance across passes.
 
-    def __init__(self, root: SysfsRoot, settings: ReaderSettings | None = None) -> None:
+    `state_pass` runs on the daemon's loop, `counter_jobs` on whatever consumer asks; each
+    device's reads hold its gate, so the two never touch one device at the same time.
+    """
+
+    def __init__(self, root: SysfsRoot, settings: ReaderSettings | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.root = root
+        self.clock = clock  # counter back-off's time
         self._settings = settings or ReaderSettings()
         self._devices: dict[str, _DeviceReader] = {}
+        self._order: tuple[_DeviceReader, ...] = ()  # replaced, never mutated: consumers' threads read it
+        self._retired: list[_DeviceReader] = []  # gone, descriptors to close once no read of them runs
+        self._errors_lock = threading.Lock()
         self.full_gid_reads = 0
+        self._last: Snapshot | None = None
+        self._listing_failed = False
+        self._passes = 0
 
     @property
     def settings(self) -> ReaderSettings:
@@ -131,19 +190,122 @@ class HostReader:
         """New settings (a config reload): cached NCCL picks were made with the old ones."""
         self._settings = settings
         for device in self._devices.values():
-            device.gids.clear()
+            device.resettle = True
+
+    # -- one-shot ---------------------------------------------------------------------------
 
     def read(self, *, full_gid_tables: bool | Collection[str] = False) -> Snapshot:
-        """One snapshot. `full_gid_tables` forces a whole-table GID read on every port (True) or on
-        the ports of the named devices (netlink announced a change on one of their netdevs)."""
+        """Everything, counters included, on this thread, as if events were not trusted.
+        `full_gid_tables` forces a whole-table GID read on every port (True) or on the ports of the
+        named devices."""
+        snap = self.state_pass(full_gid_tables=full_gid_tables, trust_events=False, counters=True).snapshot
+        devices = tuple(self._devices[d.name].with_counters(d) for d in snap.devices)
+        errors = [e for e in snap.errors if e.device == "-"]  # the listing itself failed
+        unsupported = []
+        for reader in self._order:
+            errors += [*reader.errors, *reader.counter_failed]
+            unsupported += [*reader.unsupported, *reader.counter_unsupported]
+        return replace(snap, devices=devices, errors=tuple(errors), unsupported=tuple(unsupported))
+
+    # -- passes -----------------------------------------------------------------------------
+
+    def state_pass(self, *, full_gid_tables: bool | Collection[str] = False,
+                   trust_events: bool | Collection[str] = False, runner: Runner = run_here,
+                   counters: bool = False) -> StatePass:
+        """One pass over every device's state (and its counters with `counters`); `runner` runs
+        the per-device jobs (and may skip a stuck device, which keeps its last objects).
+        `trust_events`: every device (True), or the devices named, is read trusting announcements."""
         started = time.monotonic()
-        taken_at = time.time()
-        errors: list[ReadError] = []
-        unsupported: list[ReadError] = []
-        names = self._list_devices(errors)
-        devices: list[Device] = []
+        listing_errors: list[ReadError] = []
+        readers = self._enumerate(listing_errors)
+        jobs: list[Job] = []
+        self._passes += 1
+        for reader in readers:
+            full = full_gid_tables if isinstance(full_gid_tables, bool) else reader.name in full_gid_tables
+            trusted = trust_events if isinstance(trust_events, bool) else reader.name in trust_events
+            jobs.append((reader.gate, reader.state_job(bool(full), trusted, counters)))
+        runner(jobs)
+        self._close_retired()
+        listing_failed, self._listing_failed = self._listing_failed, bool(listing_errors)
+        changed = [r.name for r in readers if r.changed]
+        last = self._last
+        present = tuple(r for r in readers if r.device is not None)
+        if (last is not None and not changed and not listing_errors and not listing_failed
+                and len(present) == len(last.devices)
+                and all(r.device is d for r, d in zip(present, last.devices, strict=True))):
+            return StatePass(last, (), self._counted(readers), time.monotonic() - started)
         netdevs: dict[str, Netdev] = {}
         pcie: dict[str, PcieLink] = {}
+        errors: list[ReadError] = list(listing_errors)
+        unsupported: list[ReadError] = []
+        for reader in readers:  # a device not published (identity unreadable) still says why
+            if reader.device is not None:
+                reader.contribute(netdevs, pcie)
+            errors.extend(reader.errors)
+            unsupported.extend(reader.unsupported)
+        snap = self._last = Snapshot(
+            devices=tuple(cast(Device, r.device) for r in present),
+            netdevs=netdevs,
+            pcie=pcie,
+            errors=tuple(errors),
+            taken_at=time.time(),
+            read_seconds=time.monotonic() - started,
+            unsupported=tuple(unsupported),
+        )
+        return StatePass(snap, tuple(changed) or ("-",), self._counted(readers) + tuple(listing_errors),
+                         snap.read_seconds)
+
+    def _counted(self, readers: Sequence[_DeviceReader]) -> tuple[ReadError, ...]:
+        """The errors of the reads this pass made (not of devices it left alone)."""
+        out: list[ReadError] = []
+        for reader in readers:
+            out.extend(reader.take_read_errors())
+        return tuple(out)
+
+    def counter_jobs(self) -> list[Job]:
+        """One job per device that has a counter plan; each returns its failed reads via `take_counter_errors`."""
+        return [(r.gate, r.counter_job) for r in self._order]
+
+    def take_counter_errors(self) -> tuple[ReadError, ...]:
+        out: list[ReadError] = []
+        for reader in self._order:
+            out.extend(reader.take_counter_errors())
+        return tuple(out)
+
+    def counter_judgements(self) -> list[tuple[tuple[ReadError, ...], tuple[ReadError, ...]]]:
+        """Per device: (failed, unsupported) counter files of its last counter pass."""
+        return [(r.counter_failed, r.counter_unsupported) for r in self._order]
+
+    def counter_plans(self) -> list[tuple[str, CounterPlan | None]]:
+        """(device, its counter plan) in exposition order."""
+        return [(r.name, r.counter_plan) for r in self._order]
+
+    def held_rels(self) -> list[str]:
+        """Every file a descriptor is held for (the benchmark's floor of bare preads)."""
+        return [rel for r in self._order for rel in r.fds.held_rels()]
+
+    def freshness(self) -> tuple[DeviceFreshness, ...]:
+        out = []
+        for r in self._order:
+            plan = r.counter_plan
+            out.append(DeviceFreshness(r.name, r.gate.stuck, r.state_at, plan.completed_at if plan else None,
+                                       tuple(plan.backoff_samples()) if plan else ()))
+        return tuple(out)
+
+    def close(self) -> None:
+        """Close every descriptor no hung read may be using (the others go with the process)."""
+        for reader in [*self._devices.values(), *self._retired]:
+            if reader.gate.lock.acquire(blocking=False):
+                try:
+                    reader.forget()
+                finally:
+                    reader.gate.lock.release()
+
+    def _enumerate(self, errors: list[ReadError]) -> list[_DeviceReader]:
+        names = self._list_devices(errors)
+        if names is None:
+            return list(self._order)  # a failed listing is a failed pass, not an empty host
+        readers = []
         for name in names:
             ident = self.root.identity(f"{CLASS_DIR}/{name}")
             if ident is None:
@@ -151,106 +313,217 @@ class HostReader:
             reader = self._devices.get(name)
             if reader is None or reader.ident != ident:
                 if reader is not None:
-                    reader.forget()  # re-registered: new firmware, counters reset, new fds
-                reader = self._devices[name] = _DeviceReader(self, name, ident)
-            full = full_gid_tables if isinstance(full_gid_tables, bool) else name in full_gid_tables
-            devices.append(reader.read(full, netdevs, pcie, errors, unsupported))
-        present = {d.name for d in devices}
+                    self._retired.append(reader)  # re-registered: new firmware, counters reset, new fds
+                reader = self._devices[name] = _DeviceReader(self, name, ident, len(self._devices))
+            readers.append(reader)
+        present = {r.name for r in readers}
         for name in [n for n in self._devices if n not in present]:
-            self._devices.pop(name).forget()
-        return Snapshot(
-            devices=tuple(devices),
-            netdevs=netdevs,
-            pcie=pcie,
-            errors=tuple(errors),
-            taken_at=taken_at,
-            read_seconds=time.monotonic() - started,
-            unsupported=tuple(unsupported),
-        )
+            self._retired.append(self._devices.pop(name))
+        self._order = tuple(readers)
+        return readers
 
-    def close(self) -> None:
-        self.root.close()
+    def _close_retired(self) -> None:
+        kept = []
+        for reader in self._retired:
+            if reader.gate.lock.acquire(blocking=False):
+                try:
+                    reader.forget()
+                finally:
+                    reader.gate.lock.release()
+            else:
+                kept.append(reader)  # a read of it still runs (or hangs): close after it
+        self._retired = kept
 
-    def _list_devices(self, errors: list[ReadError]) -> list[str]:
+    def _list_devices(self, errors: list[ReadError]) -> list[str] | None:
         try:
             names = self.root.listdir(CLASS_DIR)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 return []  # no RDMA stack loaded: no devices, not a failure
             errors.append(ReadError("-", None, CLASS_DIR, errno_reason(exc)))
-            return []
+            return None
         return sorted(n for n in names if self.settings.wants(n))
 
 
-class _DeviceReader:
-    """One registration of one RDMA device: its shape, read plan, GID tables and last objects."""
+@dataclass(frozen=True, slots=True)
+class StatePass:
+    snapshot: Snapshot  # the previous pass's very object when nothing changed
+    changed: tuple[str, ...]  # devices whose objects changed ("-": the device list did)
+    read_errors: tuple[ReadError, ...]  # failures of the reads this pass made
+    seconds: float
 
-    def __init__(self, host: HostReader, name: str, ident: tuple[int, int]) -> None:
+
+class _DeviceReader:
+    """One registration of one RDMA device: its shape, read plans, GID tables and last objects.
+    Every method but the constructor runs under `gate.lock`."""
+
+    def __init__(self, host: HostReader, name: str, ident: tuple[int, int], ordinal: int) -> None:
         self.host = host
         self.root = host.root
+        self.fds = host.root.cache()
+        self.gate = Gate(name)
         self.name = name
         self.ident = ident
         self.base = f"{CLASS_DIR}/{name}"
-        self.owned = {self.base + "/"}  # path prefixes whose descriptors this registration holds
         self.shape: _Shape | None = None
         self.gids: dict[int, gid_source.GidTable] = {}
         self.plan: ReadPlan | None = None
+        self.counter_plan: CounterPlan | None = None
+        self.resettle = False  # settings changed: recompute the NCCL picks
         self._faults: dict[str, list[ReadError]] = {}  # per group, found while planning (GID table reads too)
-        self._plan_faults: dict[str, list[ReadError]] = {}  # those of them that make planning repeat each poll
+        self._plan_faults: dict[str, list[ReadError]] = {}  # those of them that make planning repeat each pass
         self._port_netdevs: dict[int, tuple[str, ...]] = {}
         self._netdev_idents: dict[str, tuple[int, int] | None] = {}
         self._netdev_pci: dict[str, str | None] = {}
         self._built: dict[str, object] = {}
         self._ports: dict[int, Port] = {}
-        self._device: Device | None = None
-        self._errors: tuple[ReadError, ...] = ()
-        self._unsupported: tuple[ReadError, ...] = ()
-        self.first_reads = availability.FirstReads()
+        self.device: Device | None = None
+        self._published: Device | None = None
+        self.errors: tuple[ReadError, ...] = ()  # of the state, failed (sources/availability.py)
+        self.unsupported: tuple[ReadError, ...] = ()  # of the state, never provided by the driver
+        self.counter_failed: tuple[ReadError, ...] = ()
+        self.counter_unsupported: tuple[ReadError, ...] = ()
+        self.first_reads = availability.FirstReads()  # the state's
+        self._counter_reads = availability.FirstReads()
+        self._counter_plan_read = False
+        self.changed = False
+        self.state_at: float | None = None
+        self._watch = ReadBatch([])
+        self._watch_index: list[int] = []  # plan slot of each watched file
+        self._watch_states: list[int] = []  # watched indices of port state and phys_state
+        self._watch_raws: list[Raw | None] = []
+        self._rotation = ordinal % ROTATION_PASSES  # staggered: devices' full passes spread out
+        self._read_errors: list[ReadError] = []
+        self._counter_errors: list[ReadError] = []
+        self._merged: tuple[Device, tuple[int, ...], Device] | None = None
 
     def forget(self) -> None:
-        for prefix in self.owned:
-            self.root.forget(prefix)
+        self.fds.close()
 
-    # -- one poll ---------------------------------------------------------------------------
+    def take_read_errors(self) -> list[ReadError]:
+        out, self._read_errors = self._read_errors, []
+        return out
 
-    def read(self, full_gids: bool, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink],
-             errors: list[ReadError], unsupported: list[ReadError]) -> Device:
+    def take_counter_errors(self) -> list[ReadError]:
+        out, self._counter_errors = self._counter_errors, []
+        return out
+
+    def contribute(self, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink]) -> None:
         shape = self.shape
-        # Learned again while part of it failed; what the driver does not provide never comes (availability).
-        if shape is None or any(availability.symptom(e) is None for e in shape.errors) \
-                or self._dev_netdevs_changed(shape):
-            shape = self.shape = self._discover()
-            self.plan = None
-        fresh_gids: set[int] = set()
-        for port in shape.ports:
-            if full_gids or port.number not in self.gids:
-                self._read_gid_table(port)
-                fresh_gids.add(port.number)
-        plan = self.plan
-        if plan is None or fresh_gids or self._plan_faults or self._netdevs_moved():
-            plan = self._build_plan(shape)
-        changed = plan.refresh(self.root)
-        moved = [port for port in shape.ports
-                 if port.number not in fresh_gids and self._gid_table_moved(plan, port.number)]
-        if moved:
-            for port in moved:
-                self._read_gid_table(port)
-                fresh_gids.add(port.number)
-            plan = self._build_plan(shape)
-            changed = plan.refresh(self.root)
-        if changed or fresh_gids or self._device is None:
-            self._assemble(shape, plan, changed, fresh_gids)
-        device = self._device
-        assert device is not None
-        if shape.pci_address is not None and "pcie" in self._built:
+        if shape is not None and shape.pci_address is not None and "pcie" in self._built:
             pcie.setdefault(shape.pci_address, cast(PcieLink, self._built["pcie"]))
         for name in self._netdev_pci:
             netdev = self._built.get(f"netdev:{name}")
             if netdev is not None:
                 netdevs.setdefault(name, cast(Netdev, netdev))
-        errors.extend(self._errors)
-        unsupported.extend(self._unsupported)
-        return device
+
+    # -- counters ---------------------------------------------------------------------------
+
+    def counter_job(self) -> None:
+        plan = self.counter_plan
+        if plan is None:
+            return
+        self._counter_errors.extend(plan.refresh(self.fds))
+        first = () if self._counter_plan_read else [plan.slot_label(i) for i in range(len(plan.rels))]
+        self._counter_plan_read = True
+        judged = self._counter_reads.judge(plan.errors, first, present=self._present(plan.errors))
+        self.counter_failed, self.counter_unsupported = judged.failed, judged.unsupported
+
+    def _present(self, errors: Sequence[ReadError]) -> bool:
+        """ENOENT may mean the device is going away under us: then nothing it lacks is "unsupported"."""
+        return all(e.kind != "ENOENT" for e in errors) or self.root.identity(self.base) == self.ident
+
+    def with_counters(self, device: Device) -> Device:
+        """`device` with its counters (one-shot reads); the same object while nothing changed."""
+        plan = self.counter_plan
+        if plan is None:
+            return device
+        versions = tuple(g.version for g in plan.groups)
+        merged = self._merged
+        if merged is not None and merged[0] is device and merged[1] == versions:
+            return merged[2]
+        ports = []
+        for port in device.ports:
+            counters, hw = plan.group("counters", port.number), plan.group("hw", port.number)
+            ports.append(replace(
+                port, counters=cast(Mapping[str, CounterValue], counters.as_mapping()) if counters else {},
+                hw_counters=cast(Mapping[str, int], hw.as_mapping()) if hw else {}))
+        hw_device = plan.group("hw", None)
+        out = replace(device, ports=tuple(ports),
+                      hw_counters=cast(Mapping[str, int], hw_device.as_mapping()) if hw_device else {})
+        self._merged = (device, versions, out)
+        return out
+
+    # -- state ------------------------------------------------------------------------------
+
+    def state_job(self, full_gids: bool, trust_events: bool, counters: bool = False) -> Callable[[], None]:
+        def job() -> None:
+            self.state(full_gids, trust_events)
+            if counters:
+                self.counter_job()
+        return job
+
+    def state(self, full_gids: bool, trust_events: bool) -> None:
+        before = self.device
+        if trust_events and not full_gids and not self._unsettled():
+            self._rotation += 1
+            moved = [n for n, table in self.gids.items()
+                     if gid_source.slice_moved(self.fds, table, GID_COVERAGE_PASSES)]
+            if self._rotation < ROTATION_PASSES and not moved:
+                raws = self.fds.read_batch(self._watch)
+                if raws == self._watch_raws:
+                    self.changed = False
+                    self.state_at = time.time()
+                    return
+                full_gids = any(raws[i] != self._watch_raws[i] for i in self._watch_states)
+            full_gids = full_gids or bool(moved)
+        if not trust_events or self._rotation >= ROTATION_PASSES:
+            self._rotation = 0
+        self._full(full_gids, sweep=not trust_events)
+        self.changed = self.device is not before
+        self.state_at = time.time()
+
+    def _unsettled(self) -> bool:
+        """Something is still unread or unknown: the full path until it settles."""
+        shape = self.shape
+        return (self.device is None or self.plan is None or shape is None or not _settled(shape)
+                or bool(self._plan_faults) or self.resettle or any(t.errors for t in self.gids.values()))
+
+    def _full(self, full_gids: bool, sweep: bool) -> None:
+        shape = self.shape
+        if shape is None or not _settled(shape) or self._dev_netdevs_changed(shape):
+            shape = self.shape = self._discover()
+            self.plan = None
+            self.counter_plan = self._counter_plan(shape)
+            self._counter_plan_read = False
+        resettle, self.resettle = self.resettle, False
+        fresh_gids: set[int] = set()
+        for port in shape.ports:
+            table = self.gids.get(port.number)
+            if (full_gids or table is None or table.errors or resettle) and self._read_gid_table(port):
+                fresh_gids.add(port.number)
+        plan = self.plan
+        if plan is None or fresh_gids or self._plan_faults or self._netdevs_moved():
+            plan = self._build_plan(shape)
+        changed = plan.refresh(self.fds)
+        moved = [port for port in shape.ports
+                 if port.number not in fresh_gids and self._gid_table_moved(plan, port.number, sweep)]
+        if moved:
+            for port in moved:
+                if self._read_gid_table(port):
+                    fresh_gids.add(port.number)
+            plan = self._build_plan(shape)
+            changed = plan.refresh(self.fds)
+        self._watch_raws = [plan.raws[i] for i in self._watch_index]
+        if changed or fresh_gids or self.device is None:
+            self._assemble(shape, plan, changed, fresh_gids)
+        self._read_errors.extend(self.errors)
+        if any(e.port is None and e.attribute == "device" for e in shape.errors):
+            # Which PCI function this is could not be read: publishing it under a guessed identity
+            # (its name alone) would later page as a vanished NIC once the link reads again. Keep
+            # what was last published; a device never read whole waits (its errors still count).
+            self.device = self._published
+        self._published = self.device
 
     def _dev_netdevs_changed(self, shape: _Shape) -> bool:
         """IPoIB and representor netdevs come and go without the RDMA device re-registering."""
@@ -266,25 +539,44 @@ class _DeviceReader:
         """A netdev appeared, vanished or was re-created since the plan was made."""
         for name, ident in self._netdev_idents.items():
             if self.root.identity(f"{netclass.CLASS_DIR}/{name}") != ident:
-                self.root.forget(f"{netclass.CLASS_DIR}/{name}/")
+                self.fds.forget(f"{netclass.CLASS_DIR}/{name}/")
                 return True
         return False
 
-    def _gid_table_moved(self, plan: ReadPlan, port: int) -> bool:
+    def _gid_table_moved(self, plan: ReadPlan, port: int, sweep: bool) -> bool:
         """A watched slot's bytes changed, or the sweep found an empty slot filled."""
         table = self.gids[port]
         group = plan.group(f"gids:{port}")
         if plan.raws[group.start:group.end] != table.watched_raws:
             return True
-        return gid_source.sweep(self.root, table, GID_SWEEP_SLOTS)
+        return sweep and gid_source.sweep(self.fds, table, GID_SWEEP_SLOTS)
 
-    def _read_gid_table(self, port: _PortShape) -> None:
+    def _read_gid_table(self, port: _PortShape) -> bool:
+        """Read the port's whole table; False when it is what the last read found (kept as it was)."""
         self.host.full_gid_reads += 1
-        table = gid_source.read_gid_table(self.root, f"{self.base}/ports/{port.number}", self.name, port.number,
-                                          previous=self.gids.get(port.number))
+        before = self.gids.get(port.number)
+        table = gid_source.read_gid_table(self.fds, f"{self.base}/ports/{port.number}", self.name, port.number,
+                                          previous=before)
+        if before is not None:
+            table = gid_source.keep_listing(table, before)
         table.nccl_gid_index = select_gid_index(table.entries, table.size, port.link_layer,
                                                 self.host.settings.nccl)
+        if before is not None and (before.entries, before.size, before.errors, before.nccl_gid_index,
+                                   before.watched) == (table.entries, table.size, table.errors,
+                                                       table.nccl_gid_index, table.watched):
+            before.watched_raws, before.empty = table.watched_raws, table.empty
+            return False
         self.gids[port.number] = table
+        return True
+
+    def _counter_plan(self, shape: _Shape) -> CounterPlan:
+        groups: list[tuple[str, int | None, str, Sequence[str]]] = [("hw", None, f"{self.base}/hw_counters",
+                                                                     shape.hw_names)]
+        for port in shape.ports:
+            port_dir = f"{self.base}/ports/{port.number}"
+            groups.append(("counters", port.number, f"{port_dir}/counters", port.counter_names))
+            groups.append(("hw", port.number, f"{port_dir}/hw_counters", port.hw_names))
+        return CounterPlan(self.name, groups, self.host.clock)
 
     # -- shape ------------------------------------------------------------------------------
 
@@ -301,7 +593,6 @@ class _DeviceReader:
         link_files = (False, False)
         dev_netdevs: tuple[str, ...] = ()
         if function_dir is not None:
-            self.owned.update({function_dir + "/", os.path.dirname(function_dir) + "/"})
             link_files = pci.link_files(self.root, function_dir)
             dev_netdevs = tuple(sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net",
                                                    optional=True)))
@@ -341,14 +632,17 @@ class _DeviceReader:
     # -- plan -------------------------------------------------------------------------------
 
     def _build_plan(self, shape: _Shape) -> ReadPlan:
-        """Every attribute a poll reads, grouped by the object it makes, in error-report order."""
+        """Every state attribute, grouped by the object it makes, in error-report order; and the
+        few of them a pass that trusts events watches."""
         plan = ReadPlan(self.name)
         faults: dict[str, list[ReadError]] = {}
         if shape.function_dir is not None and shape.pci_address is not None and shape.link_files[0]:
             slots = under(shape.function_dir, pci.LINK_POLLED, "device/")
             if shape.link_files[1]:
                 slots += under(os.path.dirname(shape.function_dir), pci.UPSTREAM_POLLED, "device/../")
-            plan.add_group("pcie", slots, port=None)
+            address = shape.pci_address
+            plan.add_group("pcie", slots, port=None, watched=pci.LINK_WATCHED,
+                           build=lambda values: pci.pcie_link(address, values[:4], values[4:] or (None, None)))
         known, self._netdev_idents = self._netdev_idents, {}
         self._netdev_pci = {}
         for port in shape.ports:
@@ -360,37 +654,50 @@ class _DeviceReader:
             plan.add_group(f"gids:{port.number}", gid_slots, port=port.number)
             faults[f"gids:{port.number}"] = list(table.errors)
             n = port.number
-            plan.add_group(f"port:{n}", under(port_dir, PORT_POLLED), port=n)
-            plan.add_group(f"counters:{n}", under(port_dir, counter_attributes("counters", port.counter_names)), port=n)
-            plan.add_group(f"hw:{n}", under(port_dir, counter_attributes("hw_counters", port.hw_names)), port=n)
+            plan.add_group(f"port:{n}", under(port_dir, PORT_POLLED), port=n, watched=PORT_WATCHED)
             self._port_netdevs[port.number] = self._choose_netdevs(shape, port.number, table, faults)
             for name in self._port_netdevs[port.number]:
                 if name not in self._netdev_idents:
                     self._plan_netdev(plan, name, port.number, faults, known.get(name))
         plan.add_group("device", under(self.base, DEVICE_POLLED), port=None)
-        plan.add_group("hw:device", under(self.base, counter_attributes("hw_counters", shape.hw_names)), port=None)
         self.plan = plan
         self._plan_faults = {key: found for key, found in faults.items() if found and not key.startswith("gids:")}
         self._faults = faults
         self._built = {}
         self._ports = {}
+        self._plan_watch(plan)
         return plan
+
+    def _plan_watch(self, plan: ReadPlan) -> None:
+        """The plan's slots a trusting pass reads: the files each group's class file marks watched."""
+        index: list[int] = []
+        states: list[int] = []
+        for group in plan.groups:
+            for i in range(group.start, group.end):
+                name = plan.rels[i].rsplit("/", 1)[1]
+                if name in group.watched:
+                    if name in PORT_STATES:
+                        states.append(len(index))
+                    index.append(i)
+        self._watch_index, self._watch_states = index, states
+        self._watch = ReadBatch([plan.rels[i] for i in index])
 
     def _plan_netdev(self, plan: ReadPlan, name: str, port: int, faults: dict[str, list[ReadError]],
                      known: tuple[int, int] | None) -> None:
         rel = f"{netclass.CLASS_DIR}/{name}"
         self._netdev_idents[name] = ident = self.root.identity(rel)
         if ident is None or ident != known:
-            self.root.forget(rel + "/")  # descriptors of a netdev that went, or of its previous self
+            self.fds.forget(rel + "/")  # descriptors of a netdev that went, or of its previous self
         if ident is None:
             return  # the port names a netdev that does not exist (any more): no netdev series
-        self.owned.add(rel + "/")
         pci_address, reason = netclass.netdev_pci_address(self.root, name)
         self._netdev_pci[name] = pci_address
         key = f"netdev:{name}"
         if reason is not None:
             faults.setdefault(key, []).append(ReadError(self.name, port, f"net/{name}/device", reason))
-        plan.add_group(key, under(rel, netclass.NETDEV_POLLED, f"net/{name}/"), port=port)
+        plan.add_group(key, under(rel, netclass.NETDEV_POLLED, f"net/{name}/"), port=port,
+                       watched=netclass.NETDEV_WATCHED,
+                       build=lambda values: netclass.netdev_from_values(name, values, pci_address))
 
     def _choose_netdevs(self, shape: _Shape, port: int, table: gid_source.GidTable,
                         faults: dict[str, list[ReadError]]) -> tuple[str, ...]:
@@ -421,22 +728,7 @@ class _DeviceReader:
             key = group.key
             if key in built and key not in changed:
                 continue
-            values = plan.group_values(group)
-            kind, _, which = key.partition(":")
-            if kind == "pcie":
-                assert shape.pci_address is not None
-                built[key] = pci.pcie_link(shape.pci_address, values[:4], values[4:] or (None, None))
-            elif kind == "counters":
-                port = self._port_shape(shape, which)
-                built[key] = port_counters({n: cast(int, v) for n, v in zip(port.counter_names, values, strict=True)
-                                            if v is not None}, cast(dict[str, CounterValue] | None, built.get(key)))
-            elif kind == "hw":
-                names = shape.hw_names if which == "device" else self._port_shape(shape, which).hw_names
-                built[key] = {n: cast(int, v) for n, v in zip(names, values, strict=True) if v is not None}
-            elif kind == "netdev":
-                built[key] = netclass.netdev_from_values(which, values, self._netdev_pci[which])
-            else:  # port state, device node_desc, GID slots: used as values
-                built[key] = values
+            built[key] = group.build(plan.group_values(group))
         stale = {key.partition(":")[2] for key in changed}
         ports = []
         for port in shape.ports:
@@ -453,8 +745,6 @@ class _DeviceReader:
                     phys_state=cast(NumberedState | None, phys_state),
                     rate=cast(LinkRate | None, rate),
                     lid=cast(int | None, lid),
-                    counters=cast(dict[str, CounterValue], built[f"counters:{n}"]),
-                    hw_counters=cast(dict[str, int], built[f"hw:{n}"]),
                     gids=table.entries,
                     gid_table_size=table.size,
                     netdevs=self._port_netdevs[n],
@@ -463,7 +753,7 @@ class _DeviceReader:
             ports.append(previous)
         static = shape.static
         (node_desc,) = cast(list[object], built["device"])
-        self._device = Device(
+        self.device = Device(
             name=self.name,
             node_guid=cast(str | None, static["node_guid"]),
             sys_image_guid=cast(str | None, static["sys_image_guid"]),
@@ -475,7 +765,6 @@ class _DeviceReader:
             node_desc=cast(str | None, node_desc),
             pci_address=shape.pci_address,
             ports=tuple(ports),
-            hw_counters=cast(dict[str, int], built["hw:device"]),
             netdevs=shape.dev_netdevs,
         )
         errors = list(shape.errors)
@@ -485,14 +774,5 @@ class _DeviceReader:
         # Unsupported (unreadable since the first read, with a driver's "I don't have it" answer) or failed.
         first = [*plan.keys(), *((None, a.file) for a in DEVICE_STATIC),
                  *((p.number, "link_layer") for p in shape.ports)] if fresh_plan else ()
-        # ENOENT may mean the device is going away under us: then nothing it lacks is "unsupported".
-        present = all(e.kind != "ENOENT" for e in errors) or self.root.identity(self.base) == self.ident
-        judged = self.first_reads.judge(errors, first, present=present)
-        self._errors, self._unsupported = judged.failed, judged.unsupported
-
-    @staticmethod
-    def _port_shape(shape: _Shape, which: str) -> _PortShape:
-        for port in shape.ports:
-            if str(port.number) == which:
-                return port
-        raise KeyError(which)
+        judged = self.first_reads.judge(errors, first, present=self._present(errors))
+        self.errors, self.unsupported = judged.failed, judged.unsupported

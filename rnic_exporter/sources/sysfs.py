@@ -7,9 +7,12 @@ their own tree (`--path.sysfs`).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import resource
-from collections.abc import Callable, Mapping, Sequence
+import threading
+import weakref
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,6 +21,7 @@ from rnic_exporter.model import ReadError
 from rnic_exporter.sources.availability import NO_PMA_READ, is_no_pma
 
 T = TypeVar("T")
+log = logging.getLogger("rnic_exporter.sources")
 
 # The driver or kernel does not have this attribute at all: "not exposed", not a fault.
 NOT_EXPOSED = frozenset({errno.ENOENT, errno.EOPNOTSUPP})
@@ -58,16 +62,14 @@ class ReadBatch:
     def __init__(self, rels: list[str]) -> None:
         self.rels = rels  # may grow until the first read
         self.fds: list[int] = []
-        self.generation = -1  # the root's descriptor generation `fds` was taken at
+        self.generation = -1  # the cache's descriptor generation `fds` was taken at
 
 
 class SysfsRoot:
     """A sysfs mount (`/sys`, or a captured or simulated tree).
 
-    Attributes are re-read with `os.pread` on a held file descriptor when `hold_fds` is set: the
-    kernel regenerates the value at offset 0 on each pread, at a fifth of the cost of
-    open+read+close. A held descriptor of a removed device fails with ENODEV/ENOENT; the caller
-    then calls `forget` for that device and the next read reopens.
+    The root itself holds nothing: one-shot reads open, read and close. Descriptors are held by an
+    `FdCache`, one per owner (a device registration), when `hold_fds` is set.
 
     `errno_overlay` maps relative paths to the errno a read should fail with. It exists because a
     plain file cannot answer EINVAL the way `gid_attrs/types/<i>` of an empty GID slot does; the
@@ -91,9 +93,27 @@ class SysfsRoot:
         if hold_fds:
             raise_open_file_limit()
         self.errno_overlay: Mapping[str, int] = errno_overlay if errno_overlay is not None else {}
-        self._fds: dict[str, int] = {}
-        self._generation = 0  # bumped whenever a held descriptor is closed: batches look theirs up again
-        self.reads = 0  # attribute reads issued, for the benchmark
+        self.limited = False  # the descriptor limit was hit: GID files are no longer held
+        self._caches: weakref.WeakSet[FdCache] = weakref.WeakSet()
+        self._caches_lock = threading.Lock()
+        self._reads = 0  # one-shot reads; each cache counts its own
+
+    def descriptor_limit_hit(self) -> None:
+        """Say so once, and from now on read GID table files (most of what is held) without holding them."""
+        with self._caches_lock:
+            first, self.limited = not self.limited, True
+        if first:
+            log.warning("the open-file limit is below what holding every sysfs descriptor needs; GID table "
+                        "files are read without holding descriptors from now on (raise LimitNOFILE to avoid "
+                        "the cost)", extra={"fields": {"held": self.held_fds,
+                                                       "limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}})
+
+    def cache(self) -> FdCache:
+        """A new set of held descriptors for one owner."""
+        cache = FdCache(self)
+        with self._caches_lock:
+            self._caches.add(cache)
+        return cache
 
     def _check_overlay(self, rel: str) -> None:
         code = self.errno_overlay.get(rel)
@@ -105,80 +125,30 @@ class SysfsRoot:
         return decode(self.read_bytes(rel))
 
     def read_bytes(self, rel: str) -> bytes:
-        """The attribute's raw bytes in one read. Raises OSError."""
-        self.reads += 1
+        """The attribute's raw bytes in one read (open, read, close). Raises OSError."""
+        self._reads += 1
         if self.errno_overlay:
             self._check_overlay(rel)
-        if self.hold_fds:
-            fd = self._fds.get(rel)
-            if fd is None:
-                fd = os.open(self._mount_str + rel, os.O_RDONLY | os.O_CLOEXEC)
-                self._fds[rel] = fd
-            try:
-                data = os.pread(fd, _PAGE, 0)
-            except OSError:
-                self._drop(rel)
-                raise
-        else:
-            fd = os.open(self.mount / rel, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                data = os.read(fd, _PAGE)
-            finally:
-                os.close(fd)
-        return data
+        fd = os.open(self._mount_str + rel, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.read(fd, _PAGE)
+        finally:
+            os.close(fd)
 
     def read_many(self, rels: Sequence[str]) -> list[Raw]:
-        """Each attribute's raw bytes, or the errno its read failed with, in one tight pass.
-
-        With held descriptors this is one `pread` per attribute and no Python object per read
-        beyond the bytes. A subclass that overrides `read_bytes` (a test's fault injector) still
-        sees every read.
-        """
-        return self.read_batch(ReadBatch(list(rels)))
-
-    def read_batch(self, batch: ReadBatch) -> list[Raw]:
-        """`read_many` of the batch's attributes, through the descriptors it remembers."""
-        rels = batch.rels
-        if not self.hold_fds or type(self).read_bytes is not SysfsRoot.read_bytes:
-            return [self._read_or_errno(rel) for rel in rels]
-        if batch.generation != self._generation or len(batch.fds) != len(rels):
-            held = self._fds
-            batch.fds = [held.get(rel, -1) for rel in rels]
-            batch.generation = self._generation
-        self.reads += len(rels)
-        overlay = self.errno_overlay  # empty outside tests; kept in this loop so tests exercise it
-        fds = batch.fds
-        pread = os.pread
-        out: list[Raw] = []
-        append = out.append
-        for i, known in enumerate(fds):
-            if overlay and rels[i] in overlay:
-                append(overlay[rels[i]])
-                continue
-            try:
-                fd = known if known >= 0 else self._hold(rels[i])
-                fds[i] = fd
-                data = pread(fd, _FIRST, 0)
-                if len(data) == _FIRST:
-                    data = pread(fd, _PAGE, 0)
-            except OSError as exc:
-                self._drop(rels[i])
-                append(exc.errno or -1)
-                continue
-            append(data)
-        return out
-
-    def _hold(self, rel: str) -> int:
-        fd = self._fds.get(rel)
-        if fd is None:
-            fd = self._fds[rel] = os.open(self._mount_str + rel, os.O_RDONLY | os.O_CLOEXEC)
-        return fd
+        """Each attribute's raw bytes, or the errno its read failed with (one-shot reads)."""
+        return [self._read_or_errno(rel) for rel in rels]
 
     def _read_or_errno(self, rel: str) -> Raw:
         try:
             return self.read_bytes(rel)
         except OSError as exc:
             return exc.errno or -1
+
+    @property
+    def intercepted(self) -> bool:
+        """A subclass (a test's fault injector) overrides `read_bytes`: every read must go through it."""
+        return type(self).read_bytes is not SysfsRoot.read_bytes
 
     def listdir(self, rel: str) -> list[str]:
         if self.errno_overlay:
@@ -202,8 +172,149 @@ class SysfsRoot:
         os.readlink(self.mount / rel)  # a plain file where a link belongs is EINVAL, not a path
         return os.path.realpath(self.mount / rel)
 
+    def _live_caches(self) -> list[FdCache]:
+        with self._caches_lock:
+            return list(self._caches)
+
+    @property
+    def reads(self) -> int:
+        """Attribute reads issued (one-shot and through every cache), for the benchmark and tests."""
+        return self._reads + sum(c.reads for c in self._live_caches())
+
+    @property
+    def held_fds(self) -> int:
+        return sum(c.held for c in self._live_caches())
+
+    def holds(self, rel: str) -> bool:
+        """Some cache holds a descriptor of `rel`."""
+        return any(c.holds(rel) for c in self._live_caches())
+
+    def close(self) -> None:
+        """Close every cache's descriptors; only at exit, when no read of them can be under way."""
+        for cache in self._live_caches():
+            cache.close()
+
+
+class FdCache:
+    """The held descriptors of one owner (one device registration).
+
+    Only the thread reading that owner touches them (the reader's per-device lock), so a
+    descriptor is never closed while another thread may be blocked reading it: the number could
+    be reused by the next open, and that read would then return another file's bytes. Owners
+    never share descriptors, even for a file both read (an upstream PCIe port).
+
+    Attributes are re-read with `os.pread`: the kernel regenerates the value at offset 0 on each
+    pread, at a fifth of the cost of open+read+close. A held descriptor of a removed device fails
+    with ENODEV/ENOENT; it is closed then, and the next read reopens.
+    """
+
+    __slots__ = ("__weakref__", "_fds", "_generation", "_shed", "reads", "root")
+
+    def __init__(self, root: SysfsRoot) -> None:
+        self.root = root
+        self._fds: dict[str, int] = {}
+        self._generation = 0  # bumped whenever a held descriptor is closed: batches look theirs up again
+        self._shed = False
+        self.reads = 0
+
+    @property
+    def mount(self) -> Path:
+        return self.root.mount
+
+    @property
+    def held(self) -> int:
+        return len(self._fds)
+
+    def holds(self, rel: str) -> bool:
+        return rel in self._fds
+
+    def held_rels(self) -> list[str]:
+        return list(self._fds)
+
+    def listdir(self, rel: str) -> list[str]:
+        return self.root.listdir(rel)
+
+    def identity(self, rel: str) -> tuple[int, int] | None:
+        return self.root.identity(rel)
+
+    def exists(self, rel: str) -> bool:
+        return self.root.exists(rel)
+
+    def realpath(self, rel: str) -> str:
+        return self.root.realpath(rel)
+
+    def _read_or_errno(self, rel: str) -> Raw:
+        return self.read_many((rel,))[0]
+
+    def read_many(self, rels: Sequence[str]) -> list[Raw]:
+        return self.read_batch(ReadBatch(list(rels)))
+
+    def read_batch(self, batch: ReadBatch, skip: Collection[int] = ()) -> list[Raw]:
+        """Each attribute's raw bytes, or the errno its read failed with, in one tight pass: one
+        `pread` per attribute and no Python object per read beyond the bytes. Indices in `skip`
+        are not read (backed-off attributes) and answer EAGAIN."""
+        rels = batch.rels
+        root = self.root
+        if root.limited and not self._shed:
+            self.shed()  # each cache sheds on its own next read, under its own device's lock
+        if not root.hold_fds or root.intercepted:
+            self.reads += len(rels) - len(skip)
+            return [errno.EAGAIN if skip and i in skip else root._read_or_errno(rel) for i, rel in enumerate(rels)]
+        if batch.generation != self._generation or len(batch.fds) != len(rels):
+            held = self._fds
+            batch.fds = [held.get(rel, -1) for rel in rels]
+            batch.generation = self._generation
+        self.reads += len(rels) - len(skip)
+        overlay = root.errno_overlay  # empty outside tests; kept in this loop so tests exercise it
+        fds = batch.fds
+        pread = os.pread
+        out: list[Raw] = []
+        append = out.append
+        for i, known in enumerate(fds):
+            if skip and i in skip:
+                append(errno.EAGAIN)
+                continue
+            if overlay and rels[i] in overlay:
+                append(overlay[rels[i]])
+                continue
+            try:
+                fd = known if known >= 0 else self._hold(rels[i])
+                if fd < 0:  # not held (over the descriptor limit): one open-read-close
+                    append(root._read_or_errno(rels[i]))
+                    continue
+                fds[i] = fd
+                data = pread(fd, _FIRST, 0)
+                if len(data) == _FIRST:
+                    data = pread(fd, _PAGE, 0)
+            except OSError as exc:
+                self._drop(rels[i])
+                if exc.errno in _OUT_OF_DESCRIPTORS:
+                    root.descriptor_limit_hit()
+                    self.shed()
+                    append(root._read_or_errno(rels[i]))
+                    continue
+                append(exc.errno or -1)
+                continue
+            append(data)
+        return out
+
+    def shed(self) -> None:
+        """Close the held descriptors of GID table files: they are most of what a device holds."""
+        self._shed = True
+        for rel in [r for r in self._fds if _unheld_when_limited(r)]:
+            self._drop(rel)
+
+    def _hold(self, rel: str) -> int:
+        """The held descriptor of `rel`, opened now if need be; -1 when it is not to be held."""
+        fd = self._fds.get(rel)
+        if fd is None:
+            if self.root.limited and _unheld_when_limited(rel):
+                return -1
+            fd = self._fds[rel] = os.open(self.root._mount_str + rel, os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
     def forget(self, prefix: str) -> None:
-        """Close held descriptors under `prefix` (a device that vanished or was re-registered)."""
+        """Close held descriptors under `prefix` (a netdev that went or was re-created)."""
         for rel in [r for r in self._fds if r.startswith(prefix)]:
             self._drop(rel)
 
@@ -216,9 +327,16 @@ class SysfsRoot:
     def close(self) -> None:
         self.forget("")
 
-    @property
-    def held_fds(self) -> int:
-        return len(self._fds)
+
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+
+
+def _unheld_when_limited(rel: str) -> bool:
+    return "/gids/" in rel or "/gid_attrs/" in rel
+
+
+# What the readers read through: the root (one-shot reads) or a device's held descriptors.
+Tree = SysfsRoot | FdCache
 
 
 def errno_reason(exc: OSError) -> str:
@@ -261,7 +379,7 @@ class ErrorLog:
     `read` never raises: an OSError or a parser's ValueError costs that one attribute.
     """
 
-    def __init__(self, root: SysfsRoot) -> None:
+    def __init__(self, root: Tree) -> None:
         self.root = root
         self.errors: list[ReadError] = []
 

@@ -34,7 +34,8 @@ from rnic_exporter.model import (
     gid_table_hash,
     pcie_generation,
 )
-from rnic_exporter.sinks.exposition import Family, Renderer
+from rnic_exporter.samples import Family
+from rnic_exporter.sinks.exposition import Renderer
 from rnic_exporter.sources import gids, infiniband, netclass, pci
 from rnic_exporter.sources.sysfs import MalformedValueError, interpret
 
@@ -209,11 +210,11 @@ class OtlpEncoder:
         from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
 
         from rnic_exporter.model import Snapshot
-        from rnic_exporter.sinks.prometheus import ExporterStats
+        from rnic_exporter.samples import ExporterStats, Published
 
         empty = Snapshot(devices=(), netdevs={}, pcie={}, errors=(), taken_at=0.0)
         for families in drawn:
-            self.observer.state = self.otel._Published(empty, ExporterStats(), tuple(_otlp_shaped(families)))
+            self.observer.state = Published(empty, (), ExporterStats(), tuple(_otlp_shaped(families)))
             # The SDK logs and swallows a callback's exception (the instrument goes missing from the
             # batch): build the observations here first, so an exception in them is an escape.
             self.observer.observations()

@@ -1,0 +1,148 @@
+"""A device's counter files, read per consumer (a scrape, an OTLP export) instead of per poll.
+
+`counters/` and `hw_counters/` are most of what a poll would read (on mlx5 each `counters/` read
+is a firmware command) and none of it feeds detection, so they are read only when someone is
+about to publish them. A pass is one `pread` per file over held descriptors and one comparison
+of the raw bytes; only files whose bytes changed are parsed, into flat lists of plain ints (no
+object per value). Consumers compare `CounterGroup.version` to know what to re-render.
+
+Restricted functions (ConnectX-7 in DGX/GB200 systems, switch mode) answer EINVAL or EOPNOTSUPP
+on counter reads and log a kernel line per failure: such a file is backed off exponentially,
+from `BACKOFF_MIN_S` to `BACKOFF_MAX_S`, so it costs a handful of reads per hour instead of
+one per pass. A device re-registration starts a new plan, so its back-off starts over.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from rnic_exporter.model import CounterGroup, ReadError
+from rnic_exporter.sources import availability
+from rnic_exporter.sources.infiniband import counter_ceiling, counter_scale, parse_counter
+from rnic_exporter.sources.sysfs import FdCache, Raw, ReadBatch, interpret
+
+# What a function that does not implement an attribute answers (sources/availability.py's
+# not_supported, and the old kernels' "N/A (no PMA)"): retried ever more rarely.
+BACKED_OFF = frozenset({availability.NOT_SUPPORTED, availability.NO_PMA})
+BACKOFF_MIN_S = 60.0
+BACKOFF_MAX_S = 3600.0
+
+
+@dataclass(slots=True)
+class _Backoff:
+    interval_s: float
+    retry_at: float
+
+
+class CounterPlan:
+    """Every counter file of one device registration, in exposition order; only the thread holding
+    the device's read lock calls `refresh`."""
+
+    def __init__(self, device: str, groups: Sequence[tuple[str, int | None, str, Sequence[str]]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`groups`: (kind, port, directory relative to the mount, file names)."""
+        self.device = device
+        self._clock = clock
+        rels: list[str] = []
+        self.groups: list[CounterGroup] = []
+        self._group_of: list[int] = []
+        for kind, port, directory, names in groups:
+            extended_names = frozenset(names) if kind == "counters" else frozenset()
+            group = CounterGroup(
+                kind, port, tuple(names), len(rels),
+                ceilings=tuple(counter_ceiling(n, extended_names) if kind == "counters" else None for n in names),
+                scales=tuple(counter_scale(n) if kind == "counters" else 1 for n in names),
+                values=[None] * len(names), saturated=[False] * len(names))
+            self._group_of.extend([len(self.groups)] * len(names))
+            self.groups.append(group)
+            rels.extend(f"{directory}/{name}" for name in names)
+        self.rels = rels
+        self._batch = ReadBatch(rels)
+        self._raws: list[Raw | None] = [None] * len(rels)
+        self._reasons: list[str | None] = [None] * len(rels)
+        self._backoff: dict[int, _Backoff] = {}
+        self._failing: list[int] = []
+        self.errors: tuple[ReadError, ...] = ()  # every file unreadable now (backed-off ones too)
+        self.completed_at: float | None = None  # wall clock of the last finished pass
+
+    @property
+    def backed_off(self) -> Mapping[int, float]:
+        """Slot -> its current back-off interval in seconds."""
+        return {i: b.interval_s for i, b in self._backoff.items()}
+
+    def slot_label(self, index: int) -> tuple[int | None, str]:
+        group = self.groups[self._group_of[index]]
+        subdir = "counters" if group.kind == "counters" else "hw_counters"
+        return group.port, f"{subdir}/{group.names[index - group.start]}"
+
+    def refresh(self, fds: FdCache) -> tuple[ReadError, ...]:
+        """One pass; returns the errors of the reads it made (the caller counts them)."""
+        now = self._clock()
+        skip = frozenset(i for i, b in self._backoff.items() if b.retry_at > now) if self._backoff else frozenset()
+        raws: list[Raw | None] = list(fds.read_batch(self._batch, skip))
+        for i in skip:
+            raws[i] = self._raws[i]  # a backed-off file keeps what it last answered
+        if raws != self._raws:
+            self._apply(raws)
+        failed = []
+        for i in self._failing:
+            if i in skip:
+                continue
+            error = self._error(i)
+            failed.append(error)
+            if availability.symptom(error) in BACKED_OFF:
+                before = self._backoff.get(i)
+                interval = BACKOFF_MIN_S if before is None else min(before.interval_s * 2, BACKOFF_MAX_S)
+                self._backoff[i] = _Backoff(interval, now + interval)
+        self.completed_at = time.time()
+        return tuple(failed)
+
+    def _apply(self, raws: list[Raw | None]) -> None:
+        previous = self._raws
+        touched: dict[int, tuple[list[int | None], list[bool], list[int], list[bool]]] = {}
+        for i, raw in enumerate(raws):
+            if raw == previous[i] or raw is None:
+                continue
+            g = self._group_of[i]
+            group = self.groups[g]
+            lists = touched.get(g)
+            if lists is None:
+                lists = touched[g] = (list(group.values), list(group.saturated), [], [False])
+            k = i - group.start
+            lists[2].append(k)
+            value, self._reasons[i] = interpret(raw, parse_counter, frozenset())
+            if value is None:
+                lists[3][0] = lists[3][0] or lists[0][k] is not None
+                lists[0][k], lists[1][k] = None, False
+                continue
+            self._backoff.pop(i, None)  # it answers again: the next failure starts from the bottom
+            lists[3][0] = lists[3][0] or lists[0][k] is None
+            ceiling = group.ceilings[k]
+            lists[0][k] = value * group.scales[k]
+            lists[1][k] = ceiling is not None and value == ceiling
+        self._raws = list(raws)
+        for g, (values, saturated, changed, reshaped) in touched.items():
+            group = self.groups[g]
+            group.values, group.saturated = values, saturated
+            group.changed, group.reshaped = tuple(changed), reshaped[0]
+            group.version += 1
+        self._failing = [i for i, reason in enumerate(self._reasons) if reason is not None]
+        self.errors = tuple(self._error(i) for i in self._failing)
+
+    def _error(self, index: int) -> ReadError:
+        port, attribute = self.slot_label(index)
+        return ReadError(self.device, port, attribute, self._reasons[index] or "unknown")
+
+    def group(self, kind: str, port: int | None) -> CounterGroup | None:
+        for group in self.groups:
+            if group.kind == kind and group.port == port:
+                return group
+        return None
+
+    def backoff_samples(self) -> Iterator[tuple[int | None, str, float]]:
+        """(port, attribute, back-off interval in seconds) of every backed-off file."""
+        for i, interval in sorted(self.backed_off.items()):
+            port, attribute = self.slot_label(i)
+            yield port, attribute, interval
