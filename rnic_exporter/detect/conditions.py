@@ -86,6 +86,7 @@ class PortView:
     # a port that is not ACTIVE) or the GID table could not be read (then `gid_table_unreadable`).
     nccl_pick: NcclPick | None = None
     gid_table_unreadable: str | None = None  # what of the table could not be read, on a RoCE port
+    state_text: str = ""  # `state / phys_state` as the kernel prints them, for messages
 
     @property
     def nccl_usable(self) -> bool | None:
@@ -360,4 +361,5 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
         addresses=current, addresses_from=source, expected=expected, rated=ratings, links=links,
         flapping=flapping.get((dev.name, port.number), False),
         risks=risks.get(netdev, frozenset()) if netdev else frozenset(),
-        nccl_pick=pick, gid_table_unreadable=unreadable)
+        nccl_pick=pick, gid_table_unreadable=unreadable,
+        state_text=f"{port.state or '?'} / {port.phys_state or '?'}")

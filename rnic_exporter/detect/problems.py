@@ -83,7 +83,7 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
     where = view.where
     out = []
     if view.up is False:
-        out.append(Problem("port_down", "warning", where, "port is not ACTIVE/LinkUp",
+        out.append(Problem("port_down", "warning", where, f"port is not ACTIVE/LinkUp ({view.state_text})",
                            "no RDMA traffic can use this port", "check the cable, the switch port and ibstat",
                            "port_down"))
     for judgement in view.links:
