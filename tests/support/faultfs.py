@@ -485,7 +485,7 @@ def _mounts() -> list[tuple[str, str, str]]:
 
 
 def faultfs_mounts(owner: int | None = None) -> list[str]:
-    """Mount points of faultfs mounts made by process `owner` (default: this one; None: anyone's)."""
+    """Mount points of faultfs mounts made by process `owner` (None: anyone's)."""
     prefix = f"{FSNAME}-" if owner is None else f"{FSNAME}-{owner}-"
     return [point for source, point, _ in _mounts() if source.startswith(prefix)]
 
