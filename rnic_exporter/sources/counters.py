@@ -28,6 +28,7 @@ from rnic_exporter.sources.sysfs import FdCache, Raw, ReadBatch, interpret
 BACKED_OFF = frozenset({availability.NOT_SUPPORTED, availability.NO_PMA})
 BACKOFF_MIN_S = 60.0
 BACKOFF_MAX_S = 3600.0
+BACKOFF_AFTER = 3  # consecutive refusals of a file that answered before
 
 
 @dataclass(slots=True)
@@ -63,6 +64,8 @@ class CounterPlan:
         self._raws: list[Raw | None] = [None] * len(rels)
         self._reasons: list[str | None] = [None] * len(rels)
         self._backoff: dict[int, _Backoff] = {}
+        self._streak: dict[int, int] = {}  # consecutive failed reads
+        self._answered: set[int] = set()  # files that gave a value at least once
         self._failing: list[int] = []
         self.errors: tuple[ReadError, ...] = ()  # every file unreadable now (backed-off ones too)
         self.completed_at: float | None = None  # wall clock of the last finished pass
@@ -92,7 +95,10 @@ class CounterPlan:
                 continue
             error = self._error(i)
             failed.append(error)
-            if availability.symptom(error) in BACKED_OFF:
+            self._streak[i] = streak = self._streak.get(i, 0) + 1
+            # Unsupported from the first read, or refusing pass after pass: a restricted function.
+            # A file that answered before and fails once is retried on the next pass.
+            if availability.symptom(error) in BACKED_OFF and (i not in self._answered or streak >= BACKOFF_AFTER):
                 before = self._backoff.get(i)
                 interval = BACKOFF_MIN_S if before is None else min(before.interval_s * 2, BACKOFF_MAX_S)
                 self._backoff[i] = _Backoff(interval, now + interval)
@@ -118,6 +124,8 @@ class CounterPlan:
                 lists[0][k], lists[1][k] = None, False
                 continue
             self._backoff.pop(i, None)  # it answers again: the next failure starts from the bottom
+            self._streak.pop(i, None)
+            self._answered.add(i)
             lists[3][0] = lists[3][0] or lists[0][k] is None
             ceiling = group.ceilings[k]
             lists[0][k] = value * group.scales[k]
