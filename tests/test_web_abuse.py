@@ -334,3 +334,20 @@ def test_a_few_threads_wait_on_scrapers_keep_alive_connections_the_rest_on_the_r
     finally:
         for scraper in scrapers:
             scraper.close()
+
+
+def test_a_request_that_waited_for_bcrypt_still_gets_its_whole_write_deadline(
+    serve: ServerFactory, tmp_path: Path, checkpw: RecordingCheckpw
+) -> None:
+    server = serve(write_config(tmp_path, users_yaml({"alice": ("a", 4)})), write_timeout=0.3)
+    checkpw.gate = threading.Event()
+    replies: list[int] = []
+    waiting = threading.Thread(target=lambda: replies.append(request(server, headers=basic("alice", "x")).status))
+    waiting.start()
+    try:
+        assert checkpw.entered.wait(DEADLINE)
+        time.sleep(0.5)  # longer in the bcrypt queue than the write timeout
+    finally:
+        checkpw.gate.set()
+        waiting.join(DEADLINE)
+    assert replies == [401]

@@ -463,17 +463,24 @@ class WebServer:
 
 
 class _DeadlineWriter(io.BufferedIOBase):
-    """The response stream: every byte must be written by one deadline for the whole response."""
+    """The response stream: every byte must be written by one deadline for the whole response.
+
+    The clock starts at the first write, not when the request was read: a request may wait for
+    bcrypt for longer than the write timeout.
+    """
 
     def __init__(self, sock: socket.socket, timeout: float) -> None:
         self._sock = sock
-        self._deadline = time.monotonic() + timeout
+        self._timeout = timeout
+        self._deadline: float | None = None
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self._timeout
         while view:
             remaining = self._deadline - time.monotonic()
             if remaining <= 0:
