@@ -183,7 +183,7 @@ class Attack:
                     self.open[kind] -= 1
                     writer.close()
             # Then come back, as slowloris does when it re-creates its sockets (every 15 s there).
-            await asyncio.sleep(RECONNECT_AFTER)
+            await asyncio.sleep(float(os.environ.get("ABUSE_RECONNECT_AFTER", RECONNECT_AFTER)))
 
     async def _guess(self, index: int) -> None:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx), 30)

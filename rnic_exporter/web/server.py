@@ -222,6 +222,7 @@ class WebServer:
         self.watcher = WebConfigWatcher(web_config_file, reload_interval)
         self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
         self._keepers = threading.BoundedSemaphore(_KEEPERS)
+        self._keeping = threading.local()  # on a keeper thread: its connection, and whether to go on
         self._reactor: Reactor | None = None
         self._listeners: list[socket.socket] = []
         self._stopping = threading.Event()
@@ -360,6 +361,9 @@ class WebServer:
         if self._stopping.is_set():
             self._close(conn)
             return
+        if keep_alive and conn.proven and getattr(self._keeping, "conn", None) is conn:
+            self._keeping.again = True  # this keeper thread waits for the next request itself
+            return
         if keep_alive and conn.proven and self._keepers.acquire(blocking=False):
             try:
                 threading.Thread(target=self._keep, args=(conn,), name="rnic-web-keep", daemon=True).start()
@@ -369,7 +373,7 @@ class WebServer:
         reactor.resume(conn, keep_alive)
 
     def _keep(self, conn: Connection) -> None:
-        """Wait for a scraper's next request on this thread, then answer it here.
+        """Wait for a scraper's requests on this thread and answer them here, one after another.
 
         The reactor would do as well in a quiet room, but during a flood its rounds are full of
         handshakes and evictions, and a request it reads then waits for a worker to wake as well:
@@ -377,15 +381,23 @@ class WebServer:
         authentication give the scrapers one hand-off, as a thread per connection does.
         """
         try:
-            head = self._read_head(conn)
-        except (OSError, ValueError):
-            head = None
+            while True:
+                try:
+                    head = self._read_head(conn)
+                except (OSError, ValueError):
+                    head = None
+                if head is None or self._stopping.is_set():
+                    self._close(conn)
+                    return
+                self._keeping.conn, self._keeping.again = conn, False
+                try:
+                    self._begin(conn, head)
+                finally:
+                    self._keeping.conn = None
+                if not self._keeping.again:  # closed, given to the reactor, or waiting for bcrypt
+                    return
         finally:
             self._keepers.release()
-        if head is None or self._stopping.is_set():
-            self._close(conn)
-        else:
-            self._begin(conn, head)
 
     def _read_head(self, conn: Connection) -> bytes | None:
         """The next request head (blocking), under the idle and then the request deadline."""
