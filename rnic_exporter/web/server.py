@@ -24,6 +24,7 @@ A few keeper threads wait on authenticated keep-alive connections themselves (`_
 
 from __future__ import annotations
 
+import gc
 import html
 import http.server
 import io
@@ -253,6 +254,10 @@ class WebServer:
         # on each of a scrape's socket calls while the reactor is busy with a flood, dominates its
         # latency; 1 ms costs a CPU-bound thread a few more switches.
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL))
+        # A full garbage collection holds the GIL while it walks every tracked object, and a flood
+        # of connections triggers collections; what exists by now (modules, classes, config)
+        # lives for the whole process, so take it out of the walk (it is never collected anyway).
+        gc.freeze()
         self._reactor.start()
         scheme = "https" if self.tls_enabled else "http"
         for host, port in bound:
