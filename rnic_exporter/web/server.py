@@ -254,10 +254,7 @@ class WebServer:
         # on each of a scrape's socket calls while the reactor is busy with a flood, dominates its
         # latency; 1 ms costs a CPU-bound thread a few more switches.
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL))
-        # A full garbage collection holds the GIL while it walks every tracked object, and a flood
-        # of connections triggers collections; what exists by now (modules, classes, config)
-        # lives for the whole process, so take it out of the walk (it is never collected anyway).
-        gc.freeze()
+        _freeze_long_lived_objects()
         self._reactor.start()
         scheme = "https" if self.tls_enabled else "http"
         for host, port in bound:
@@ -620,6 +617,22 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._headers_buffer.append(self._body)
             self._body = b""
         super().flush_headers()
+
+
+_frozen = threading.Lock()
+
+
+def _freeze_long_lived_objects() -> None:
+    """Once per process: take what exists now out of the garbage collector's full walks.
+
+    A full collection holds the GIL while it walks every tracked object, and a flood of
+    connections triggers collections (a 63 ms pause under bench/abuse.py); what exists at start-up
+    (modules, classes, config) lives as long as the process. Collected first, so no garbage is
+    frozen with it.
+    """
+    if _frozen.acquire(blocking=False):
+        gc.collect()
+        gc.freeze()
 
 
 def _warn_if_descriptors_short(max_connections: int) -> None:
