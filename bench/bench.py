@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -162,7 +163,8 @@ class Table:
 def ours_running(ours: Ours, sysfs: Path, state: Path, interval: float) -> Iterator[Daemon]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    with running(ours.args(sysfs, port, state, "--poll.interval", str(interval)), url, env=ours.env()) as proc:
+    with running(ours.args(sysfs, port, state, "--poll.interval", str(interval)), url, env=ours.env(),
+                 cwd=ours.cwd()) as proc:
         yield Daemon("ours", proc.pid, url)
 
 
@@ -182,6 +184,7 @@ def main() -> None:
                         help="seconds of one real-time window at the true defaults (busy host; 0: skip)")
     opts = parser.parse_args()
     require("wrk", "wrk")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the daemons and the writer
     ours = Ours(opts.python, opts.src.resolve() if opts.src else None)
     ne_version = subprocess.run([node_exporter_binary(), "--version"], capture_output=True, text=True)
     ne_version_line = (ne_version.stdout or ne_version.stderr).splitlines()[0]

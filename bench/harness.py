@@ -165,9 +165,9 @@ def has_metrics(body: bytes) -> bool:
 
 @contextmanager
 def running(args: list[str], url: str, ready: Callable[[bytes], bool] = has_metrics,
-            env: Mapping[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+            env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(env) if env is not None else None)
+                            env=dict(env) if env is not None else None, cwd=cwd)
     try:
         wait_up(url, proc, ready)
         yield proc
@@ -216,7 +216,8 @@ def wrk_latency(url: str, connections: int, seconds: int, headers: Mapping[str, 
 @dataclass(frozen=True, slots=True)
 class Ours:
     """Which rnic-exporter to run: an interpreter, and optionally a source tree that goes first on its path
-    (so one script measures main and a branch's worktree alike)."""
+    (so one script measures main and a branch's worktree alike). Run it in `cwd()`: `python -m` puts the
+    working directory before PYTHONPATH, and a checkout there would win."""
 
     python: str = sys.executable
     src: Path | None = None
@@ -227,6 +228,9 @@ class Ours:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.src), env.get("PYTHONPATH")]))
         return env
 
+    def cwd(self) -> Path:
+        return self.src or Path.cwd()
+
     def args(self, sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
         """`rnic-exporter serve` as a user runs it, but with its state in the benchmark's directory."""
         return [self.python, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sysfs),
@@ -235,8 +239,8 @@ class Ours:
 
     def describe(self) -> str:
         """Where the package that will run comes from, and its commit when it is a git checkout."""
-        where = subprocess.run([self.python, "-c", "import rnic_exporter as r; print(r.__file__)"],
-                               capture_output=True, text=True, env=self.env(), check=True).stdout.strip()
+        where = subprocess.run([self.python, "-c", "import rnic_exporter as r; print(r.__file__)"], capture_output=True,
+                               text=True, env=self.env(), cwd=self.cwd(), check=True).stdout.strip()
         package_root = Path(where).resolve().parents[1]
         commit = subprocess.run(["git", "-C", str(package_root), "log", "-1", "--format=%h %s"],
                                 capture_output=True, text=True).stdout.strip()
