@@ -325,15 +325,20 @@ _EVENT = struct.Struct("iIII")
 
 @dataclass
 class ReadCounts:
-    counter_files: int = 0  # counters/ and hw_counters/: on mlx5 each read is a firmware command
-    gid_files: int = 0  # gids/ and gid_attrs/ (cached by the kernel)
+    pma_files: int = 0  # counters/: on mlx5 every read is a MAD_IFC firmware command
+    hw_files: int = 0  # hw_counters/: one firmware query per `lifespan` (10 ms), shared by the files read
+    gid_files: int = 0  # gids/ and gid_attrs/ (the kernel's cache)
     other_files: int = 0
     listings: int = 0  # directory listings
     overflowed: bool = False
 
     @property
     def files(self) -> int:
-        return self.counter_files + self.gid_files + self.other_files
+        return self.pma_files + self.hw_files + self.gid_files + self.other_files
+
+    def per(self, n: float) -> ReadCounts:
+        return ReadCounts(round(self.pma_files / n), round(self.hw_files / n), round(self.gid_files / n),
+                          round(self.other_files / n), round(self.listings / n), self.overflowed)
 
 
 @dataclass
@@ -385,8 +390,10 @@ class FileReads:
                 self.counts.listings += 1
             else:
                 directory = self._dirs.get(wd, "")
-                if directory.endswith(("/counters", "/hw_counters")):
-                    self.counts.counter_files += 1
+                if directory.endswith("/counters"):
+                    self.counts.pma_files += 1
+                elif directory.endswith("/hw_counters"):
+                    self.counts.hw_files += 1
                 elif "/gids" in directory or "/gid_attrs/" in directory:
                     self.counts.gid_files += 1
                 else:

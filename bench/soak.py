@@ -24,9 +24,10 @@ Checked, and printed with a verdict:
   (`tests/support/faultfs.py`) and one device's counter read blocks for SECONDS every EVERY seconds.
   Until reads are isolated per device, a blocked read stalls the whole poll: then leave it off.
 
-Injections are made right after the exporter logged the previous step's events, i.e. right after a
-poll, so a poll does not read a half-written change (a write of several files is not atomic here,
-nor in the kernel).
+Injections are made right after a poll ended (the exporter runs at debug level for its "poll" line;
+its event lines serve too), with the exporter paused by SIGSTOP while the files are written, so
+no poll reads a half-written change (a change of several files is not atomic here, nor in the
+kernel; on a loaded machine the writes of a re-registration can take longer than a poll interval).
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ class Result:
     derived: Counter[str] = field(default_factory=Counter)
     other_log_lines: Counter[str] = field(default_factory=Counter)
     hung_reads: int = 0
+    late_syncs: int = 0  # injections put off because the poll that had ended was no longer fresh
+    pause_max_s: float = 0.0  # longest SIGSTOP pause of the exporter for an injection
     stop_s: float = float("nan")
     exit_code: int | None = None
 
@@ -370,6 +373,7 @@ class Soak:
                 if self.log.ticks != last_tick:
                     last_tick, last_tick_at = self.log.ticks, now
                 busy = False
+                ready: list[DeviceRun] = []
                 for run in self.runs.values():
                     if run.pending:
                         if all(r.seen[k] >= r.expected[k] for k in run.pending):
@@ -387,8 +391,11 @@ class Soak:
                             continue
                     if now >= end or not synced or (sampling and STEPS[run.step] == "remove"):
                         continue  # removals wait for the sample: every device registered when sampled
-                    self._inject(run, now)
+                    ready.append(run)
                     busy = True
+                if ready:
+                    fallback = now - last_tick_at > 2 * c.poll_s
+                    self._inject_paused(proc, ready, None if fallback else last_tick_at)
                 in_flight = any(run.removed or (run.pending and STEPS[run.step] in ("remove", "restore"))
                                 for run in self.runs.values())
                 if sampling and not in_flight:
@@ -399,6 +406,22 @@ class Soak:
                 if now >= end and not busy:
                     return
                 self.log.cond.wait(0.25)
+
+    def _inject_paused(self, proc: subprocess.Popen[bytes], runs: list[DeviceRun], tick_at: float | None) -> None:
+        """Inject with the exporter stopped (SIGSTOP), so that however long the writes take on a loaded
+        machine, no poll reads half of them; and only while the poll that just ended is fresh (a poll
+        that started meanwhile would be stopped halfway and read the rest after)."""
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            if tick_at is not None and started - tick_at > 0.5 * self.config.poll_s:
+                self.result.late_syncs += 1
+                return  # the next poll may have begun: wait for it to end
+            for run in runs:
+                self._inject(run, started)
+            self.result.pause_max_s = max(self.result.pause_max_s, time.monotonic() - started)
+        finally:
+            proc.send_signal(signal.SIGCONT)
 
     def _hang_one(self, mount: Any) -> None:
         present = [name for name in sorted(self.host.devices) if name not in self.host.removed]
@@ -498,6 +521,8 @@ def report(r: Result, out: Callable[[str], None] = print) -> None:
         out(f"  {step:<15} seen after p50 {lat[len(lat) // 2]:6.2f} s, max {lat[-1]:6.2f} s ({len(lat)})")
     if r.hung_reads:
         out(f"hung reads injected: {r.hung_reads}")
+    out(f"injections put off for a stale poll: {r.late_syncs}; longest pause of the exporter for one: "
+        f"{r.pause_max_s * 1000:.0f} ms")
     for line, n in r.other_log_lines.most_common(8):
         out(f"  log x{n}: {line}")
     out("resources after warm-up (early third -> late third):")
