@@ -16,7 +16,7 @@ Checked, and printed with a verdict:
   4th transition of a device's life within the flap window, discovery at start). The exporter's
   JSON event log lines are counted against that, as they arrive (a second sighting is a failure at
   once), and `rnic_events_total` is compared with the log at every sample and at the end.
-  NCCL's pick changing and address-loss risks are derived, not injected: counted, checked against
+  NCCL's pick (`rnic.nccl.*`) and address-loss risks are derived, not injected: counted, checked against
   the metric, not against the oracle.
 - **no growth after warm-up**: RSS, open descriptors and threads of the daemon, sampled every
   `--sample` seconds at a moment when every device is registered (removals wait for the sample).
@@ -63,8 +63,12 @@ from rnic_exporter.detect.settings import FlapSettings
 from rnic_exporter.model import ROCE_V2
 from rnic_exporter.sim import SimHost
 
-# Derived from what was injected by rules of their own (NCCL's GID pick, the host's address manager).
-DERIVED = frozenset({ev.NCCL_GID_INDEX_CHANGED.name, ev.RISK_ADDRESS_LOSS.name})
+
+def derived(event: str) -> bool:
+    """Follows from what was injected by rules of its own (NCCL's GID pick, the host's address manager)."""
+    return event.startswith("rnic.nccl.") or event == ev.RISK_ADDRESS_LOSS.name
+
+
 STEPS = ("flap_down", "flap_up", "hold_and_down", "remove_address", "up_again", "add_address", "release",
          "rate_drop", "rate_back", "pcie_drop", "pcie_back", "remove", "restore")
 START_STEPS = (0, 7, 9, 11)  # where a device may start: the port up, the address in place
@@ -290,7 +294,7 @@ class Soak:
     def _on_event(self, key: Key) -> None:
         """Called by the log reader with its condition held."""
         r = self.result
-        if key[0] in DERIVED:
+        if derived(key[0]):
             r.derived[key[0]] += 1
             self.derived_by_device[(key[0], key[1])] += 1
             return
