@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import random
@@ -51,7 +50,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -62,6 +61,9 @@ from rnic_exporter import events as ev
 from rnic_exporter.detect.settings import FlapSettings
 from rnic_exporter.model import ROCE_V2
 from rnic_exporter.sim import SimHost
+
+if TYPE_CHECKING:
+    from tests.support.faultfs import FaultyMount
 
 
 def derived(event: str) -> bool:
@@ -115,6 +117,9 @@ class Result:
     derived: Counter[str] = field(default_factory=Counter)
     other_log_lines: Counter[str] = field(default_factory=Counter)
     hung_reads: int = 0
+    hung_windows: list[tuple[float, float, str]] = field(default_factory=list)  # (from, to, device)
+    # steps of other devices in flight while a read hung: isolated reads keep these near a poll interval
+    beside_hung_s: list[float] = field(default_factory=list)
     late_syncs: int = 0  # injections put off because the poll that had ended was no longer fresh
     pause_max_s: float = 0.0  # longest SIGSTOP pause of the exporter for an injection
     stop_s: float = float("nan")
@@ -311,12 +316,12 @@ class Soak:
         c = self.config
         with contextlib.ExitStack() as stack:
             sysfs = self.host.root
+            mount: FaultyMount | None = None
             if c.hung_every_s:
-                faultfs: Any = importlib.import_module("tests.support.faultfs")
-                mount = stack.enter_context(faultfs.mount_faultfs(self.host.root, self.work / "mnt"))
-                sysfs = Path(mount.mount)
-            else:
-                mount = None
+                from tests.support.faultfs import mount_faultfs
+
+                mount = stack.enter_context(mount_faultfs(self.host.root, self.work / "mnt"))
+                sysfs = mount.mount
             port = free_port()
             self.url = f"http://127.0.0.1:{port}/metrics"
             args = c.ours.args(sysfs, port, self.work / "state", "--poll.interval", str(c.poll_s),
@@ -354,7 +359,7 @@ class Soak:
                 return
             run.advance()
 
-    def _loop(self, proc: subprocess.Popen[bytes], mount: Any) -> None:
+    def _loop(self, proc: subprocess.Popen[bytes], mount: FaultyMount | None) -> None:
         c, r = self.config, self.result
         end = self.t0 + c.seconds
         next_sample = self.t0 + c.sample_s
@@ -372,8 +377,8 @@ class Soak:
                     self._hang_one(mount)
                     next_hung = now + c.hung_every_s
                 # Inject right after a poll: its reads are done, the next one is a poll interval away.
-                # Without a sign of polls for a while (a quiet host logs no events), inject anyway.
-                synced = self.log.ticks != last_tick or now - last_tick_at > 2 * c.poll_s
+                # Never without that sign: a poll stalled on a hung read may be halfway through.
+                synced = self.log.ticks != last_tick
                 if self.log.ticks != last_tick:
                     last_tick, last_tick_at = self.log.ticks, now
                 busy = False
@@ -382,6 +387,8 @@ class Soak:
                     if run.pending:
                         if all(r.seen[k] >= r.expected[k] for k in run.pending):
                             r.step_latency_s.setdefault(STEPS[run.step], []).append(now - run.started)
+                            if any(a < now and run.started < b and d != run.name for a, b, d in r.hung_windows):
+                                r.beside_hung_s.append(now - run.started)
                             run.advance()
                         elif now - run.started > c.timeout_s:
                             missing = {k: r.expected[k] - r.seen[k] for k in run.pending if r.seen[k] < r.expected[k]}
@@ -398,8 +405,7 @@ class Soak:
                     ready.append(run)
                     busy = True
                 if ready:
-                    fallback = now - last_tick_at > 2 * c.poll_s
-                    self._inject_paused(proc, ready, None if fallback else last_tick_at)
+                    self._inject_paused(proc, ready, last_tick_at)
                 in_flight = any(run.removed or (run.pending and STEPS[run.step] in ("remove", "restore"))
                                 for run in self.runs.values())
                 if sampling and not in_flight:
@@ -411,14 +417,14 @@ class Soak:
                     return
                 self.log.cond.wait(0.25)
 
-    def _inject_paused(self, proc: subprocess.Popen[bytes], runs: list[DeviceRun], tick_at: float | None) -> None:
+    def _inject_paused(self, proc: subprocess.Popen[bytes], runs: list[DeviceRun], tick_at: float) -> None:
         """Inject with the exporter stopped (SIGSTOP), so that however long the writes take on a loaded
         machine, no poll reads half of them; and only while the poll that just ended is fresh (a poll
         that started meanwhile would be stopped halfway and read the rest after)."""
         proc.send_signal(signal.SIGSTOP)
         try:
             started = time.monotonic()
-            if tick_at is not None and started - tick_at > 0.5 * self.config.poll_s:
+            if started - tick_at > 0.5 * self.config.poll_s:
                 self.result.late_syncs += 1
                 return  # the next poll may have begun: wait for it to end
             for run in runs:
@@ -427,12 +433,14 @@ class Soak:
         finally:
             proc.send_signal(signal.SIGCONT)
 
-    def _hang_one(self, mount: Any) -> None:
+    def _hang_one(self, mount: FaultyMount) -> None:
         present = [name for name in sorted(self.host.devices) if name not in self.host.removed]
         if present:
             name = self.rng.choice(present)
             mount.block(f"class/infiniband/{name}/ports/1/counters/port_rcv_data", seconds=self.config.hung_block_s)
             self.result.hung_reads += 1
+            now = time.monotonic()
+            self.result.hung_windows.append((now, now + self.config.hung_block_s, name))
 
     def _sample(self, proc: subprocess.Popen[bytes]) -> None:
         """Resources of the daemon (called with the log's condition held: the log reader waits)."""
@@ -524,7 +532,9 @@ def report(r: Result, out: Callable[[str], None] = print) -> None:
         lat = sorted(latencies)
         out(f"  {step:<15} seen after p50 {lat[len(lat) // 2]:6.2f} s, max {lat[-1]:6.2f} s ({len(lat)})")
     if r.hung_reads:
-        out(f"hung reads injected: {r.hung_reads}")
+        beside = sorted(r.beside_hung_s) or [float("nan")]
+        out(f"hung reads injected: {r.hung_reads}; steps of other devices in flight meanwhile seen after "
+            f"p50 {beside[len(beside) // 2]:.2f} s, max {beside[-1]:.2f} s ({len(r.beside_hung_s)})")
     out(f"injections put off for a stale poll: {r.late_syncs}; longest pause of the exporter for one: "
         f"{r.pause_max_s * 1000:.0f} ms")
     for line, n in r.other_log_lines.most_common(8):
