@@ -89,11 +89,13 @@ class SoakConfig:
     hung_block_s: float = 20.0
     ours: Ours = field(default_factory=Ours)
     seed: int = 1
-    step_timeout_s: float | None = None  # default: 40 polls (a GID appearing in an empty slot is found by a sweep)
+    # Default 70 polls: a GID change no netlink event announces (the simulator's) is found by a sweep
+    # of the tables, which may take up to 60 passes.
+    step_timeout_s: float | None = None
 
     @property
     def timeout_s(self) -> float:
-        base = self.step_timeout_s or max(40 * self.poll_s, 60.0)
+        base = self.step_timeout_s or max(70 * self.poll_s, 60.0)
         return base + (self.hung_block_s if self.hung_every_s else 0.0)
 
 
@@ -581,13 +583,15 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--src", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--step-timeout", type=float, default=None, help="seconds a step may take to be seen")
     opts = parser.parse_args()
     hung_every, hung_block = (float(x) for x in opts.hung_reads.split(":")) if opts.hung_reads else (0.0, 20.0)
     seconds = opts.minutes * 60
     ours = Ours(opts.python, opts.src.resolve() if opts.src else None)
     config = SoakConfig(seconds=seconds, devices=opts.devices, gid_slots=opts.gid_slots, poll_s=opts.poll,
                         sample_s=opts.sample, warmup_s=opts.warmup if opts.warmup is not None else seconds / 6,
-                        hung_every_s=hung_every, hung_block_s=hung_block, ours=ours, seed=opts.seed)
+                        hung_every_s=hung_every, hung_block_s=hung_block, ours=ours, seed=opts.seed,
+                        step_timeout_s=opts.step_timeout)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; rnic-exporter {ours.describe()}; "
           f"loadavg {Path('/proc/loadavg').read_text().strip()}", flush=True)
