@@ -159,7 +159,8 @@ class EventLog:
         self.cond = threading.Condition()
         self.other: Counter[str] = Counter()
         self.tail: list[str] = []
-        self.ticks = 0  # lines that end a poll's work: events, and the debug line "poll" where there is one
+        self.poll_lines = 0  # the debug line "poll" that ends each poll
+        self.event_lines = 0
         self._on_event = on_event
         self._thread = threading.Thread(target=self._read, args=(stream,), name="event-log", daemon=True)
         self._thread.start()
@@ -175,9 +176,9 @@ class EventLog:
                 if isinstance(obj, dict) and "event" in obj:
                     detail = str(obj.get("link") or obj.get("address") or "")
                     self._on_event((str(obj["event"]), str(obj.get("device", "")), detail))
-                    self.ticks += 1
+                    self.event_lines += 1
                 elif isinstance(obj, dict) and obj.get("msg") == "poll":
-                    self.ticks += 1
+                    self.poll_lines += 1
                 elif isinstance(obj, dict) and obj.get("level") == "debug":
                     pass  # request lines and the like
                 else:
@@ -186,6 +187,12 @@ class EventLog:
                     self.other[f"{level}: {str(msg)[:80]}"] += 1
                     self.tail = [*self.tail[-20:], line]
                 self.cond.notify_all()
+
+    @property
+    def ticks(self) -> int:
+        """Moves when a poll has ended: its "poll" line, or where there is none its event lines (a poll
+        logs its events once its reads are done)."""
+        return self.poll_lines or self.event_lines
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
