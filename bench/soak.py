@@ -129,7 +129,8 @@ class Result:
 
     @property
     def growth(self) -> dict[str, tuple[float, float, bool]]:
-        """Per resource: (early, late, grew) over the samples after warm-up, split in thirds."""
+        """Per resource over the samples after warm-up, split in thirds: (early, late, grew). RSS: the
+        medians of the first and last third; descriptors and threads: the early maximum, the late minimum."""
         after = [s for s in self.samples if s.at_s >= self.config.warmup_s]
         if len(after) < 3:
             return {}
@@ -138,12 +139,12 @@ class Result:
         out = {}
         rss_early, rss_late = statistics.median(s.rss_mb for s in early), statistics.median(s.rss_mb for s in late)
         out["rss_mb"] = (rss_early, rss_late, rss_late - rss_early > max(1.5, 0.03 * rss_early))
-        # Descriptors move with the GID sweep of a device that registered again (the exporter opens a
-        # slot's files when it first reads them): a leak shows as a late third above the early one.
-        for name, slack in (("fds", 16), ("threads", 1)):
+        # Descriptors and threads move by a device's worth as devices go and come (an exporter may open
+        # a device's files lazily): a leak lifts the whole late third above the whole early one.
+        for name, slack in (("fds", 2), ("threads", 0)):
             a = max(getattr(s, name) for s in early)
-            b = max(getattr(s, name) for s in late)
-            out[name] = (float(a), float(b), b > a + max(slack, 0.02 * a))
+            b = min(getattr(s, name) for s in late)
+            out[name] = (float(a), float(b), b > a + slack)
         return out
 
     @property
@@ -316,8 +317,12 @@ class Soak:
         if r.seen[key] > r.expected[key]:
             run = self.runs.get(key[1])
             where = f" (device at step {STEPS[run.step]})" if run else ""
-            r.failures.append(f"{time.monotonic() - self.t0:7.1f}s: {key} seen {r.seen[key]} times, "
-                              f"expected {r.expected[key]}{where}")
+            self._fail(f"{time.monotonic() - self.t0:7.1f}s: {key} seen {r.seen[key]} times, "
+                       f"expected {r.expected[key]}{where}")
+
+    def _fail(self, text: str) -> None:
+        self.result.failures.append(text)
+        self.out(f"  FAIL {text}")
 
     # -- the run -----------------------------------------------------------------------------
 
@@ -401,8 +406,8 @@ class Soak:
                             run.advance()
                         elif now - run.started > c.timeout_s:
                             missing = {k: r.expected[k] - r.seen[k] for k in run.pending if r.seen[k] < r.expected[k]}
-                            r.failures.append(f"{now - self.t0:7.1f}s: step {STEPS[run.step]} of {run.name}: not "
-                                              f"seen within {c.timeout_s:.0f} s: {missing}")
+                            self._fail(f"{now - self.t0:7.1f}s: step {STEPS[run.step]} of {run.name}: not "
+                                       f"seen within {c.timeout_s:.0f} s: {missing}")
                             for k in missing:  # carry on from what the exporter says
                                 r.expected[k] = r.seen[k]
                             run.advance()
@@ -548,7 +553,7 @@ def report(r: Result, out: Callable[[str], None] = print) -> None:
         f"{r.pause_max_s * 1000:.0f} ms")
     for line, n in r.other_log_lines.most_common(8):
         out(f"  log x{n}: {line}")
-    out("resources after warm-up (early third -> late third):")
+    out("resources after warm-up (RSS: median of the early -> late third; fds, threads: early max -> late min):")
     for name, (a, b, grew) in r.growth.items():
         out(f"  {name:<8} {a:8.1f} -> {b:8.1f}  {'GREW' if grew else 'flat'}")
     out(f"SIGTERM -> exit {r.exit_code} in {r.stop_s:.2f} s")
