@@ -92,6 +92,7 @@ class SoakConfig:
     # Default 70 polls: a GID change no netlink event announces (the simulator's) is found by a sweep
     # of the tables, which may take up to 60 passes.
     step_timeout_s: float | None = None
+    log_copy: Path | None = None  # every line the exporter logs, appended here
 
     @property
     def timeout_s(self) -> float:
@@ -156,18 +157,22 @@ class Result:
 class EventLog:
     """Reads the daemon's JSON log lines as they come; counts events by (event, device, detail)."""
 
-    def __init__(self, stream: IO[bytes], on_event: Callable[[Key], None]) -> None:
+    def __init__(self, stream: IO[bytes], on_event: Callable[[Key], None], copy: Path | None = None) -> None:
         self.cond = threading.Condition()
         self.other: Counter[str] = Counter()
         self.tail: list[str] = []
         self.poll_lines = 0  # the debug line "poll" that ends each poll
         self.event_lines = 0
         self._on_event = on_event
+        self._copy = open(copy, "ab") if copy is not None else None  # noqa: SIM115 (closed by the reader)
         self._thread = threading.Thread(target=self._read, args=(stream,), name="event-log", daemon=True)
         self._thread.start()
 
     def _read(self, stream: IO[bytes]) -> None:
         for raw in stream:
+            if self._copy is not None:
+                self._copy.write(raw)
+                self._copy.flush()
             line = raw.decode(errors="replace").strip()
             try:
                 obj = json.loads(line)
@@ -188,6 +193,8 @@ class EventLog:
                     self.other[f"{level}: {str(msg)[:80]}"] += 1
                     self.tail = [*self.tail[-20:], line]
                 self.cond.notify_all()
+        if self._copy is not None:
+            self._copy.close()
 
     @property
     def ticks(self) -> int:
@@ -345,7 +352,7 @@ class Soak:
             stack.callback(self._stop, proc)
             assert proc.stderr is not None
             self.t0 = time.monotonic()
-            self.log = EventLog(proc.stderr, self._on_event)
+            self.log = EventLog(proc.stderr, self._on_event, c.log_copy)
             self._wait_started(proc)
             self._loop(proc, mount)
             self._settle()
@@ -596,6 +603,7 @@ def main() -> None:
     parser.add_argument("--src", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--step-timeout", type=float, default=None, help="seconds a step may take to be seen")
+    parser.add_argument("--log", type=Path, default=None, help="append every line the exporter logs to this file")
     opts = parser.parse_args()
     hung_every, hung_block = (float(x) for x in opts.hung_reads.split(":")) if opts.hung_reads else (0.0, 20.0)
     seconds = opts.minutes * 60
@@ -603,7 +611,7 @@ def main() -> None:
     config = SoakConfig(seconds=seconds, devices=opts.devices, gid_slots=opts.gid_slots, poll_s=opts.poll,
                         sample_s=opts.sample, warmup_s=opts.warmup if opts.warmup is not None else seconds / 6,
                         hung_every_s=hung_every, hung_block_s=hung_block, ours=ours, seed=opts.seed,
-                        step_timeout_s=opts.step_timeout)
+                        step_timeout_s=opts.step_timeout, log_copy=opts.log)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; rnic-exporter {ours.describe()}; "
           f"loadavg {Path('/proc/loadavg').read_text().strip()}", flush=True)
