@@ -1,19 +1,36 @@
-"""Benchmark: rnic-exporter vs node_exporter on the same simulated sysfs tree. Prints figures.
+"""Benchmark: rnic-exporter vs node_exporter, side by side on the same simulated sysfs tree. Prints figures.
 
-    .venv/bin/python bench/bench.py [--devices 16] [--gid-slots 255] [--seconds 10]
+    .venv/bin/python bench/bench.py [--src DIR] [--python PATH] [--devices 16] [--gid-slots 255]
+                                    [--seconds 30] [--scale 10] [--realtime 180]
 
-Measures, for `rnic-exporter serve` (as a user runs it: detection, netlink and udev watchers on,
-OTLP off) and Debian's `prometheus-node-exporter` (only its infiniband and netclass collectors,
-`--path.sysfs` on the same tree), side by side in one run:
-- CPU per cycle: ours is one poll plus one scrape (scrapes are served from the last poll);
-  node_exporter's is one scrape (it reads sysfs inside the scrape). From /proc/<pid>/stat, over
-  the whole window, so every thread and the HTTP handling count.
-- scrape latency p50/p99 with 1 and with 50 concurrent keep-alive clients (wrk), and ours again
-  on a 4-RNIC host to show it is flat in RNIC count;
-- resident memory (VmRSS) after the run;
-- in-process, median of 31 calls: sysfs reads and CPU of one poll, split into reading,
-  rendering and the rest of the agent's poll (detection), with values unchanged and with every
-  counter changing between polls (what a busy node sees).
+Runs `rnic-exporter serve` as users run it (detection, netlink, udev and ethtool on; OTLP off) and
+Debian's `prometheus-node-exporter` (only its infiniband and netclass collectors, `--path.sysfs` on the
+same tree) at the same time on one simulated host (16 RoCE RNICs, 255-slot GID tables by default).
+`--src DIR` runs the rnic-exporter found in DIR (a worktree of another branch) with `--python`.
+
+- **busy** host: a separate writer process (its CPU counted for no one) rewrites every counter file
+  of every port every 0.25 s, as on a training node; **quiet** host: nothing changes.
+- **Prometheus-like** client: keep-alive, Prometheus 2.x's Accept (OpenMetrics first), gzip;
+  **plain** client: a new connection per scrape, no Accept, no gzip (curl-like).
+- **CPU per cycle** at one poll per scrape: ours polls every `--cycle` s and is scraped once per poll
+  (ours = poll + scrape), node_exporter is scraped at the same pace (theirs = scrape, which reads sysfs).
+  Both run in the same window, so the machine's load falls on both; CPU is utime+stime of every
+  thread from /proc/<pid>/stat (10 ms ticks: the window totals are printed).
+- **CPU per minute at the defaults** (our 5 s poll, a 15 s scrape for both), with time compressed
+  `--scale` times (poll 5/scale s, scrapes 15/scale s) and multiplied back: a compressed minute holds
+  the same 12 polls and 4 scrapes, busy and quiet. And one real-time window of `--realtime` seconds
+  at the true defaults on the busy host, printed beside it: work an exporter does on timers of its
+  own is not compressed, so when the two differ the real-time figure is the one to quote
+  (`--realtime 0` skips it: a run then takes about 5 minutes instead of 8).
+- scrape latency p50/p99 with 1, 40 and 50 concurrent keep-alive clients (wrk, Prometheus-like
+  headers, busy host, our default 5 s poll), one exporter loaded at a time. Both answer 503 at once
+  beyond 40 scrapes in flight (their default caps): at 50 clients the percentiles mix those in, so
+  the number of such answers is printed, and 40 clients is the most that are all served;
+- RSS of the full daemon (VmRSS steady, VmHWM after the 50-client load);
+- sysfs files read per cycle and per minute at the defaults by each (inotify IN_ACCESS on the tree,
+  one reader at a time): on real mlx5 hardware every `counters/` read is a firmware command (and
+  `hw_counters/` one query per 10 ms lifespan), so there the cost follows these counts more than
+  the CPU figures.
 Needs `prometheus-node-exporter` and `wrk` (apt-get install prometheus-node-exporter wrk).
 """
 
@@ -22,214 +39,266 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
+import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import (  # noqa: E402
+from harness import (
+    PLAIN,
+    PROMETHEUS_LIKE,
+    BusyWriter,
+    Client,
+    FileReads,
+    Latency,
+    Ours,
+    ReadCounts,
+    Scraper,
     cpu_seconds,
     free_port,
     get,
+    load_average,
+    metric_value,
     node_exporter_args,
-    ours_args,
-    polls,
+    node_exporter_binary,
+    peak_rss_mb,
     require,
     rss_mb,
     running,
     wrk_latency,
 )
 
-from rnic_exporter.agent import Agent, ServeConfig  # noqa: E402
-from rnic_exporter.samples import ExporterStats  # noqa: E402
-from rnic_exporter.sim import SimHost  # noqa: E402
-from rnic_exporter.sources.sysfs import SysfsRoot  # noqa: E402
+from rnic_exporter.catalog import POLLS
 
 
-def median_ms(fn: Callable[[], object], calls: int = 31, setup: Callable[[], object] | None = None,
-              gap: float = 0.02) -> float:
-    """Median CPU ms of one call, each after a short pause as in the daemon (a call straight after
-    another finds warm caches and is not what a poll costs). `setup` runs before each call, untimed."""
-    times = []
-    for _ in range(calls):
-        if setup is not None:
-            setup()
-        time.sleep(gap)
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times) * 1000
+@dataclass
+class Daemon:
+    name: str
+    pid: int
+    url: str
 
 
-def in_process(sysfs: Path, host: SimHost, state_dir: Path) -> dict[str, float]:
-    agent = Agent(ServeConfig(sysfs=sysfs, state_dir=state_dir, watch_netlink=False, watch_udev=False),
-                  SysfsRoot(sysfs, hold_fds=True))
-    agent.poll_once()
-    agent.prometheus.render(None, None)
-    agent.poll_once()
-    reads_before = agent.reader.root.reads
-    agent.reader.read()
-    reads = agent.reader.root.reads - reads_before
-    snap = agent.reader.read()
-    stats = ExporterStats(polls=agent.polls)
-    # The floor under any reader in Python: one bare pread per attribute a poll reads, on
-    # descriptors the reader holds, nothing else.
-    fds = [os.open(sysfs / rel, os.O_RDONLY) for rel in agent.reader.held_rels()[:reads]]
-
-    def bare_preads() -> None:
-        for fd in fds:
-            os.pread(fd, 128, 0)
-
-    figures = {
-        "sysfs reads per poll": float(reads),
-        "floor: that many bare preads ms": median_ms(bare_preads),
-        "read ms": median_ms(agent.reader.read),
-        "render ms": median_ms(lambda: agent.prometheus.update(snap, stats)),
-        "poll ms (read+detect+render)": median_ms(agent.poll_once),
-    }
-    # Every counter moves between polls (the simulator's writing is not timed).
-    def traffic() -> None:
-        host.add_traffic(1.0)
-
-    latest = [snap]
-
-    def traffic_and_read() -> None:
-        traffic()
-        latest[0] = agent.reader.read()
-
-    figures["busy: read ms"] = median_ms(agent.reader.read, setup=traffic)
-    figures["busy: render ms"] = median_ms(lambda: agent.prometheus.update(latest[0], stats), setup=traffic_and_read)
-    figures["busy: poll ms"] = median_ms(agent.poll_once, setup=traffic)
-    figures["held fds"] = float(agent.reader.root.held_fds)
-    for fd in fds:
-        os.close(fd)
-    agent.close()
-    return figures
+@dataclass(frozen=True, slots=True)
+class Window:
+    cpu_s: float
+    scrapes: int
+    polls: int | None  # ours only
+    seconds: float
+    load: float
 
 
-def cpu_per_cycle_ours(sysfs: Path, state_dir: Path, seconds: float, interval: float) -> tuple[float, float, int]:
-    """CPU ms per (poll + one scrape); also RSS MB and cycle count."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    with running(ours_args(sysfs, port, state_dir, "--poll.interval", str(interval)), url) as proc:
-        for _ in range(3):  # warm up: every format rendered once, fds held
-            get(url)
-            time.sleep(interval)
-        polls_before = polls(url)
-        cpu_before = cpu_seconds(proc.pid)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            get(url)
-            time.sleep(interval)  # paced: one scrape per poll interval, as Prometheus would
-        cpu_after = cpu_seconds(proc.pid)
-        cycles = polls(url) - polls_before
-        return (cpu_after - cpu_before) * 1000 / cycles, rss_mb(proc.pid), cycles
+def our_polls(url: str) -> int | None:
+    value = metric_value(get(url), POLLS.name)
+    return None if value is None else int(value)
 
 
-def cpu_per_scrape_ours(sysfs: Path, state_dir: Path, scrapes: int) -> float:
-    """CPU ms of one scrape alone (no poll runs in the window): the HTTP side of a cycle."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    with running(ours_args(sysfs, port, state_dir, "--poll.interval", "3600"), url) as proc:
-        for _ in range(5):
-            get(url)
-        before = cpu_seconds(proc.pid)
+def paced_window(daemons: list[tuple[Daemon, Client, float]], seconds: float) -> dict[str, Window]:
+    """Scrape each daemon every its period (offset so they do not coincide) for `seconds`; CPU of each."""
+    scrapers = [(d, Scraper(d.url, client), period) for d, client, period in daemons]
+    for i, (_, s, period) in enumerate(scrapers):  # warm: every format rendered once, connections open
+        s.scrape()
+        time.sleep(period / len(scrapers) if i + 1 < len(scrapers) else 0)
+    polls0 = {d.name: our_polls(d.url) if d.name == "ours" else None for d, _, _ in scrapers}
+    cpu0 = {d.name: cpu_seconds(d.pid) for d, _, _ in scrapers}
+    start = time.monotonic()
+    due = [start + i * period / len(scrapers) for i, (_, _, period) in enumerate(scrapers)]
+    counts = [0] * len(scrapers)
+    while True:
+        i = min(range(len(due)), key=due.__getitem__)
+        if due[i] >= start + seconds:
+            break
+        time.sleep(max(0.0, due[i] - time.monotonic()))
+        scrapers[i][1].scrape()
+        counts[i] += 1
+        due[i] += scrapers[i][2]
+    time.sleep(max(0.0, start + seconds - time.monotonic()))
+    elapsed = time.monotonic() - start
+    out = {}
+    for (d, s, _), n in zip(scrapers, counts, strict=True):
+        cpu = cpu_seconds(d.pid) - cpu0[d.name]
+        p0 = polls0[d.name]
+        p1 = our_polls(d.url) if p0 is not None else None
+        out[d.name] = Window(cpu, n, None if p0 is None or p1 is None else p1 - p0, elapsed, load_average())
+        s.close()
+    return out
+
+
+def count_reads(sysfs: Path, daemon: Daemon, client: Client, period: float, scrapes: int) -> ReadCounts:
+    """Files read over `scrapes` scrapes `period` apart (and whatever the daemon reads on its own clock
+    meanwhile), while this daemon is the only reader. The watches are only up for this."""
+    reads = FileReads(sysfs)
+    try:
+        scraper = Scraper(daemon.url, client)
+        scraper.scrape()
+        time.sleep(period)
+        reads.take()
         for _ in range(scrapes):
-            get(url)
-        return (cpu_seconds(proc.pid) - before) * 1000 / scrapes
+            scraper.scrape()
+            time.sleep(period)
+        scraper.close()
+        return reads.take()
+    finally:
+        reads.close()
 
 
-def rss_sinks_only(sysfs: Path, state_dir: Path, interval: float) -> float:
-    """RSS MB of the daemon with the Prometheus sink alone: no netlink/udev watchers, no ethtool
-    (those load pyroute2, which imports its whole package: ~10 MB)."""
+def file_rows(table: Table, label: str, mine: ReadCounts, theirs: ReadCounts, load: float) -> None:
+    table.row(f"sysfs files read {label}", mine.files, theirs.files, "", load, ".0f")
+    table.row("  of which counters/ (mlx5: a firmware command each)", mine.pma_files, theirs.pma_files, "", load, ".0f")
+    table.row("  of which hw_counters/ (one query per 10 ms lifespan)", mine.hw_files, theirs.hw_files, "", load,
+              ".0f")
+    table.row("  of which gids/ + gid_attrs/", mine.gid_files, theirs.gid_files, "", load, ".0f")
+    table.row("  directory listings", mine.listings, theirs.listings, "", load, ".0f")
+    if mine.overflowed or theirs.overflowed:
+        table.note("inotify queue overflowed: these counts are low")
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+
+    def row(self, name: str, ours: float, theirs: float, unit: str, load: float, fmt: str = ".2f") -> None:
+        ratio = f"{ours / theirs:>8.2f}x" if theirs else f"{'-':>9}"
+        self.rows.append(f"{name:<54}{ours:>11{fmt}} {unit:<3}{theirs:>11{fmt}} {unit:<3}{ratio}{load:>7.2f}")
+
+    def note(self, text: str) -> None:
+        self.rows.append(f"  {text}")
+
+    def print(self) -> None:
+        print(f"\n{'figure':<54}{'rnic-exporter':>15}{'node_exporter':>15}{'ours/NE':>9}{'load1':>7}")
+        for line in self.rows:
+            print(line)
+
+
+@contextmanager
+def ours_running(ours: Ours, sysfs: Path, state: Path, interval: float) -> Iterator[Daemon]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    args = ours_args(sysfs, port, state_dir, "--poll.interval", str(interval), "--no-watch.netlink",
-                     "--no-watch.udev", "--no-collector.ethtool")
-    with running(args, url) as proc:
-        for _ in range(5):
-            get(url)
-            time.sleep(interval)
-        return rss_mb(proc.pid)
-
-
-def cpu_per_scrape_node_exporter(sysfs: Path, scrapes: int) -> tuple[float, float]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
-    with running(node_exporter_args(sysfs, port), url) as proc:
-        for _ in range(5):
-            get(url)
-        before = cpu_seconds(proc.pid)
-        for _ in range(scrapes):
-            get(url)
-        return (cpu_seconds(proc.pid) - before) * 1000 / scrapes, rss_mb(proc.pid)
-
-
-def latencies(args: list[str], url: str, seconds: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    with running(args, url):
-        get(url)
-        return wrk_latency(url, 1, seconds), wrk_latency(url, 50, seconds)
+    with running(ours.args(sysfs, port, state, "--poll.interval", str(interval)), url, env=ours.env(),
+                 cwd=ours.cwd()) as proc:
+        yield Daemon("ours", proc.pid, url)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", default=sys.executable, help="interpreter that runs rnic-exporter")
+    parser.add_argument("--src", type=Path, default=None, help="source tree of the rnic-exporter to run")
     parser.add_argument("--devices", type=int, default=16)
     parser.add_argument("--gid-slots", type=int, default=255)
-    parser.add_argument("--seconds", type=int, default=10, help="length of each measurement window")
-    parser.add_argument("--interval", type=float, default=0.1, help="poll interval during the CPU window")
+    parser.add_argument("--seconds", type=float, default=30, help="length of each CPU window")
+    parser.add_argument("--cycle", type=float, default=1.25,
+                        help="poll and scrape period of the per-cycle windows (above ~1 s: a scraper pass "
+                             "under 1 s old may be reused)")
+    parser.add_argument("--scale", type=float, default=10, help="time compression of the per-minute windows")
+    parser.add_argument("--latency-seconds", type=int, default=8)
+    parser.add_argument("--realtime", type=float, default=180,
+                        help="seconds of one real-time window at the true defaults (busy host; 0: skip)")
     opts = parser.parse_args()
     require("wrk", "wrk")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the daemons and the writer
+    ours = Ours(opts.python, opts.src.resolve() if opts.src else None)
+    ne_version = subprocess.run([node_exporter_binary(), "--version"], capture_output=True, text=True)
+    ne_version_line = (ne_version.stdout or ne_version.stderr).splitlines()[0]
 
     work = Path(tempfile.mkdtemp(prefix="rnic-bench-"))
-    try:
+    table = Table()
+    with ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)
         sysfs = work / "sys"
-        host = SimHost.build(sysfs, roce=opts.devices, gid_table_size=opts.gid_slots)
-        small = SimHost.build(work / "small", roce=4, gid_table_size=opts.gid_slots)
-        print(f"# simulated host: {opts.devices} RNICs, {opts.gid_slots}-slot GID tables; "
-              f"{os.cpu_count()} CPUs; Python {sys.version.split()[0]}")
-
-        ip = in_process(sysfs, host, work / "state-in-process")
-        print("\n## in-process poll (ours, median CPU ms of one call)")
-        for k, v in ip.items():
-            print(f"{k:>30}: {v:.3f}")
-
-        ours_cpu, ours_rss, cycles = cpu_per_cycle_ours(sysfs, work / "state", opts.seconds, opts.interval)
-        ne_cpu, ne_rss = cpu_per_scrape_node_exporter(sysfs, scrapes=max(cycles, 50))
-        scrape_cpu = cpu_per_scrape_ours(sysfs, work / "state", scrapes=500)
-        lean_rss = rss_sinks_only(sysfs, work / "state", opts.interval)
-        port = free_port()
-        ours_lat = latencies(ours_args(sysfs, port, work / "state"), f"http://127.0.0.1:{port}/metrics", opts.seconds)
-        port_small = free_port()
-        small_lat = latencies(ours_args(small.root, port_small, work / "state-small"),
-                              f"http://127.0.0.1:{port_small}/metrics", opts.seconds)
+        writer = BusyWriter(sysfs, opts.devices, opts.gid_slots)
+        stack.callback(writer.close)
+        print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; simulated host: {opts.devices} RoCE "
+              f"RNICs, {opts.gid_slots}-slot GID tables; {os.cpu_count()} CPUs; "
+              f"loadavg {Path('/proc/loadavg').read_text().strip()}")
+        print(f"# rnic-exporter: {ours.describe()} (python {opts.python})")
+        print(f"# {ne_version_line}; both answer 503 beyond 40 scrapes in flight (their defaults)")
         ne_port = free_port()
-        ne_lat = latencies(node_exporter_args(sysfs, ne_port), f"http://127.0.0.1:{ne_port}/metrics", opts.seconds)
+        ne_url = f"http://127.0.0.1:{ne_port}/metrics"
+        ne_proc = stack.enter_context(running(node_exporter_args(sysfs, ne_port), ne_url))
+        ne = Daemon("node_exporter", ne_proc.pid, ne_url)
+        # Files read: node_exporter reads only when scraped, so it is counted before ours starts.
+        ne_reads = count_reads(sysfs, ne, PROMETHEUS_LIKE, 0.5, 4).per(4)
+        with ours_running(ours, sysfs, work / "state-cycle", opts.cycle) as us:
+            time.sleep(opts.cycle)
+            quiet_reads = count_reads(sysfs, us, PROMETHEUS_LIKE, opts.cycle, 8).per(8)
+            writer.busy(True)
+            busy_reads = count_reads(sysfs, us, PROMETHEUS_LIKE, opts.cycle, 8).per(8)
+            load = load_average()
+            file_rows(table, "per cycle, busy", busy_reads, ne_reads, load)
+            if quiet_reads != busy_reads:
+                file_rows(table, "per cycle, quiet", quiet_reads, ne_reads, load)
+            else:
+                table.note("quiet host: the same files")
 
-        print("\n## side by side (same tree, same run)")
-        print(f"{'figure':<42}{'rnic-exporter':>16}{'node_exporter':>16}{'ratio':>10}")
+            # CPU per cycle, one poll per scrape, both in the same windows.
+            for busy in (True, False):
+                writer.busy(busy)
+                for client in (PROMETHEUS_LIKE, PLAIN):
+                    w = paced_window([(us, client, opts.cycle), (ne, client, opts.cycle)], opts.seconds)
+                    o, t = w["ours"], w["node_exporter"]
+                    label = f"CPU per cycle, {'busy' if busy else 'quiet'}, {client.name}"
+                    table.row(label, o.cpu_s * 1000 / o.scrapes, t.cpu_s * 1000 / t.scrapes, "ms", t.load)
+                    table.note(f"ours {o.cpu_s * 1000:.0f} ms over {o.scrapes} scrapes / {o.polls} polls, "
+                               f"node_exporter {t.cpu_s * 1000:.0f} ms over {t.scrapes} scrapes, {o.seconds:.0f} s")
+            steady_rss = rss_mb(us.pid), rss_mb(ne.pid)
 
-        def row(name: str, ours: float, theirs: float, unit: str) -> None:
-            print(f"{name:<42}{ours:>13.3f} {unit:<2}{theirs:>13.3f} {unit:<2}{ours / theirs:>10.3f}")
+        # CPU per minute at the defaults, time scaled down.
+        scaled: dict[bool, float] = {}
+        with ours_running(ours, sysfs, work / "state-minute", 5.0 / opts.scale) as us:
+            for busy in (True, False):
+                writer.busy(busy)
+                w = paced_window([(us, PROMETHEUS_LIKE, 15.0 / opts.scale), (ne, PROMETHEUS_LIKE, 15.0 / opts.scale)],
+                                 opts.seconds)
+                o, t = w["ours"], w["node_exporter"]
+                minutes = o.seconds * opts.scale / 60
+                label = f"CPU per minute at defaults, {'busy' if busy else 'quiet'}"
+                table.row(label, o.cpu_s * 1000 / minutes, t.cpu_s * 1000 / minutes, "ms", t.load)
+                table.note(f"time / {opts.scale:g}: {minutes:.1f} scaled minutes, ours {o.polls} polls + "
+                           f"{o.scrapes} scrapes, node_exporter {t.scrapes} scrapes")
+                scaled[busy] = o.cpu_s / t.cpu_s
 
-        row(f"CPU per cycle ({cycles} cycles)", ours_cpu, ne_cpu, "ms")
-        row("  of which one scrape (ours: no poll)", scrape_cpu, ne_cpu, "ms")
-        row("scrape p50, 1 client", ours_lat[0][0], ne_lat[0][0], "ms")
-        row("scrape p99, 1 client", ours_lat[0][1], ne_lat[0][1], "ms")
-        row("scrape p50, 50 clients", ours_lat[1][0], ne_lat[1][0], "ms")
-        row("scrape p99, 50 clients", ours_lat[1][1], ne_lat[1][1], "ms")
-        row("RSS", ours_rss, ne_rss, "MB")
-        row("  RSS, Prometheus sink only (no watchers)", lean_rss, ne_rss, "MB")
-        print(f"\n## flat in RNIC count: ours on 4 RNICs: p50/p99 1 client "
-              f"{small_lat[0][0]:.3f}/{small_lat[0][1]:.3f} ms, "
-              f"50 clients {small_lat[1][0]:.3f}/{small_lat[1][1]:.3f} ms")
-        print("(ours: one cycle = one poll + one scrape; node_exporter: one scrape, which reads sysfs)")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        # Latency, RSS and the optional real-time window at our true default poll interval.
+        writer.busy(True)
+        with ours_running(ours, sysfs, work / "state-default", 5.0) as us:
+            # Files read in one real minute at the defaults (work on timers of its own is not compressed).
+            file_rows(table, "per minute at defaults, busy", count_reads(sysfs, us, PROMETHEUS_LIKE, 15.0, 4),
+                      ne_reads.per(1 / 4), load_average())
+            lat: dict[str, list[Latency]] = {}
+            concurrency = (1, 40, 50)
+            for d in (us, ne):
+                lat[d.name] = [wrk_latency(d.url, c, opts.latency_seconds, PROMETHEUS_LIKE.headers)
+                               for c in concurrency]
+            load = load_average()
+            for i, clients in enumerate(concurrency):
+                ol, tl = lat["ours"][i], lat["node_exporter"][i]
+                name = f"{clients} client{'s' if clients > 1 else ''}, busy"
+                table.row(f"scrape p50, {name}", ol.p50_ms, tl.p50_ms, "ms", load)
+                table.row(f"scrape p99, {name}", ol.p99_ms, tl.p99_ms, "ms", load)
+                table.note(f"ours {ol.requests} answers ({ol.failed} not 2xx), node_exporter {tl.requests} "
+                           f"({tl.failed} not 2xx) in {opts.latency_seconds} s")
+            table.row("RSS steady (full daemon, after the cycle windows)", *steady_rss, "MB", load)
+            table.row("RSS peak (VmHWM, after 50 clients)", peak_rss_mb(us.pid), peak_rss_mb(ne.pid), "MB", load)
+            if opts.realtime > 0:
+                w = paced_window([(us, PROMETHEUS_LIKE, 15.0), (ne, PROMETHEUS_LIKE, 15.0)], opts.realtime)
+                o, t = w["ours"], w["node_exporter"]
+                minutes = o.seconds / 60
+                table.row("CPU per minute at defaults, busy, REAL TIME", o.cpu_s * 1000 / minutes,
+                          t.cpu_s * 1000 / minutes, "ms", t.load)
+                real = o.cpu_s / t.cpu_s
+                table.note(f"{minutes:.1f} real minutes, ours {o.polls} polls + {o.scrapes} scrapes; ratio "
+                           f"{real:.2f}x against {scaled[True]:.2f}x compressed, same run"
+                           + ("" if abs(real / scaled[True] - 1) < 0.15 else
+                              ": they differ, trust real time (work on timers of its own is not compressed)"))
+    table.print()
+    print("(ours: one cycle = one poll + one scrape; node_exporter: one scrape, which reads sysfs; "
+          "load1 = 1-minute load average at the end of the measurement)")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,33 @@
-"""Helpers shared by the benchmarks: processes, CPU and memory from /proc, HTTP load with wrk."""
+"""Helpers shared by the benchmarks: processes, CPU and memory from /proc, HTTP clients, load with wrk,
+a writer process that keeps a simulated host busy, and a count of the sysfs files a process reads."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import http.client
+import multiprocessing
+import multiprocessing.synchronize
 import os
 import re
+import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rnic_exporter.catalog import POLLS
+from rnic_exporter.sim import SimHost
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -27,20 +39,92 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of the whole process (all threads), from /proc/<pid>/stat."""
+    """utime + stime of the whole process (all threads, also those that have exited), from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def rss_mb(pid: int) -> float:
-    m = re.search(r"VmRSS:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
+def _status_mb(pid: int, key: str) -> float:
+    m = re.search(rf"{key}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text())
     return int(m[1]) / 1024 if m else float("nan")
+
+
+def rss_mb(pid: int) -> float:
+    return _status_mb(pid, "VmRSS")
+
+
+def peak_rss_mb(pid: int) -> float:
+    return _status_mb(pid, "VmHWM")
+
+
+def load_average() -> float:
+    """The 1-minute load average: the machine is shared, so every figure is printed beside it."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> bytes:
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
         body: bytes = r.read()
         return body
+
+
+# What Prometheus 2.x sends on every scrape (scrape.scrapeAcceptHeader), and it always asks for gzip.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """How a scraper talks: its headers, and whether it keeps its connection open between scrapes."""
+
+    name: str
+    headers: Mapping[str, str]
+    keep_alive: bool
+
+
+PROMETHEUS_LIKE = Client("Prometheus-like", {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"}, True)
+PLAIN = Client("plain", {}, False)  # curl-like: a new connection per scrape, identity, no Accept
+
+
+class Scraper:
+    """One client scraping one URL, with a connection kept open when the client keeps alive."""
+
+    def __init__(self, url: str, client: Client) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port, self.path = parts.hostname or "127.0.0.1", parts.port or 80, parts.path or "/"
+        self.client = client
+        self.scrapes = 0
+        self._conn: http.client.HTTPConnection | None = None
+
+    def scrape(self) -> bytes:
+        headers = dict(self.client.headers)
+        if not self.client.keep_alive:
+            headers["Connection"] = "close"
+        for attempt in (1, 2):  # a kept-alive connection the server closed is reopened once
+            conn = self._conn or http.client.HTTPConnection(self.host, self.port, timeout=30)
+            try:
+                conn.request("GET", self.path, headers=headers)
+                response = conn.getresponse()
+                body = response.read()
+            except (ConnectionError, http.client.HTTPException):
+                conn.close()
+                self._conn = None
+                if attempt == 2:
+                    raise
+                continue
+            if response.status != 200:
+                raise SystemExit(f"{self.path} answered {response.status}")
+            self._conn = conn if self.client.keep_alive and not response.will_close else None
+            if self._conn is None:
+                conn.close()
+            self.scrapes += 1
+            return body
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], ready: Callable[[bytes], bool]) -> None:
@@ -57,13 +141,21 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], ready: Callable[[bytes], bo
     raise SystemExit(f"{url} did not answer as expected within 60 s")
 
 
+def metric_value(body: bytes, name: str) -> float | None:
+    """The value of an unlabelled sample `name` in a text exposition, or None."""
+    prefix = f"{name} ".encode()
+    for line in body.splitlines():
+        if line.startswith(prefix):
+            return float(line.split()[1])
+    return None
+
+
 def polls(url: str) -> int:
     """The exporter's polls counter, from one scrape of `url`."""
-    prefix = f"{POLLS.name} ".encode()
-    for line in get(url).splitlines():
-        if line.startswith(prefix):
-            return int(float(line.split()[1]))
-    raise SystemExit(f"no {POLLS.name} in the exposition at {url}")
+    value = metric_value(get(url), POLLS.name)
+    if value is None:
+        raise SystemExit(f"no {POLLS.name} in the exposition at {url}")
+    return int(value)
 
 
 def has_metrics(body: bytes) -> bool:
@@ -72,9 +164,10 @@ def has_metrics(body: bytes) -> bool:
 
 
 @contextmanager
-def running(args: list[str], url: str,
-            ready: Callable[[bytes], bool] = has_metrics) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def running(args: list[str], url: str, ready: Callable[[bytes], bool] = has_metrics,
+            env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(env) if env is not None else None, cwd=cwd)
     try:
         wait_up(url, proc, ready)
         yield proc
@@ -84,6 +177,7 @@ def running(args: list[str], url: str,
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 def require(binary: str, package: str) -> str:
@@ -93,10 +187,20 @@ def require(binary: str, package: str) -> str:
     return path
 
 
-def wrk_latency(url: str, connections: int, seconds: int) -> tuple[float, float]:
-    """(p50, p99) in milliseconds over `seconds` of closed-loop keep-alive load."""
+@dataclass(frozen=True, slots=True)
+class Latency:
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    failed: int  # answers other than 2xx/3xx (node_exporter answers 503 beyond --web.max-requests)
+
+
+def wrk_latency(url: str, connections: int, seconds: int, headers: Mapping[str, str] | None = None) -> Latency:
+    """Latency percentiles over `seconds` of closed-loop keep-alive load on loopback."""
+    header_args = [arg for k, v in (headers or {}).items() for arg in ("-H", f"{k}: {v}")]
     out = subprocess.run([require("wrk", "wrk"), f"-t{min(2, connections)}", f"-c{connections}", f"-d{seconds}s",
-                          "--latency", url], capture_output=True, text=True, check=True).stdout
+                          "--timeout", "10s", "--latency", *header_args, url],
+                         capture_output=True, text=True, check=True).stdout
 
     def pct(p: str) -> float:
         m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -104,20 +208,212 @@ def wrk_latency(url: str, connections: int, seconds: int) -> tuple[float, float]
             raise SystemExit(f"could not read the {p}th percentile from wrk:\n{out}")
         return float(m[1]) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m[2]]
 
-    return pct("50"), pct("99")
+    requests = re.search(r"^\s*(\d+) requests in", out, re.M)
+    failed = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return Latency(pct("50"), pct("99"), int(requests[1]) if requests else 0, int(failed[1]) if failed else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Ours:
+    """Which rnic-exporter to run: an interpreter, and optionally a source tree that goes first on its path
+    (so one script measures main and a branch's worktree alike). Run it in `cwd()`: `python -m` puts the
+    working directory before PYTHONPATH, and a checkout there would win."""
+
+    python: str = sys.executable
+    src: Path | None = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.src is not None:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.src), env.get("PYTHONPATH")]))
+        return env
+
+    def cwd(self) -> Path:
+        return self.src or Path.cwd()
+
+    def args(self, sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
+        """`rnic-exporter serve` as a user runs it, but with its state in the benchmark's directory."""
+        return [self.python, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sysfs),
+                "--web.listen-address", f"127.0.0.1:{port}", "--state.dir", str(state_dir), "--log.level", "warn",
+                *extra]
+
+    def describe(self) -> str:
+        """Where the package that will run comes from, and its commit when it is a git checkout."""
+        where = subprocess.run([self.python, "-c", "import rnic_exporter as r; print(r.__file__)"], capture_output=True,
+                               text=True, env=self.env(), cwd=self.cwd(), check=True).stdout.strip()
+        package_root = Path(where).resolve().parents[1]
+        commit = subprocess.run(["git", "-C", str(package_root), "log", "-1", "--format=%h %s"],
+                                capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(package_root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return f"{package_root} @ {commit[:72] or 'not a git checkout'}{' (uncommitted changes)' if dirty else ''}"
 
 
 def ours_args(sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
-    """`rnic-exporter serve` as a user runs it, but with its state in the benchmark's directory."""
-    return [sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sysfs),
-            "--web.listen-address", f"127.0.0.1:{port}", "--state.dir", str(state_dir), "--log.level", "warn",
-            *extra]
+    """`rnic-exporter serve` from this checkout with the running interpreter."""
+    return Ours().args(sysfs, port, state_dir, *extra)
 
 
-def node_exporter_args(sysfs: Path, port: int) -> list[str]:
-    """node_exporter with only the collectors that read what we read, on the same tree."""
+def node_exporter_binary() -> str:
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if binary is None:
         raise SystemExit("node_exporter missing: apt-get install prometheus-node-exporter")
-    return [binary, "--collector.disable-defaults", "--collector.infiniband", "--collector.netclass",
-            f"--path.sysfs={sysfs}", f"--web.listen-address=127.0.0.1:{port}", "--web.disable-exporter-metrics"]
+    return binary
+
+
+def node_exporter_args(sysfs: Path, port: int, *extra: str) -> list[str]:
+    """node_exporter with only the collectors that read what we read, on the same tree."""
+    return [node_exporter_binary(), "--collector.disable-defaults", "--collector.infiniband", "--collector.netclass",
+            f"--path.sysfs={sysfs}", f"--web.listen-address=127.0.0.1:{port}", "--web.disable-exporter-metrics",
+            *extra]
+
+
+# -- a busy host: a separate process rewrites every counter file, so its CPU is nobody's --------------------
+
+
+def bump_every_counter(host: SimHost, seconds: float) -> None:
+    """Every counter file of every port gets a new value, as on a training node (values are not kept
+    within the PMA widths: this measures what reading costs, not what the values mean)."""
+    for dev in host.devices.values():
+        for values in (dev.counters, dev.hw_counters):
+            for name in values:
+                values[name] += 1
+    host.add_traffic(seconds)  # advances the data counters and writes every counter file of every up port
+
+
+def _writer_main(root: str, devices: int, gid_slots: int, period: float, ready: multiprocessing.synchronize.Event,
+                 busy: multiprocessing.synchronize.Event, stop: multiprocessing.synchronize.Event) -> None:
+    host = SimHost.build(Path(root), roce=devices, gid_table_size=gid_slots)
+    ready.set()
+    while not stop.is_set():
+        if busy.is_set():
+            bump_every_counter(host, period)
+        stop.wait(period)
+
+
+class BusyWriter:
+    """Builds the simulated host in its own process, which rewrites every counter file every `period`
+    seconds while `busy` is on (its CPU is not any exporter's)."""
+
+    def __init__(self, root: Path, devices: int, gid_slots: int, period: float = 0.25) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._ready, self._busy, self._stop = ctx.Event(), ctx.Event(), ctx.Event()
+        self._proc = ctx.Process(target=_writer_main, daemon=True,
+                                 args=(str(root), devices, gid_slots, period, self._ready, self._busy, self._stop))
+        self._proc.start()
+        if not self._ready.wait(120):
+            raise SystemExit("the simulated host was not built within 120 s")
+
+    def busy(self, on: bool) -> None:
+        if on:
+            self._busy.set()
+        else:
+            self._busy.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._proc.join(10)
+        if self._proc.is_alive():
+            self._proc.kill()
+
+
+# -- which sysfs files a process reads: inotify IN_ACCESS, which reads of any filesystem raise ---------------
+
+_IN_ACCESS, _IN_ISDIR, _IN_Q_OVERFLOW, _IN_NONBLOCK, _IN_CLOEXEC = 0x1, 0x40000000, 0x4000, 0o4000, 0o2000000
+_EVENT = struct.Struct("iIII")
+
+
+@dataclass
+class ReadCounts:
+    pma_files: int = 0  # counters/: on mlx5 every read is a MAD_IFC firmware command
+    hw_files: int = 0  # hw_counters/: one firmware query per `lifespan` (10 ms), shared by the files read
+    gid_files: int = 0  # gids/ and gid_attrs/ (the kernel's cache)
+    other_files: int = 0
+    listings: int = 0  # directory listings
+    overflowed: bool = False
+
+    @property
+    def files(self) -> int:
+        return self.pma_files + self.hw_files + self.gid_files + self.other_files
+
+    def per(self, n: float) -> ReadCounts:
+        return ReadCounts(round(self.pma_files / n), round(self.hw_files / n), round(self.gid_files / n),
+                          round(self.other_files / n), round(self.listings / n), self.overflowed)
+
+
+@dataclass
+class FileReads:
+    """Counts reads under a tree while it is unchanged in shape. The kernel raises IN_ACCESS for every read
+    that returns data, whoever reads (so count one reader at a time) and whatever the path (class/ links
+    resolve to the watched devices/ directories). A read at end of file or failing raises none: empty GID
+    attribute files are not counted. Identical events in a row not yet drained merge into one."""
+
+    root: Path
+    counts: ReadCounts = field(default_factory=ReadCounts)
+
+    def __post_init__(self) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self._fd = libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
+        if self._fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self._dirs: dict[int, str] = {}
+        for dirpath, _, _ in os.walk(self.root):
+            wd = libc.inotify_add_watch(self._fd, os.fsencode(dirpath), _IN_ACCESS)
+            if wd < 0:
+                raise OSError(ctypes.get_errno(), f"inotify_add_watch {dirpath}")
+            self._dirs[wd] = dirpath
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="inotify", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self._fd], [], [], 0.1)
+            if not ready:
+                continue
+            try:
+                data = os.read(self._fd, 1 << 20)
+            except BlockingIOError:
+                continue
+            with self._lock:
+                self._count(data)
+
+    def _count(self, data: bytes) -> None:
+        offset = 0
+        while offset < len(data):
+            wd, mask, _, length = _EVENT.unpack_from(data, offset)
+            offset += _EVENT.size + length
+            if mask & _IN_Q_OVERFLOW:
+                self.counts.overflowed = True
+            elif mask & _IN_ISDIR or length == 0:
+                self.counts.listings += 1
+            else:
+                directory = self._dirs.get(wd, "")
+                if directory.endswith("/counters"):
+                    self.counts.pma_files += 1
+                elif directory.endswith("/hw_counters"):
+                    self.counts.hw_files += 1
+                elif "/gids" in directory or "/gid_attrs/" in directory:
+                    self.counts.gid_files += 1
+                else:
+                    self.counts.other_files += 1
+
+    def take(self) -> ReadCounts:
+        """What was read since the last take (after the kernel's queue is drained)."""
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self._fd], [], [], 0)
+            if not r:
+                break
+            time.sleep(0.02)
+        with self._lock:
+            counts, self.counts = self.counts, ReadCounts()
+        return counts
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(2)
+        os.close(self._fd)
