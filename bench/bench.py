@@ -31,6 +31,9 @@ same tree) at the same time on one simulated host (16 RoCE RNICs, 255-slot GID t
   one reader at a time): on real mlx5 hardware every `counters/` read is a firmware command (and
   `hw_counters/` one query per 10 ms lifespan), so there the cost follows these counts more than
   the CPU figures.
+As root it runs inside a network namespace it makes (and removes) holding veths named like the
+simulated netdevs, so rtnetlink knows them as on a real host (`--no-netdevs`: netlink blind, every
+device read in full as when netlink fails).
 Needs `prometheus-node-exporter` and `wrk` (apt-get install prometheus-node-exporter wrk).
 """
 
@@ -200,7 +203,14 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=int, default=8)
     parser.add_argument("--realtime", type=float, default=180,
                         help="seconds of one real-time window at the true defaults (busy host; 0: skip)")
+    parser.add_argument("--netdevs", action=argparse.BooleanOptionalAction, default=os.geteuid() == 0,
+                        help="run inside a fresh network namespace holding veths named like the simulated "
+                             "RNICs' netdevs (default as root), so rtnetlink knows them as on a real host and "
+                             "the exporter takes its event-driven path; --no-netdevs measures netlink blind")
+    parser.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.netdevs and not opts.inside_netns:
+        sys.exit(_in_namespace(opts.devices))
     require("wrk", "wrk")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the daemons and the writer
     ours = Ours(opts.python, opts.src.resolve() if opts.src else None)
@@ -299,6 +309,15 @@ def main() -> None:
     table.print()
     print("(ours: one cycle = one poll + one scrape; node_exporter: one scrape, which reads sysfs; "
           "load1 = 1-minute load average at the end of the measurement)")
+
+
+def _in_namespace(devices: int) -> int:
+    """Re-run this benchmark inside a namespace with the simulator's netdev names (removed afterwards)."""
+    from tests.support.netns import network_namespace
+
+    names = [f"ens{n}f0np0" for n in range(1, devices + 1)]  # rnic_exporter.sim's RoCE netdev names
+    with network_namespace(names, prefix="rnb") as ns:
+        return subprocess.run(ns.exec_args(sys.executable, *sys.argv, "--inside-netns")).returncode
 
 
 if __name__ == "__main__":
