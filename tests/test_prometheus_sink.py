@@ -254,3 +254,16 @@ def test_the_sink_renders_with_its_own_renderer() -> None:
     import rnic_exporter.sinks.prometheus as sink
 
     assert not hasattr(sink, "generate_latest") and not hasattr(sink, "CollectorRegistry")
+
+
+def test_go_float_int_fast_path_matches_prometheus_client() -> None:
+    """Counters skip float(): every digit count and the 2**53 edge print as prometheus-client does."""
+    from prometheus_client.utils import floatToGoString
+
+    from rnic_exporter.sinks.exposition import go_float
+
+    values = [0, 1, 999_999, 1_000_000, 1_230_000, 2**53 - 1, 2**53, 2**64 - 1]
+    values += [10**k + d for k in range(1, 20) for d in (-1, 0, 1)]
+    for v in values:
+        assert go_float(v) == floatToGoString(v), v
+    assert go_float(True) == "1.0"

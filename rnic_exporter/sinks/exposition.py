@@ -26,8 +26,19 @@ TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_1_0_0 = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
+_EXACT_INT = 2**53  # every int below is a float exactly
+
+
 def go_float(value: float) -> str:
     """Values as prometheus-client (and Go) print them: `1.0`, `5e+10`, `+Inf`."""
+    if type(value) is int and 0 <= value < _EXACT_INT:
+        # Counters are ints, and a busy scrape formats every changed one: below 2**53 a float
+        # holds them exactly and its repr is their digits plus ".0", so skip float() and repr().
+        digits = str(value)
+        if len(digits) <= 6:
+            return f"{digits}.0"
+        mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0.")
+        return f"{mantissa}e+{len(digits) - 1:02d}"
     try:
         d = float(value)
     except OverflowError:  # an int beyond float range: what float64 would hold is an infinity

@@ -151,6 +151,8 @@ class CounterPlan:
 
     def backoff_samples(self) -> Iterator[tuple[int | None, str, float]]:
         """(port, attribute, back-off interval in seconds) of every backed-off file."""
+        if not self._backoff:  # the usual case, asked every scrape: no dict, no sort
+            return
         for i, interval in sorted(self.backed_off.items()):
             port, attribute = self.slot_label(i)
             yield port, attribute, interval
