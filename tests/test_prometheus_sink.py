@@ -265,5 +265,5 @@ def test_go_float_int_fast_path_matches_prometheus_client() -> None:
     values = [0, 1, 999_999, 1_000_000, 1_230_000, 2**53 - 1, 2**53, 2**64 - 1]
     values += [10**k + d for k in range(1, 20) for d in (-1, 0, 1)]
     for v in values:
-        assert go_float(v) == floatToGoString(v), v
+        assert go_float(v) == floatToGoString(v), v  # type: ignore[no-untyped-call]
     assert go_float(True) == "1.0"
