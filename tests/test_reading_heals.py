@@ -8,10 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sources.snapshot import HostReader
+from rnic_exporter.sources.snapshot import HostReader, Job, run_here
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 PORT = "class/infiniband/mlx5_0/ports/1"
@@ -116,3 +117,22 @@ def test_a_descriptor_limit_below_the_plan_costs_held_gid_descriptors_not_reads(
     devices, gids, errors, held = (int(v) for v in run.stdout.split())
     assert (devices, gids, errors) == (4, 16, 0) and held < 700
     assert run.stderr.count("open-file limit") == 1, run.stderr
+
+
+def test_a_device_removed_while_being_read_is_not_published_as_a_ghost(sim_host: SimHost) -> None:
+    """The soak's remove step landing between the listing and the reads: every file then answers
+    ENOENT and the missing `device` link looks like "no PCI parent"; that husk must not be
+    published (it paged as a new device without a PCI address, then as vanished)."""
+    reader = reader_of(sim_host, dict(sim_host.errno_overlay))
+    assert reader.read().device("mlx5_1") is not None
+
+    def removed_mid_pass(jobs: Sequence[Job]) -> None:
+        sim_host.remove_device("mlx5_1")  # after the listing saw it registered
+        run_here(jobs)
+        sim_host.restore_device("mlx5_1")  # re-registered before the next listing
+
+    racing = reader.state_pass(runner=removed_mid_pass).snapshot
+    after = reader.read()
+    for snap in (racing, after):
+        dev = snap.device("mlx5_1")
+        assert dev is not None and dev.pci_address == "0000:19:00.0", dev

@@ -492,7 +492,15 @@ class _DeviceReader:
     def _full(self, full_gids: bool, sweep: bool) -> None:
         shape = self.shape
         if shape is None or not _settled(shape) or self._dev_netdevs_changed(shape):
-            shape = self.shape = self._discover()
+            shape = self._discover()
+            if self.root.identity(self.base) != self.ident:
+                # Unregistered (or re-registered) while being learned: what was read is the husk of
+                # a leaving device (no `device` link reads as "no PCI parent", every file ENOENT).
+                # Publishing it would page a ghost; the next listing retires this registration.
+                self.shape, self.plan = None, None
+                self.changed, self.device = False, self._published
+                return
+            self.shape = shape
             self.plan = None
             self.counter_plan = self._counter_plan(shape)
             self._counter_plan_read = False
