@@ -164,7 +164,8 @@ class Attack:
                     await reader.read(1)
                 elif kind == "slowloris":
                     reader, slow = await asyncio.wait_for(
-                        asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx), 30)
+                        asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx), 30
+                    )
                     writer = slow
                     self._up(kind)
                     slow.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
@@ -191,8 +192,9 @@ class Attack:
         try:
             while time.monotonic() < self.deadline:
                 guess = f"guess-{index}-{random.random()}"
-                writer.write(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header(USER, guess)}\r\n"
-                             "\r\n".encode())
+                writer.write(
+                    f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header(USER, guess)}\r\n\r\n".encode()
+                )
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
                 status = head.split(b" ", 2)[1].decode()
                 self.statuses[status] = self.statuses.get(status, 0) + 1
@@ -240,8 +242,12 @@ def role(name: str, *args: str) -> subprocess.Popen[bytes]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent,
-                        help="checkout whose rnic_exporter to run (default: this one)")
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent,
+        help="checkout whose rnic_exporter to run (default: this one)",
+    )
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--slowloris", type=int, default=4000)
     parser.add_argument("--idle", type=int, default=1000)
@@ -249,10 +255,19 @@ def main() -> None:
     parser.add_argument("--silent-tls", type=int, default=200)
     parser.add_argument("--baseline-seconds", type=float, default=5)
     parser.add_argument("--attack-seconds", type=float, default=25)
-    parser.add_argument("--attacker-nice", type=int, default=0,
-                        help="nice value of the connection attacker (its TLS client work shares the cores)")
-    parser.add_argument("--exporter-arg", action="append", default=[], metavar="ARG",
-                        help="extra argument for `serve`, e.g. --exporter-arg=--web.max-connections=1024")
+    parser.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=0,
+        help="nice value of the connection attacker (its TLS client work shares the cores)",
+    )
+    parser.add_argument(
+        "--exporter-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for `serve`, e.g. --exporter-arg=--web.max-connections=1024",
+    )
     parser.add_argument("--role", choices=["scrape", "attack"], help=argparse.SUPPRESS)
     parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     opts = parser.parse_args()
@@ -260,8 +275,14 @@ def main() -> None:
         scrape_role(int(opts.args[0]), Path(opts.args[1]), float(opts.args[2]), Path(opts.args[3]), opts.args[4])
         return
     if opts.role == "attack":
-        attack_role(int(opts.args[0]), Path(opts.args[1]), float(opts.args[2]), json.loads(opts.args[3]),
-                    Path(opts.args[4]), int(opts.args[5]))
+        attack_role(
+            int(opts.args[0]),
+            Path(opts.args[1]),
+            float(opts.args[2]),
+            json.loads(opts.args[3]),
+            Path(opts.args[4]),
+            int(opts.args[5]),
+        )
         return
 
     import bcrypt
@@ -276,18 +297,42 @@ def main() -> None:
         SimHost.build(work / "sys", roce=opts.devices, gid_table_size=255)
         make_certs(work)
         hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(10)).decode()
-        (work / "web.yml").write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
-                                      f"basic_auth_users:\n  {USER}: '{hashed}'\n")
+        (work / "web.yml").write_text(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+            f"basic_auth_users:\n  {USER}: '{hashed}'\n"
+        )
         port = free_port()
         env = tree_env(opts.tree)
-        args = [sys.executable, "-S", "-m", "rnic_exporter", "serve", "--path.sysfs", str(work / "sys"),
-                "--web.listen-address", f"127.0.0.1:{port}", "--state.dir", str(work / "state"),
-                "--web.config.file", str(work / "web.yml"), "--log.level", "error",
-                "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool", *opts.exporter_arg]
+        args = [
+            sys.executable,
+            "-S",
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(work / "sys"),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--state.dir",
+            str(work / "state"),
+            "--web.config.file",
+            str(work / "web.yml"),
+            "--log.level",
+            "error",
+            "--no-watch.netlink",
+            "--no-watch.udev",
+            "--no-collector.ethtool",
+            *opts.exporter_arg,
+        ]
         # A container's descriptor limit is usually far above a login shell's 1024; give the
         # exporter room so what is measured is its own behaviour, not EMFILE.
-        server = subprocess.Popen(args, env=env, cwd=work, stderr=subprocess.DEVNULL,
-                                  preexec_fn=lambda: raise_nofile(16384))  # noqa: PLW1509 (before any thread)
+        server = subprocess.Popen(
+            args,
+            env=env,
+            cwd=work,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=lambda: raise_nofile(16384),  # noqa: PLW1509 (before any thread)
+        )
         try:
             run(opts, server, port, work)
         finally:
@@ -354,8 +399,13 @@ def sample_while(proc: subprocess.Popen[bytes], pid: int, peak: dict[str, int]) 
 def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> None:
     cafile = work / "server.crt"
     wait_ready(port, cafile, server)
-    version = subprocess.run([sys.executable, "-S", "-c", "import rnic_exporter; print(rnic_exporter.__file__)"],
-                             env=tree_env(opts.tree), cwd=work, capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [sys.executable, "-S", "-c", "import rnic_exporter; print(rnic_exporter.__file__)"],
+        env=tree_env(opts.tree),
+        cwd=work,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     print(f"exporter code: {version}")
     idle = proc_status(server.pid)
     print(f"exporter at rest: RSS {idle['rss_kb'] / 1024:.1f} MiB, {idle['threads']} threads, {idle['fds']} fds")
@@ -363,19 +413,37 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
     # The keep-alive scraper connects before the attack, as Prometheus' connection would exist;
     # the fresh-connection one opens a new connection for every scrape.
     total = opts.baseline_seconds + RAMP_UP + opts.attack_seconds
-    scrapers = {mode: role("scrape", str(port), str(cafile), str(total), str(work / f"{mode}.json"), mode)
-                for mode in ("keep_alive", "fresh")}
+    scrapers = {
+        mode: role("scrape", str(port), str(cafile), str(total), str(work / f"{mode}.json"), mode)
+        for mode in ("keep_alive", "fresh")
+    }
     started = time.monotonic()
     peak: dict[str, int] = {}
     sample_for(opts.baseline_seconds, server.pid, {})
-    counts = {"slowloris": opts.slowloris, "idle": opts.idle, "silent_tls": opts.silent_tls,
-              "wrong_password": opts.wrong_password}
+    counts = {
+        "slowloris": opts.slowloris,
+        "idle": opts.idle,
+        "silent_tls": opts.silent_tls,
+        "wrong_password": opts.wrong_password,
+    }
     attack_start = time.monotonic()
     cpu_before = cpu_seconds(server.pid)
-    groups = {"connections": {k: v for k, v in counts.items() if k != "wrong_password"},
-              "guesses": {"wrong_password": counts["wrong_password"]}}
-    attackers = [role("attack", str(port), str(cafile), str(RAMP_UP + opts.attack_seconds + 5), json.dumps(group),
-                      str(work / f"attack-{name}.json"), str(opts.attacker_nice)) for name, group in groups.items()]
+    groups = {
+        "connections": {k: v for k, v in counts.items() if k != "wrong_password"},
+        "guesses": {"wrong_password": counts["wrong_password"]},
+    }
+    attackers = [
+        role(
+            "attack",
+            str(port),
+            str(cafile),
+            str(RAMP_UP + opts.attack_seconds + 5),
+            json.dumps(group),
+            str(work / f"attack-{name}.json"),
+            str(opts.attacker_nice),
+        )
+        for name, group in groups.items()
+    ]
     sample_for(RAMP_UP, server.pid, peak)
     measured = time.monotonic()
     for proc in scrapers.values():
@@ -395,13 +463,17 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
     for mode, result in results.items():
         print(f"no attack, {mode} scrape: {window(result, started, attack_start)}")
     print(f"attack: {counts}, measured after a {RAMP_UP:.0f} s ramp-up")
-    print(f"attackers' concurrent connections at peak (as they saw them): {attack.get('peak_open')}; "
-          f"opened in all: {attack.get('opened')}; wrong-password answers by status: {attack.get('statuses')}")
+    print(
+        f"attackers' concurrent connections at peak (as they saw them): {attack.get('peak_open')}; "
+        f"opened in all: {attack.get('opened')}; wrong-password answers by status: {attack.get('statuses')}"
+    )
     for mode, result in results.items():
         print(f"under attack, {mode} scrape: {window(result, measured, measured_end)}")
-    print(f"exporter under attack: peak RSS {peak.get('rss_kb', 0) / 1024:.1f} MiB (DaemonSet limit "
-          f"{DAEMONSET_LIMIT_MIB} MiB), peak {peak.get('threads')} threads, peak {peak.get('fds')} fds, "
-          f"{cpu / (measured_end - attack_start) * 100:.0f}% of a core")
+    print(
+        f"exporter under attack: peak RSS {peak.get('rss_kb', 0) / 1024:.1f} MiB (DaemonSet limit "
+        f"{DAEMONSET_LIMIT_MIB} MiB), peak {peak.get('threads')} threads, peak {peak.get('fds')} fds, "
+        f"{cpu / (measured_end - attack_start) * 100:.0f}% of a core"
+    )
     # The attackers share this machine's cores: what they burn (reconnecting after the exporter
     # closes them costs them TLS handshakes) is taken from the exporter and the scrapers too.
     print(f"attackers' own CPU: {attacker_cpu / (measured_end - attack_start) * 100:.0f}% of a core")

@@ -155,8 +155,7 @@ def count_reads(sysfs: Path, daemon: Daemon, client: Client, period: float, scra
 def file_rows(table: Table, label: str, mine: ReadCounts, theirs: ReadCounts, load: float) -> None:
     table.row(f"sysfs files read {label}", mine.files, theirs.files, "", load, ".0f")
     table.row("  of which counters/ (mlx5: a firmware command each)", mine.pma_files, theirs.pma_files, "", load, ".0f")
-    table.row("  of which hw_counters/ (one query per 10 ms lifespan)", mine.hw_files, theirs.hw_files, "", load,
-              ".0f")
+    table.row("  of which hw_counters/ (one query per 10 ms lifespan)", mine.hw_files, theirs.hw_files, "", load, ".0f")
     table.row("  of which gids/ + gid_attrs/", mine.gid_files, theirs.gid_files, "", load, ".0f")
     table.row("  directory listings", mine.listings, theirs.listings, "", load, ".0f")
     if mine.overflowed or theirs.overflowed:
@@ -184,8 +183,9 @@ class Table:
 def ours_running(ours: Ours, sysfs: Path, state: Path, interval: float) -> Iterator[Daemon]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    with running(ours.args(sysfs, port, state, "--poll.interval", str(interval)), url, env=ours.env(),
-                 cwd=ours.cwd()) as proc:
+    with running(
+        ours.args(sysfs, port, state, "--poll.interval", str(interval)), url, env=ours.env(), cwd=ours.cwd()
+    ) as proc:
         yield Daemon("ours", proc.pid, url)
 
 
@@ -196,17 +196,28 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=16)
     parser.add_argument("--gid-slots", type=int, default=255)
     parser.add_argument("--seconds", type=float, default=30, help="length of each CPU window")
-    parser.add_argument("--cycle", type=float, default=1.25,
-                        help="poll and scrape period of the per-cycle windows (above ~1 s: a scraper pass "
-                             "under 1 s old may be reused)")
+    parser.add_argument(
+        "--cycle",
+        type=float,
+        default=1.25,
+        help="poll and scrape period of the per-cycle windows (above ~1 s: a scraper pass under 1 s old may be reused)",
+    )
     parser.add_argument("--scale", type=float, default=10, help="time compression of the per-minute windows")
     parser.add_argument("--latency-seconds", type=int, default=8)
-    parser.add_argument("--realtime", type=float, default=180,
-                        help="seconds of one real-time window at the true defaults (busy host; 0: skip)")
-    parser.add_argument("--netdevs", action=argparse.BooleanOptionalAction, default=os.geteuid() == 0,
-                        help="run inside a fresh network namespace holding veths named like the simulated "
-                             "RNICs' netdevs (default as root), so rtnetlink knows them as on a real host and "
-                             "the exporter takes its event-driven path; --no-netdevs measures netlink blind")
+    parser.add_argument(
+        "--realtime",
+        type=float,
+        default=180,
+        help="seconds of one real-time window at the true defaults (busy host; 0: skip)",
+    )
+    parser.add_argument(
+        "--netdevs",
+        action=argparse.BooleanOptionalAction,
+        default=os.geteuid() == 0,
+        help="run inside a fresh network namespace holding veths named like the simulated "
+        "RNICs' netdevs (default as root), so rtnetlink knows them as on a real host and "
+        "the exporter takes its event-driven path; --no-netdevs measures netlink blind",
+    )
     parser.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.netdevs and not opts.inside_netns:
@@ -224,9 +235,11 @@ def main() -> None:
         sysfs = work / "sys"
         writer = BusyWriter(sysfs, opts.devices, opts.gid_slots)
         stack.callback(writer.close)
-        print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; simulated host: {opts.devices} RoCE "
-              f"RNICs, {opts.gid_slots}-slot GID tables; {os.cpu_count()} CPUs; "
-              f"loadavg {Path('/proc/loadavg').read_text().strip()}")
+        print(
+            f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; simulated host: {opts.devices} RoCE "
+            f"RNICs, {opts.gid_slots}-slot GID tables; {os.cpu_count()} CPUs; "
+            f"loadavg {Path('/proc/loadavg').read_text().strip()}"
+        )
         print(f"# rnic-exporter: {ours.describe()} (python {opts.python})")
         print(f"# {ne_version_line}; both answer 503 beyond 40 scrapes in flight (their defaults)")
         ne_port = free_port()
@@ -255,8 +268,10 @@ def main() -> None:
                     o, t = w["ours"], w["node_exporter"]
                     label = f"CPU per cycle, {'busy' if busy else 'quiet'}, {client.name}"
                     table.row(label, o.cpu_s * 1000 / o.scrapes, t.cpu_s * 1000 / t.scrapes, "ms", t.load)
-                    table.note(f"ours {o.cpu_s * 1000:.0f} ms over {o.scrapes} scrapes / {o.polls} polls, "
-                               f"node_exporter {t.cpu_s * 1000:.0f} ms over {t.scrapes} scrapes, {o.seconds:.0f} s")
+                    table.note(
+                        f"ours {o.cpu_s * 1000:.0f} ms over {o.scrapes} scrapes / {o.polls} polls, "
+                        f"node_exporter {t.cpu_s * 1000:.0f} ms over {t.scrapes} scrapes, {o.seconds:.0f} s"
+                    )
             steady_rss = rss_mb(us.pid), rss_mb(ne.pid)
 
         # CPU per minute at the defaults, time scaled down.
@@ -264,51 +279,74 @@ def main() -> None:
         with ours_running(ours, sysfs, work / "state-minute", 5.0 / opts.scale) as us:
             for busy in (True, False):
                 writer.busy(busy)
-                w = paced_window([(us, PROMETHEUS_LIKE, 15.0 / opts.scale), (ne, PROMETHEUS_LIKE, 15.0 / opts.scale)],
-                                 opts.seconds)
+                w = paced_window(
+                    [(us, PROMETHEUS_LIKE, 15.0 / opts.scale), (ne, PROMETHEUS_LIKE, 15.0 / opts.scale)], opts.seconds
+                )
                 o, t = w["ours"], w["node_exporter"]
                 minutes = o.seconds * opts.scale / 60
                 label = f"CPU per minute at defaults, {'busy' if busy else 'quiet'}"
                 table.row(label, o.cpu_s * 1000 / minutes, t.cpu_s * 1000 / minutes, "ms", t.load)
-                table.note(f"time / {opts.scale:g}: {minutes:.1f} scaled minutes, ours {o.polls} polls + "
-                           f"{o.scrapes} scrapes, node_exporter {t.scrapes} scrapes")
+                table.note(
+                    f"time / {opts.scale:g}: {minutes:.1f} scaled minutes, ours {o.polls} polls + "
+                    f"{o.scrapes} scrapes, node_exporter {t.scrapes} scrapes"
+                )
                 scaled[busy] = o.cpu_s / t.cpu_s
 
         # Latency, RSS and the optional real-time window at our true default poll interval.
         writer.busy(True)
         with ours_running(ours, sysfs, work / "state-default", 5.0) as us:
             # Files read in one real minute at the defaults (work on timers of its own is not compressed).
-            file_rows(table, "per minute at defaults, busy", count_reads(sysfs, us, PROMETHEUS_LIKE, 15.0, 4),
-                      ne_reads.per(1 / 4), load_average())
+            file_rows(
+                table,
+                "per minute at defaults, busy",
+                count_reads(sysfs, us, PROMETHEUS_LIKE, 15.0, 4),
+                ne_reads.per(1 / 4),
+                load_average(),
+            )
             lat: dict[str, list[Latency]] = {}
             concurrency = (1, 40, 50)
             for d in (us, ne):
-                lat[d.name] = [wrk_latency(d.url, c, opts.latency_seconds, PROMETHEUS_LIKE.headers)
-                               for c in concurrency]
+                lat[d.name] = [
+                    wrk_latency(d.url, c, opts.latency_seconds, PROMETHEUS_LIKE.headers) for c in concurrency
+                ]
             load = load_average()
             for i, clients in enumerate(concurrency):
                 ol, tl = lat["ours"][i], lat["node_exporter"][i]
                 name = f"{clients} client{'s' if clients > 1 else ''}, busy"
                 table.row(f"scrape p50, {name}", ol.p50_ms, tl.p50_ms, "ms", load)
                 table.row(f"scrape p99, {name}", ol.p99_ms, tl.p99_ms, "ms", load)
-                table.note(f"ours {ol.requests} answers ({ol.failed} not 2xx), node_exporter {tl.requests} "
-                           f"({tl.failed} not 2xx) in {opts.latency_seconds} s")
+                table.note(
+                    f"ours {ol.requests} answers ({ol.failed} not 2xx), node_exporter {tl.requests} "
+                    f"({tl.failed} not 2xx) in {opts.latency_seconds} s"
+                )
             table.row("RSS steady (full daemon, after the cycle windows)", *steady_rss, "MB", load)
             table.row("RSS peak (VmHWM, after 50 clients)", peak_rss_mb(us.pid), peak_rss_mb(ne.pid), "MB", load)
             if opts.realtime > 0:
                 w = paced_window([(us, PROMETHEUS_LIKE, 15.0), (ne, PROMETHEUS_LIKE, 15.0)], opts.realtime)
                 o, t = w["ours"], w["node_exporter"]
                 minutes = o.seconds / 60
-                table.row("CPU per minute at defaults, busy, REAL TIME", o.cpu_s * 1000 / minutes,
-                          t.cpu_s * 1000 / minutes, "ms", t.load)
+                table.row(
+                    "CPU per minute at defaults, busy, REAL TIME",
+                    o.cpu_s * 1000 / minutes,
+                    t.cpu_s * 1000 / minutes,
+                    "ms",
+                    t.load,
+                )
                 real = o.cpu_s / t.cpu_s
-                table.note(f"{minutes:.1f} real minutes, ours {o.polls} polls + {o.scrapes} scrapes; ratio "
-                           f"{real:.2f}x against {scaled[True]:.2f}x compressed, same run"
-                           + ("" if abs(real / scaled[True] - 1) < 0.15 else
-                              ": they differ, trust real time (work on timers of its own is not compressed)"))
+                table.note(
+                    f"{minutes:.1f} real minutes, ours {o.polls} polls + {o.scrapes} scrapes; ratio "
+                    f"{real:.2f}x against {scaled[True]:.2f}x compressed, same run"
+                    + (
+                        ""
+                        if abs(real / scaled[True] - 1) < 0.15
+                        else ": they differ, trust real time (work on timers of its own is not compressed)"
+                    )
+                )
     table.print()
-    print("(ours: one cycle = one poll + one scrape; node_exporter: one scrape, which reads sysfs; "
-          "load1 = 1-minute load average at the end of the measurement)")
+    print(
+        "(ours: one cycle = one poll + one scrape; node_exporter: one scrape, which reads sysfs; "
+        "load1 = 1-minute load average at the end of the measurement)"
+    )
 
 
 def _in_namespace(devices: int) -> int:

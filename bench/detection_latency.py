@@ -62,9 +62,25 @@ def _timestamp(record: dict[str, str]) -> float:
 def _daemon(ns: Netns, sysfs: Path, workdir: Path, extra: list[str]) -> Iterator[Path]:
     log = workdir / f"serve-{len(list(workdir.glob('serve-*')))}.log"
     with open(log, "wb") as out:
-        proc = ns.popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sysfs),
-                         "--web.listen-address", f"{ns.address}:{PORT}", "--state.dir", str(workdir / "state"),
-                         "--log.format", "json", *extra], stdout=out, stderr=subprocess.STDOUT)
+        proc = ns.popen(
+            [
+                sys.executable,
+                "-m",
+                "rnic_exporter",
+                "serve",
+                "--path.sysfs",
+                str(sysfs),
+                "--web.listen-address",
+                f"{ns.address}:{PORT}",
+                "--state.dir",
+                str(workdir / "state"),
+                "--log.format",
+                "json",
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
         def ready() -> bool:
             return http_get(ns.url(PORT, "/-/ready"), timeout=1)[0] == 200  # wait_for retries while it raises
@@ -99,8 +115,10 @@ def _trials(ns: Netns, host: SimHost, log: Path, trials: int, timeout: float, ji
 def _report(mode: str, latencies: list[float]) -> None:
     ordered = sorted(latencies)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-    print(f"{mode:>8}: n={len(ordered)} p50={statistics.median(ordered) * 1000:.0f} ms "
-          f"p99={p99 * 1000:.0f} ms max={ordered[-1] * 1000:.0f} ms")
+    print(
+        f"{mode:>8}: n={len(ordered)} p50={statistics.median(ordered) * 1000:.0f} ms "
+        f"p99={p99 * 1000:.0f} ms max={ordered[-1] * 1000:.0f} ms"
+    )
 
 
 def main() -> None:
@@ -122,11 +140,16 @@ def main() -> None:
             print(f"{args.roce} simulated RoCE RNICs, 255-slot GID tables, {args.trials} GID shifts per mode")
             with _daemon(ns, host.root, workdir, ["--poll.interval", "60"]) as log:
                 _report("netlink", _trials(ns, host, log, args.trials, timeout=10, jitter=0.5))
-            with _daemon(ns, host.root, workdir, ["--poll.interval", str(args.poll_interval),
-                                                  "--no-watch.netlink", "--no-watch.udev"]) as log:
-                _report(f"poll {args.poll_interval:g}s", _trials(ns, host, log, args.trials,
-                                                                 timeout=3 * args.poll_interval + 5,
-                                                                 jitter=args.poll_interval))
+            with _daemon(
+                ns,
+                host.root,
+                workdir,
+                ["--poll.interval", str(args.poll_interval), "--no-watch.netlink", "--no-watch.udev"],
+            ) as log:
+                _report(
+                    f"poll {args.poll_interval:g}s",
+                    _trials(ns, host, log, args.trials, timeout=3 * args.poll_interval + 5, jitter=args.poll_interval),
+                )
         finally:
             follower.close()
 

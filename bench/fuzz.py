@@ -38,8 +38,13 @@ def run(target: Target, examples: int, at_seed: int, budget_s: float) -> tuple[i
     deadline = time.monotonic() + budget_s
 
     @seed(at_seed)
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(target.strategy)
     def each(value: Any) -> None:
         nonlocal ran
@@ -63,8 +68,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=100_000, help="examples per target (default 100000)")
     parser.add_argument("--seed", type=int, default=int(time.time()), help="Hypothesis seed (default: the time)")
-    parser.add_argument("--seconds", type=float, default=float("inf"),
-                        help="time budget per target: stop earlier and print how many examples ran")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=float("inf"),
+        help="time budget per target: stop earlier and print how many examples ran",
+    )
     parser.add_argument("--only", default="", help="comma-separated name prefixes of the targets to run")
     args = parser.parse_args()
     print(f"fuzz: {args.examples} examples per target, seed {args.seed}")

@@ -89,6 +89,7 @@ def main() -> None:
             def read() -> None:
                 for fd in row:
                     os.pread(fd, 128, 0)
+
             return read
 
         jobs = [job(row) for row in fds]
@@ -103,6 +104,7 @@ def main() -> None:
         per_device = PerDevice(jobs)
         print(f"{DEVICES} devices x {FILES} preads per pass, {args.passes} passes, {os.cpu_count()} CPUs")
         measure("inline", inline, args.passes)
+
         def handed_off() -> None:
             runner.run(list(zip(gates, jobs, strict=True)))
 

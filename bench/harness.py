@@ -69,8 +69,10 @@ def get(url: str, headers: dict[str, str] | None = None) -> bytes:
 
 
 # What Prometheus 2.x sends on every scrape (scrape.scrapeAcceptHeader), and it always asks for gzip.
-PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +166,16 @@ def has_metrics(body: bytes) -> bool:
 
 
 @contextmanager
-def running(args: list[str], url: str, ready: Callable[[bytes], bool] = has_metrics,
-            env: Mapping[str, str] | None = None, cwd: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(env) if env is not None else None, cwd=cwd)
+def running(
+    args: list[str],
+    url: str,
+    ready: Callable[[bytes], bool] = has_metrics,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(env) if env is not None else None, cwd=cwd
+    )
     try:
         wait_up(url, proc, ready)
         yield proc
@@ -198,9 +206,22 @@ class Latency:
 def wrk_latency(url: str, connections: int, seconds: int, headers: Mapping[str, str] | None = None) -> Latency:
     """Latency percentiles over `seconds` of closed-loop keep-alive load on loopback."""
     header_args = [arg for k, v in (headers or {}).items() for arg in ("-H", f"{k}: {v}")]
-    out = subprocess.run([require("wrk", "wrk"), f"-t{min(2, connections)}", f"-c{connections}", f"-d{seconds}s",
-                          "--timeout", "10s", "--latency", *header_args, url],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            require("wrk", "wrk"),
+            f"-t{min(2, connections)}",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "--timeout",
+            "10s",
+            "--latency",
+            *header_args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
     def pct(p: str) -> float:
         m = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -233,19 +254,41 @@ class Ours:
 
     def args(self, sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
         """`rnic-exporter serve` as a user runs it, but with its state in the benchmark's directory."""
-        return [self.python, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sysfs),
-                "--web.listen-address", f"127.0.0.1:{port}", "--state.dir", str(state_dir), "--log.level", "warn",
-                *extra]
+        return [
+            self.python,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(sysfs),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--state.dir",
+            str(state_dir),
+            "--log.level",
+            "warn",
+            *extra,
+        ]
 
     def describe(self) -> str:
         """Where the package that will run comes from, and its commit when it is a git checkout."""
-        where = subprocess.run([self.python, "-c", "import rnic_exporter as r; print(r.__file__)"], capture_output=True,
-                               text=True, env=self.env(), cwd=self.cwd(), check=True).stdout.strip()
+        where = subprocess.run(
+            [self.python, "-c", "import rnic_exporter as r; print(r.__file__)"],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.cwd(),
+            check=True,
+        ).stdout.strip()
         package_root = Path(where).resolve().parents[1]
-        commit = subprocess.run(["git", "-C", str(package_root), "log", "-1", "--format=%h %s"],
-                                capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(package_root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "-C", str(package_root), "log", "-1", "--format=%h %s"], capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(package_root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return f"{package_root} @ {commit[:72] or 'not a git checkout'}{' (uncommitted changes)' if dirty else ''}"
 
 
@@ -263,9 +306,16 @@ def node_exporter_binary() -> str:
 
 def node_exporter_args(sysfs: Path, port: int, *extra: str) -> list[str]:
     """node_exporter with only the collectors that read what we read, on the same tree."""
-    return [node_exporter_binary(), "--collector.disable-defaults", "--collector.infiniband", "--collector.netclass",
-            f"--path.sysfs={sysfs}", f"--web.listen-address=127.0.0.1:{port}", "--web.disable-exporter-metrics",
-            *extra]
+    return [
+        node_exporter_binary(),
+        "--collector.disable-defaults",
+        "--collector.infiniband",
+        "--collector.netclass",
+        f"--path.sysfs={sysfs}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.disable-exporter-metrics",
+        *extra,
+    ]
 
 
 # -- a busy host: a separate process rewrites every counter file, so its CPU is nobody's --------------------
@@ -281,8 +331,15 @@ def bump_every_counter(host: SimHost, seconds: float) -> None:
     host.add_traffic(seconds)  # advances the data counters and writes every counter file of every up port
 
 
-def _writer_main(root: str, devices: int, gid_slots: int, period: float, ready: multiprocessing.synchronize.Event,
-                 busy: multiprocessing.synchronize.Event, stop: multiprocessing.synchronize.Event) -> None:
+def _writer_main(
+    root: str,
+    devices: int,
+    gid_slots: int,
+    period: float,
+    ready: multiprocessing.synchronize.Event,
+    busy: multiprocessing.synchronize.Event,
+    stop: multiprocessing.synchronize.Event,
+) -> None:
     host = SimHost.build(Path(root), roce=devices, gid_table_size=gid_slots)
     ready.set()
     while not stop.is_set():
@@ -298,8 +355,11 @@ class BusyWriter:
     def __init__(self, root: Path, devices: int, gid_slots: int, period: float = 0.25) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._ready, self._busy, self._stop = ctx.Event(), ctx.Event(), ctx.Event()
-        self._proc = ctx.Process(target=_writer_main, daemon=True,
-                                 args=(str(root), devices, gid_slots, period, self._ready, self._busy, self._stop))
+        self._proc = ctx.Process(
+            target=_writer_main,
+            daemon=True,
+            args=(str(root), devices, gid_slots, period, self._ready, self._busy, self._stop),
+        )
         self._proc.start()
         if not self._ready.wait(120):
             raise SystemExit("the simulated host was not built within 120 s")
@@ -337,8 +397,14 @@ class ReadCounts:
         return self.pma_files + self.hw_files + self.gid_files + self.other_files
 
     def per(self, n: float) -> ReadCounts:
-        return ReadCounts(round(self.pma_files / n), round(self.hw_files / n), round(self.gid_files / n),
-                          round(self.other_files / n), round(self.listings / n), self.overflowed)
+        return ReadCounts(
+            round(self.pma_files / n),
+            round(self.hw_files / n),
+            round(self.gid_files / n),
+            round(self.other_files / n),
+            round(self.listings / n),
+            self.overflowed,
+        )
 
 
 @dataclass

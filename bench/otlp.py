@@ -69,8 +69,20 @@ def measure(sysfs: Path, state: Path, seconds: float, interval: float, otlp: lis
     """(CPU ms per poll, RSS MB at the end, polls in the window)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    args = ["--path.sysfs", str(sysfs), "--web.listen-address", f"127.0.0.1:{port}", "--poll.interval",
-            str(interval), "--state.dir", str(state), *SINKS_ONLY, "--log.level", "warn", *otlp]
+    args = [
+        "--path.sysfs",
+        str(sysfs),
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--poll.interval",
+        str(interval),
+        "--state.dir",
+        str(state),
+        *SINKS_ONLY,
+        "--log.level",
+        "warn",
+        *otlp,
+    ]
     with serve(args, url) as proc:
         time.sleep(3 * interval)  # warm up: formats rendered once, fds held, first export done
         before_polls, before_cpu = polls(url), cpu_seconds(proc.pid)
@@ -95,25 +107,36 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rnic-bench-otlp-") as tmp:
         work = Path(tmp)
         host = SimHost.build(work / "sys", roce=opts.devices, gid_table_size=opts.gid_slots)
-        print(f"# simulated host: {opts.devices} RNICs, {opts.gid_slots}-slot GID tables; {os.cpu_count()} CPUs; "
-              f"Python {sys.version.split()[0]}; poll every {opts.poll_interval}s, one scrape per poll, "
-              f"{opts.seconds:g}s window")
+        print(
+            f"# simulated host: {opts.devices} RNICs, {opts.gid_slots}-slot GID tables; {os.cpu_count()} CPUs; "
+            f"Python {sys.version.split()[0]}; poll every {opts.poll_interval}s, one scrape per poll, "
+            f"{opts.seconds:g}s window"
+        )
         off = measure(host.root, work / "state-off", opts.seconds, opts.poll_interval, [])
         sink = Sink()
-        on = measure(host.root, work / "state-on", opts.seconds, opts.poll_interval,
-                     ["--otlp.endpoint", sink.url, "--otlp.interval", str(opts.otlp_interval)])
+        on = measure(
+            host.root,
+            work / "state-on",
+            opts.seconds,
+            opts.poll_interval,
+            ["--otlp.endpoint", sink.url, "--otlp.interval", str(opts.otlp_interval)],
+        )
         print(f"\n{'':>28}{'OTLP off':>12}{'OTLP on':>12}")
         print(f"{'CPU ms per poll':>28}{off[0]:>12.2f}{on[0]:>12.2f}")
         print(f"{'RSS MB':>28}{off[1]:>12.1f}{on[1]:>12.1f}")
         print(f"{'polls in window':>28}{off[2]:>12d}{on[2]:>12d}")
         exports = sink.requests["/v1/metrics"]
         size = sink.bytes["/v1/metrics"] / exports if exports else 0.0
-        print(f"\nOTLP: {exports} metric exports every {opts.otlp_interval:g}s, {size / 1024:.1f} KiB each "
-              f"(uncompressed protobuf); {sink.requests['/v1/logs']} log exports")
+        print(
+            f"\nOTLP: {exports} metric exports every {opts.otlp_interval:g}s, {size / 1024:.1f} KiB each "
+            f"(uncompressed protobuf); {sink.requests['/v1/logs']} log exports"
+        )
         # The extra CPU is almost all in the export (SDK collection + protobuf encoding), not in the poll.
         per_export = (on[0] - off[0]) * opts.otlp_interval / opts.poll_interval
-        print(f"extra CPU per metric export ~{per_export:.0f} ms; at the defaults (poll 5 s, export 60 s) "
-              f"~{per_export / 60:.1f} ms of CPU per second")
+        print(
+            f"extra CPU per metric export ~{per_export:.0f} ms; at the defaults (poll 5 s, export 60 s) "
+            f"~{per_export / 60:.1f} ms of CPU per second"
+        )
 
 
 if __name__ == "__main__":

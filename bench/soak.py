@@ -71,8 +71,21 @@ def derived(event: str) -> bool:
     return event.startswith("rnic.nccl.") or event == ev.RISK_ADDRESS_LOSS.name
 
 
-STEPS = ("flap_down", "flap_up", "hold_and_down", "remove_address", "up_again", "add_address", "release",
-         "rate_drop", "rate_back", "pcie_drop", "pcie_back", "remove", "restore")
+STEPS = (
+    "flap_down",
+    "flap_up",
+    "hold_and_down",
+    "remove_address",
+    "up_again",
+    "add_address",
+    "release",
+    "rate_drop",
+    "rate_back",
+    "pcie_drop",
+    "pcie_back",
+    "remove",
+    "restore",
+)
 START_STEPS = (0, 7, 9, 11)  # where a device may start: the port up, the address in place
 Key = tuple[str, str, str]  # (event, device, detail): detail is the link or the address, or ""
 
@@ -150,8 +163,12 @@ class Result:
 
     @property
     def ok(self) -> bool:
-        return (not self.failures and bool(self.growth) and not any(g[2] for g in self.growth.values())
-                and self.exit_code == 0)
+        return (
+            not self.failures
+            and bool(self.growth)
+            and not any(g[2] for g in self.growth.values())
+            and self.exit_code == 0
+        )
 
 
 class EventLog:
@@ -306,8 +323,10 @@ class Soak:
         self.rng = random.Random(config.seed)
         self.lock = threading.Lock()
         self.host = SimHost.build(work / "sys", roce=config.devices, gid_table_size=config.gid_slots)
-        self.runs = {name: DeviceRun(self.host, name, START_STEPS[i % len(START_STEPS)], FlapSettings())
-                     for i, name in enumerate(sorted(self.host.devices))}
+        self.runs = {
+            name: DeviceRun(self.host, name, START_STEPS[i % len(START_STEPS)], FlapSettings())
+            for i, name in enumerate(sorted(self.host.devices))
+        }
         for name in self.host.devices:
             self.result.expected[(ev.DEVICE_DISCOVERED.name, name, "")] += 1
 
@@ -324,8 +343,9 @@ class Soak:
         if r.seen[key] > r.expected[key]:
             run = self.runs.get(key[1])
             where = f" (device at step {STEPS[run.step]})" if run else ""
-            self._fail(f"{time.monotonic() - self.t0:7.1f}s: {key} seen {r.seen[key]} times, "
-                       f"expected {r.expected[key]}{where}")
+            self._fail(
+                f"{time.monotonic() - self.t0:7.1f}s: {key} seen {r.seen[key]} times, expected {r.expected[key]}{where}"
+            )
 
     def _fail(self, text: str) -> None:
         self.result.failures.append(text)
@@ -345,10 +365,20 @@ class Soak:
                 sysfs = mount.mount
             port = free_port()
             self.url = f"http://127.0.0.1:{port}/metrics"
-            args = c.ours.args(sysfs, port, self.work / "state", "--poll.interval", str(c.poll_s),
-                               "--log.format", "json", "--log.level", "debug")
-            proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=c.ours.env(),
-                                    cwd=c.ours.cwd())
+            args = c.ours.args(
+                sysfs,
+                port,
+                self.work / "state",
+                "--poll.interval",
+                str(c.poll_s),
+                "--log.format",
+                "json",
+                "--log.level",
+                "debug",
+            )
+            proc = subprocess.Popen(
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=c.ours.env(), cwd=c.ours.cwd()
+            )
             stack.callback(self._stop, proc)
             assert proc.stderr is not None
             self.t0 = time.monotonic()
@@ -365,8 +395,9 @@ class Soak:
         with self.log.cond:
             while not all(self.result.seen[k] >= 1 for k in discovered):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit("the exporter did not report its devices within 60 s:\n"
-                                     + "\n".join(self.log.tail))
+                    raise SystemExit(
+                        "the exporter did not report its devices within 60 s:\n" + "\n".join(self.log.tail)
+                    )
                 self.log.cond.wait(0.5)
 
     def _inject(self, run: DeviceRun, now: float) -> None:
@@ -413,8 +444,10 @@ class Soak:
                             run.advance()
                         elif now - run.started > c.timeout_s:
                             missing = {k: r.expected[k] - r.seen[k] for k in run.pending if r.seen[k] < r.expected[k]}
-                            self._fail(f"{now - self.t0:7.1f}s: step {STEPS[run.step]} of {run.name}: not "
-                                       f"seen within {c.timeout_s:.0f} s: {missing}")
+                            self._fail(
+                                f"{now - self.t0:7.1f}s: step {STEPS[run.step]} of {run.name}: not "
+                                f"seen within {c.timeout_s:.0f} s: {missing}"
+                            )
                             for k in missing:  # carry on from what the exporter says
                                 r.expected[k] = r.seen[k]
                             run.advance()
@@ -427,8 +460,10 @@ class Soak:
                     busy = True
                 if ready:
                     self._inject_paused(proc, ready, last_tick_at)
-                in_flight = any(run.removed or (run.pending and STEPS[run.step] in ("remove", "restore"))
-                                for run in self.runs.values())
+                in_flight = any(
+                    run.removed or (run.pending and STEPS[run.step] in ("remove", "restore"))
+                    for run in self.runs.values()
+                )
                 if sampling and not in_flight:
                     self._sample(proc)
                     next_sample += c.sample_s
@@ -472,9 +507,11 @@ class Soak:
         fds = len(os.listdir(f"/proc/{pid}/fd"))
         s = Sample(time.monotonic() - self.t0, rss, fds, threads)
         self.result.samples.append(s)
-        self.out(f"  {s.at_s:7.0f}s  rss {s.rss_mb:6.1f} MB  fds {s.fds:5d}  threads {s.threads:3d}  "
-                 f"steps {sum(self.result.steps.values()):6d}  events {sum(self.result.seen.values()):6d}  "
-                 f"failures {len(self.result.failures)}  load {Path('/proc/loadavg').read_text().split()[0]}")
+        self.out(
+            f"  {s.at_s:7.0f}s  rss {s.rss_mb:6.1f} MB  fds {s.fds:5d}  threads {s.threads:3d}  "
+            f"steps {sum(self.result.steps.values()):6d}  events {sum(self.result.seen.values()):6d}  "
+            f"failures {len(self.result.failures)}  load {Path('/proc/loadavg').read_text().split()[0]}"
+        )
         self._check_metric(f"sample at {s.at_s:.0f}s")
 
     def _logged(self) -> Counter[tuple[str, str]]:
@@ -488,7 +525,7 @@ class Soak:
     def _metric(self) -> Counter[tuple[str, str]]:
         body = get(self.url).decode()
         metric: Counter[tuple[str, str]] = Counter()
-        for m in re.finditer(r'^rnic_events_total\{([^}]*)\} ([0-9.e+]+)$', body, re.M):
+        for m in re.finditer(r"^rnic_events_total\{([^}]*)\} ([0-9.e+]+)$", body, re.M):
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m[1]))
             metric[(labels.get("event", ""), labels.get("device", ""))] += int(float(m[2]))
         return metric
@@ -507,9 +544,12 @@ class Soak:
             while time.monotonic() < deadline and not metric <= self._logged():
                 self.log.cond.wait(0.1)
             after = self._logged()
-            wrong = [f"{when}: rnic_events_total{key} = {metric[key]}, log lines {before[key]} before the scrape "
-                     f"and {after[key]} after" for key in sorted(set(metric) | set(before))
-                     if key[1] in present and not before[key] <= metric[key] <= after[key]]
+            wrong = [
+                f"{when}: rnic_events_total{key} = {metric[key]}, log lines {before[key]} before the scrape "
+                f"and {after[key]} after"
+                for key in sorted(set(metric) | set(before))
+                if key[1] in present and not before[key] <= metric[key] <= after[key]
+            ]
             if not wrong:
                 return
             self.log.cond.wait(0.2)
@@ -547,17 +587,23 @@ def report(r: Result, out: Callable[[str], None] = print) -> None:
     by_event: Counter[str] = Counter()
     for (event, _, _), n in r.seen.items():
         by_event[event] += n
-    out(f"events seen: {sum(r.seen.values())} of {sum(r.expected.values())} expected "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(by_event.items()))}); derived: {dict(r.derived)}")
+    out(
+        f"events seen: {sum(r.seen.values())} of {sum(r.expected.values())} expected "
+        f"({', '.join(f'{k} {v}' for k, v in sorted(by_event.items()))}); derived: {dict(r.derived)}"
+    )
     for step, latencies in sorted(r.step_latency_s.items()):
         lat = sorted(latencies)
         out(f"  {step:<15} seen after p50 {lat[len(lat) // 2]:6.2f} s, max {lat[-1]:6.2f} s ({len(lat)})")
     if r.hung_reads:
         beside = sorted(r.beside_hung_s) or [float("nan")]
-        out(f"hung reads injected: {r.hung_reads}; steps of other devices in flight meanwhile seen after "
-            f"p50 {beside[len(beside) // 2]:.2f} s, max {beside[-1]:.2f} s ({len(r.beside_hung_s)})")
-    out(f"injections put off for a stale poll: {r.late_syncs}; longest pause of the exporter for one: "
-        f"{r.pause_max_s * 1000:.0f} ms")
+        out(
+            f"hung reads injected: {r.hung_reads}; steps of other devices in flight meanwhile seen after "
+            f"p50 {beside[len(beside) // 2]:.2f} s, max {beside[-1]:.2f} s ({len(r.beside_hung_s)})"
+        )
+    out(
+        f"injections put off for a stale poll: {r.late_syncs}; longest pause of the exporter for one: "
+        f"{r.pause_max_s * 1000:.0f} ms"
+    )
     for line, n in r.other_log_lines.most_common(8):
         out(f"  log x{n}: {line}")
     out("resources after warm-up (RSS: median of the early -> late third; fds, threads: early max -> late min):")
@@ -568,8 +614,10 @@ def report(r: Result, out: Callable[[str], None] = print) -> None:
         out(f"FAIL {failure}")
     if len(r.failures) > 30:
         out(f"... {len(r.failures) - 30} more failures")
-    out(f"verdict: {'PASS' if r.ok else 'FAIL'} (exactly once: {'yes' if not r.failures else 'NO'}; "
-        f"growth: {'none' if r.growth and not any(g[2] for g in r.growth.values()) else 'YES or too few samples'})")
+    out(
+        f"verdict: {'PASS' if r.ok else 'FAIL'} (exactly once: {'yes' if not r.failures else 'NO'}; "
+        f"growth: {'none' if r.growth and not any(g[2] for g in r.growth.values()) else 'YES or too few samples'})"
+    )
 
 
 @contextlib.contextmanager
@@ -597,8 +645,12 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=2.0, help="the exporter's --poll.interval")
     parser.add_argument("--sample", type=float, default=60.0, help="seconds between resource samples")
     parser.add_argument("--warmup", type=float, default=None, help="seconds before growth counts (default: 1/6)")
-    parser.add_argument("--hung-reads", default="", metavar="EVERY:SECONDS",
-                        help="block one counter read for SECONDS every EVERY seconds (FUSE; off by default)")
+    parser.add_argument(
+        "--hung-reads",
+        default="",
+        metavar="EVERY:SECONDS",
+        help="block one counter read for SECONDS every EVERY seconds (FUSE; off by default)",
+    )
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--src", type=Path, default=None)
     parser.add_argument("--seed", type=int, default=1)
@@ -608,13 +660,26 @@ def main() -> None:
     hung_every, hung_block = (float(x) for x in opts.hung_reads.split(":")) if opts.hung_reads else (0.0, 20.0)
     seconds = opts.minutes * 60
     ours = Ours(opts.python, opts.src.resolve() if opts.src else None)
-    config = SoakConfig(seconds=seconds, devices=opts.devices, gid_slots=opts.gid_slots, poll_s=opts.poll,
-                        sample_s=opts.sample, warmup_s=opts.warmup if opts.warmup is not None else seconds / 6,
-                        hung_every_s=hung_every, hung_block_s=hung_block, ours=ours, seed=opts.seed,
-                        step_timeout_s=opts.step_timeout, log_copy=opts.log)
+    config = SoakConfig(
+        seconds=seconds,
+        devices=opts.devices,
+        gid_slots=opts.gid_slots,
+        poll_s=opts.poll,
+        sample_s=opts.sample,
+        warmup_s=opts.warmup if opts.warmup is not None else seconds / 6,
+        hung_every_s=hung_every,
+        hung_block_s=hung_block,
+        ours=ours,
+        seed=opts.seed,
+        step_timeout_s=opts.step_timeout,
+        log_copy=opts.log,
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    print(f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; rnic-exporter {ours.describe()}; "
-          f"loadavg {Path('/proc/loadavg').read_text().strip()}", flush=True)
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; rnic-exporter {ours.describe()}; "
+        f"loadavg {Path('/proc/loadavg').read_text().strip()}",
+        flush=True,
+    )
     result = run_soak(config, lambda line: print(line, flush=True))
     report(result)
     sys.exit(0 if result.ok else 1)

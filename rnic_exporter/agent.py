@@ -110,8 +110,7 @@ class ServeConfig:
 class Agent:
     """Polls, keeps the last snapshot, and feeds the sinks. Usable without a loop in tests."""
 
-    def __init__(self, config: ServeConfig, root: SysfsRoot | None = None,
-                 stop: threading.Event | None = None) -> None:
+    def __init__(self, config: ServeConfig, root: SysfsRoot | None = None, stop: threading.Event | None = None) -> None:
         self.config = config
         self.reader = HostReader(root or SysfsRoot(config.sysfs, hold_fds=True), config.reader)
         self.stop = stop or threading.Event()  # set: every wait on a read gives up
@@ -151,14 +150,19 @@ class Agent:
         """One state pass; detection and publishing only when something changed (or `event`: an
         announcement may have changed what detection sees besides sysfs)."""
         trusted = self.trust_events()
-        result = self.reader.state_pass(full_gid_tables=full_gid_tables, trust_events=trusted,
-                                        runner=self._run_state)
+        result = self.reader.state_pass(full_gid_tables=full_gid_tables, trust_events=trusted, runner=self._run_state)
         now = time.time()
         self.polls += 1
         self._count(result.read_errors)
         snap = result.snapshot
-        due = (result.changed or event or self.last is None or now - self._detected_at >= DETECTION_REFRESH_S
-               or self.detector.learned or self._flapping())
+        due = (
+            result.changed
+            or event
+            or self.last is None
+            or now - self._detected_at >= DETECTION_REFRESH_S
+            or self.detector.learned
+            or self._flapping()
+        )
         if not due:
             self.last_poll = now
             return snap
@@ -216,8 +220,12 @@ class Agent:
             failed.extend(reader_failed)
             unsupported.extend(reader_unsupported)
         self._log_counter_changes(failed, unsupported)
-        stats = self.stats(devices=freshness, counter_errors=tuple(failed), counter_unsupported=tuple(unsupported),
-                           counters_stale=stale)
+        stats = self.stats(
+            devices=freshness,
+            counter_errors=tuple(failed),
+            counter_unsupported=tuple(unsupported),
+            counters_stale=stale,
+        )
         health = (*self.process.families(), *(family for sink in self.sinks for family in sink.families()))
         return CounterView(groups, stats, self._counter_pass.passes * 2 + (1 if stale else 0), health)
 
@@ -225,9 +233,12 @@ class Agent:
         """The exporter's own bookkeeping; `scrape` adds what a counter pass knows."""
         with self._stats_lock:
             errors = dict(self.read_errors)
-        base = ExporterStats(polls=self.polls, read_errors_by_reason=errors,
-                             config_reload_ok=self.config_reload_ok and self.web_config_reload_ok(),
-                             last_poll=self.last_poll)
+        base = ExporterStats(
+            polls=self.polls,
+            read_errors_by_reason=errors,
+            config_reload_ok=self.config_reload_ok and self.web_config_reload_ok(),
+            last_poll=self.last_poll,
+        )
         return replace(base, **scrape) if scrape else base  # type: ignore[arg-type]
 
     def _detect(self, snap: Snapshot) -> list[Event]:
@@ -267,8 +278,10 @@ class Agent:
 
     def _log_changes(self, snap: Snapshot) -> None:
         if not snap.devices and not self._announced_empty:
-            log.info("no RDMA devices found; serving the exporter's own metrics only",
-                     extra={"fields": {"sysfs": str(self.config.sysfs)}})
+            log.info(
+                "no RDMA devices found; serving the exporter's own metrics only",
+                extra={"fields": {"sysfs": str(self.config.sysfs)}},
+            )
             self._announced_empty = True
         elif snap.devices:
             self._announced_empty = False
@@ -299,22 +312,36 @@ class Agent:
         self.reader.close()
 
 
-def _log_unreadable(failed: Sequence[ReadError], unsupported: Sequence[ReadError],
-                    logged: tuple[frozenset[tuple[str, int | None, str]], ...],
-                    ) -> tuple[frozenset[tuple[str, int | None, str]], ...]:
+def _log_unreadable(
+    failed: Sequence[ReadError],
+    unsupported: Sequence[ReadError],
+    logged: tuple[frozenset[tuple[str, int | None, str]], ...],
+) -> tuple[frozenset[tuple[str, int | None, str]], ...]:
     """A warning per attribute that started failing, one info line for what the driver lacks."""
     known_failed, known_unsupported = logged
     fresh = [e for e in unsupported if (e.device, e.port, e.attribute) not in known_unsupported]
     if fresh:  # once per device registration, at info: the driver simply does not have these
-        log.info("attributes not provided by the driver (not monitored, not a fault)",
-                 extra={"fields": {"attributes": "; ".join(summarize(fresh))}})
+        log.info(
+            "attributes not provided by the driver (not monitored, not a fault)",
+            extra={"fields": {"attributes": "; ".join(summarize(fresh))}},
+        )
     for err in failed:
         if (err.device, err.port, err.attribute) not in known_failed:
-            log.warning("attribute unreadable", extra={"fields": {
-                "device": err.device, "port": err.port if err.port is not None else "",
-                "attribute": err.attribute, "reason": err.reason}})
-    return (frozenset((e.device, e.port, e.attribute) for e in failed),
-            frozenset((e.device, e.port, e.attribute) for e in unsupported))
+            log.warning(
+                "attribute unreadable",
+                extra={
+                    "fields": {
+                        "device": err.device,
+                        "port": err.port if err.port is not None else "",
+                        "attribute": err.attribute,
+                        "reason": err.reason,
+                    }
+                },
+            )
+    return (
+        frozenset((e.device, e.port, e.attribute) for e in failed),
+        frozenset((e.device, e.port, e.attribute) for e in unsupported),
+    )
 
 
 @contextlib.contextmanager
@@ -343,8 +370,7 @@ def capture_signals(stop: threading.Event, wake: threading.Event, reload: thread
             signal.signal(s, handler)
 
 
-def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
-        stop: threading.Event | None = None) -> int:
+def run(config: ServeConfig, explicit: frozenset[str] = frozenset(), stop: threading.Event | None = None) -> int:
     """Run until stopped. Returns the process exit code; raises ConfigError before serving."""
     from rnic_exporter.web.server import LandingPage, WebServer
 
@@ -366,7 +392,7 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
         landing=LandingPage(
             name="rnic-exporter",
             description="RDMA NIC exporter: GID tables, link speeds, PCIe links and counters of RoCE "
-                        "and InfiniBand ports.",
+            "and InfiniBand ports.",
             version=__version__,
             links=(("/-/healthy", "Health"),),
         ),
@@ -383,10 +409,20 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
         watchers = start_watchers(config, agent, schedule, cleanup)
         agent.poll_once(full_gid_tables=True)
         settle_garbage_collector()
-        log.info("listening", extra={"fields": {
-            "address": ",".join(f"{h}:{p}" for h, p in web.bound), "telemetry_path": config.telemetry_path,
-            "sysfs": str(config.sysfs), "poll_interval_s": config.poll_interval_s, "version": __version__,
-            "state_dir": str(config.state_dir or ""), "watching": ",".join(sorted(watchers)) or "none"}})
+        log.info(
+            "listening",
+            extra={
+                "fields": {
+                    "address": ",".join(f"{h}:{p}" for h, p in web.bound),
+                    "telemetry_path": config.telemetry_path,
+                    "sysfs": str(config.sysfs),
+                    "poll_interval_s": config.poll_interval_s,
+                    "version": __version__,
+                    "state_dir": str(config.state_dir or ""),
+                    "watching": ",".join(sorted(watchers)) or "none",
+                }
+            },
+        )
         while (due := schedule.wait(stop, reload)) is not None:
             if reload.is_set():
                 reload.clear()
@@ -397,8 +433,7 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(),
             agent.wakeups.update(due.sources)
             started = time.monotonic()
             agent.poll_once(full_gid_tables=due.full_gid_tables, event=due.reason == "event")
-            log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6),
-                                                "reason": due.reason}})
+            log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6), "reason": due.reason}})
     state_lock.release()
     log.info("stopped")
     return 0
@@ -419,8 +454,9 @@ class Watcher(Protocol):
     def close(self) -> None: ...
 
 
-def start_watchers(config: ServeConfig, agent: Agent, schedule: PollSchedule,
-                   cleanup: contextlib.ExitStack) -> dict[str, Watcher]:
+def start_watchers(
+    config: ServeConfig, agent: Agent, schedule: PollSchedule, cleanup: contextlib.ExitStack
+) -> dict[str, Watcher]:
     """Start netlink and udev listeners that wake the poller; a failure leaves polling alone."""
     watchers: dict[str, Watcher] = {}
     if config.watch_netlink:

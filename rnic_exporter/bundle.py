@@ -47,8 +47,10 @@ def bundle_root() -> Path:
     for candidate in (_PACKAGED, _CHECKOUT):
         if all((candidate / name).is_dir() for name in BUNDLED_DIRS):
             return candidate
-    raise BundleError(f"the deployment files are not installed (looked for {', '.join(BUNDLED_DIRS)} "
-                      f"in {_PACKAGED} and {_CHECKOUT}); reinstall rnic-exporter from a wheel or a checkout")
+    raise BundleError(
+        f"the deployment files are not installed (looked for {', '.join(BUNDLED_DIRS)} "
+        f"in {_PACKAGED} and {_CHECKOUT}); reinstall rnic-exporter from a wheel or a checkout"
+    )
 
 
 def bundle_files(root: Path) -> list[PurePosixPath]:
@@ -57,8 +59,11 @@ def bundle_files(root: Path) -> list[PurePosixPath]:
     for name in BUNDLED_DIRS:
         for path in sorted((root / name).rglob("*")):
             rel = path.relative_to(root)
-            if (path.is_file() and path.suffix not in _SKIPPED_SUFFIXES
-                    and not any(part.startswith(".") or part == "__pycache__" for part in rel.parts)):
+            if (
+                path.is_file()
+                and path.suffix not in _SKIPPED_SUFFIXES
+                and not any(part.startswith(".") or part == "__pycache__" for part in rel.parts)
+            ):
                 found.append(PurePosixPath(rel.as_posix()))
     return found
 
@@ -126,8 +131,9 @@ def rule_files(root: Path) -> list[Path]:
     return files
 
 
-def prometheus_rule(groups: Sequence[Mapping[str, Any]], *, name: str = "rnic-exporter",
-                    namespace: str = K8S_NAMESPACE) -> dict[str, Any]:
+def prometheus_rule(
+    groups: Sequence[Mapping[str, Any]], *, name: str = "rnic-exporter", namespace: str = K8S_NAMESPACE
+) -> dict[str, Any]:
     """The rule groups as a PrometheusRule; the groups are carried unchanged."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -156,8 +162,14 @@ def render_prometheus_rule(root: Path) -> str:
         "# Regenerate: pytest tests/test_packaging_kubernetes.py --update-golden\n"
         "# Your Prometheus object's ruleSelector must match these labels.\n"
     )
-    body = yaml.dump(prometheus_rule(rule_groups(files)), Dumper=_BlockDumper, sort_keys=False,
-                     default_flow_style=False, allow_unicode=True, width=120)
+    body = yaml.dump(
+        prometheus_rule(rule_groups(files)),
+        Dumper=_BlockDumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=120,
+    )
     return header + body
 
 
@@ -168,5 +180,12 @@ def iter_summary(written: Sequence[Written], out: Path) -> Iterator[str]:
     yield f"{len(written)} files in {out} ({changed} written, {len(written) - changed} already up to date)"
 
 
-__all__ = ["BundleError", "bundle_files", "bundle_root", "output_path", "prometheus_rule",
-           "render_prometheus_rule", "write_bundle"]
+__all__ = [
+    "BundleError",
+    "bundle_files",
+    "bundle_root",
+    "output_path",
+    "prometheus_rule",
+    "render_prometheus_rule",
+    "write_bundle",
+]

@@ -37,20 +37,39 @@ def fail(message: str) -> NoReturn:
 
 def sysfs_option(f: F) -> F:
     return click.option(
-        "--path.sysfs", "sysfs", default="/sys", show_default=True, metavar="DIR",
+        "--path.sysfs",
+        "sysfs",
+        default="/sys",
+        show_default=True,
+        metavar="DIR",
         help="sysfs mount point (a captured or simulated tree works too).",
     )(f)
 
 
 def device_filter_options(f: F) -> F:
-    f = click.option("--collector.infiniband.device-include", "device_include", metavar="REGEX", default=None,
-                     help="Read only RDMA devices whose name matches.")(f)
-    return click.option("--collector.infiniband.device-exclude", "device_exclude", metavar="REGEX",
-                        default=None, help="Never read RDMA devices whose name matches.")(f)
+    f = click.option(
+        "--collector.infiniband.device-include",
+        "device_include",
+        metavar="REGEX",
+        default=None,
+        help="Read only RDMA devices whose name matches.",
+    )(f)
+    return click.option(
+        "--collector.infiniband.device-exclude",
+        "device_exclude",
+        metavar="REGEX",
+        default=None,
+        help="Never read RDMA devices whose name matches.",
+    )(f)
 
 
-@click.group(context_settings={"auto_envvar_prefix": "RNIC_EXPORTER", "show_default": True,
-                               "help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={
+        "auto_envvar_prefix": "RNIC_EXPORTER",
+        "show_default": True,
+        "help_option_names": ["-h", "--help"],
+    }
+)
 @click.version_option(__version__, "--version", prog_name="rnic-exporter")
 def main() -> None:
     """Watch RDMA NICs (RoCE and InfiniBand) and warn before they kill a training job.
@@ -128,8 +147,10 @@ def gids(sysfs: str, device: str | None, as_json: bool) -> None:
 
     snap = _snapshot(sysfs)
     if device is not None and snap.device(device) is None:
-        fail(f"no RDMA device {device!r} under {sysfs}/class/infiniband "
-             f"(found: {', '.join(d.name for d in snap.devices) or 'none'})")
+        fail(
+            f"no RDMA device {device!r} under {sysfs}/class/infiniband "
+            f"(found: {', '.join(d.name for d in snap.devices) or 'none'})"
+        )
     if as_json:
         _emit_json(views.gids_json(snap, device))
         return
@@ -140,21 +161,38 @@ def gids(sysfs: str, device: str | None, as_json: bool) -> None:
     click.echo(f"n_gids_found={len(rows)}")
     for port in snap.ports:
         if port.gid_table_size == 0 and (device is None or port.device == device):
-            click.echo(f"{port.device} port {port.number}: the GID table could not be read (gids/ missing or "
-                       "empty); NCCL's pick is unknown", err=True)
+            click.echo(
+                f"{port.device} port {port.number}: the GID table could not be read (gids/ missing or "
+                "empty); NCCL's pick is unknown",
+                err=True,
+            )
 
 
 def host_path_options(f: F) -> F:
     """Where the host's other trees are, node_exporter style (a container mounts them elsewhere)."""
-    f = click.option("--path.procfs", "procfs", default="/proc", metavar="DIR",
-                     help="procfs mount point (IPv6 keep_addr_on_down per netdev).")(f)
-    f = click.option("--path.rootfs", "rootfs", default="/", metavar="DIR",
-                     help="Host root (NetworkManager's /run/NetworkManager/devices state).")(f)
+    f = click.option(
+        "--path.procfs",
+        "procfs",
+        default="/proc",
+        metavar="DIR",
+        help="procfs mount point (IPv6 keep_addr_on_down per netdev).",
+    )(f)
+    f = click.option(
+        "--path.rootfs",
+        "rootfs",
+        default="/",
+        metavar="DIR",
+        help="Host root (NetworkManager's /run/NetworkManager/devices state).",
+    )(f)
     from rnic_exporter.detect.state import DEFAULT_STATE_DIR
 
-    return click.option("--state.dir", "state_dir", default=str(DEFAULT_STATE_DIR), metavar="DIR",
-                        help="Where the device inventory, baselines and expected addresses persist "
-                             "(empty: keep them in memory only).")(f)
+    return click.option(
+        "--state.dir",
+        "state_dir",
+        default=str(DEFAULT_STATE_DIR),
+        metavar="DIR",
+        help="Where the device inventory, baselines and expected addresses persist (empty: keep them in memory only).",
+    )(f)
 
 
 def _nccl_gid_index_env() -> int | None:
@@ -172,44 +210,100 @@ def serve_options(f: F) -> F:
     from rnic_exporter.logsetup import FORMATTERS, LEVELS
 
     options = [
-        click.option("--web.listen-address", "listen", multiple=True, default=[DEFAULT_LISTEN],
-                     metavar="[HOST]:PORT", help="Address to listen on; repeat for several. 19879 is outside "
-                     "Prometheus' allocated exporter range 9100-9999."),
+        click.option(
+            "--web.listen-address",
+            "listen",
+            multiple=True,
+            default=[DEFAULT_LISTEN],
+            metavar="[HOST]:PORT",
+            help="Address to listen on; repeat for several. 19879 is outside "
+            "Prometheus' allocated exporter range 9100-9999.",
+        ),
         click.option("--web.telemetry-path", "telemetry_path", default="/metrics", help="Path of the metrics."),
-        click.option("--web.counter-wait", "counter_wait", type=click.FloatRange(min=0.0), default=2.0,
-                     help="Seconds a scrape waits for its counter read; then it serves the last values and "
-                     "sets rnic_exporter_counters_stale (a hung firmware read must not hang the scrape)."),
-        click.option("--web.config.file", "web_config", default=None, metavar="FILE",
-                     type=click.Path(dir_okay=False, path_type=Path),
-                     help="exporter-toolkit web config (TLS, basic auth), as node_exporter uses."),
-        click.option("--web.max-connections", "web_max_connections", type=click.IntRange(min=1), default=512,
-                     help="Open HTTP connections at most; at the cap the one waiting longest without a "
-                     "request is closed, and new clients wait in the listen backlog when none is."),
-        click.option("--web.max-requests", "web_max_requests", type=click.IntRange(min=0), default=40,
-                     help="Concurrent scrapes at most (0: no limit); more get 503 at once."),
-        click.option("--config", "config_file", default=None, metavar="FILE",
-                     type=click.Path(dir_okay=False, path_type=Path),
-                     help="Config file (TOML, or YAML by .yml/.yaml). Flags beat the file; SIGHUP reloads it."),
-        click.option("--poll.interval", "poll_interval", type=NumberParam(POLL_INTERVAL), default=5.0,
-                     help="Seconds between sysfs polls (0.05 to 3600). Scrapes are served from the last poll."),
+        click.option(
+            "--web.counter-wait",
+            "counter_wait",
+            type=click.FloatRange(min=0.0),
+            default=2.0,
+            help="Seconds a scrape waits for its counter read; then it serves the last values and "
+            "sets rnic_exporter_counters_stale (a hung firmware read must not hang the scrape).",
+        ),
+        click.option(
+            "--web.config.file",
+            "web_config",
+            default=None,
+            metavar="FILE",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="exporter-toolkit web config (TLS, basic auth), as node_exporter uses.",
+        ),
+        click.option(
+            "--web.max-connections",
+            "web_max_connections",
+            type=click.IntRange(min=1),
+            default=512,
+            help="Open HTTP connections at most; at the cap the one waiting longest without a "
+            "request is closed, and new clients wait in the listen backlog when none is.",
+        ),
+        click.option(
+            "--web.max-requests",
+            "web_max_requests",
+            type=click.IntRange(min=0),
+            default=40,
+            help="Concurrent scrapes at most (0: no limit); more get 503 at once.",
+        ),
+        click.option(
+            "--config",
+            "config_file",
+            default=None,
+            metavar="FILE",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Config file (TOML, or YAML by .yml/.yaml). Flags beat the file; SIGHUP reloads it.",
+        ),
+        click.option(
+            "--poll.interval",
+            "poll_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=5.0,
+            help="Seconds between sysfs polls (0.05 to 3600). Scrapes are served from the last poll.",
+        ),
         click.option("--log.level", "log_level", type=click.Choice(list(LEVELS)), default="info"),
         click.option("--log.format", "log_format", type=click.Choice(sorted(FORMATTERS)), default="logfmt"),
-        click.option("--watch.netlink/--no-watch.netlink", "watch_netlink", default=True,
-                     help="Re-read at once on rtnetlink address and link events (and track addresses)."),
-        click.option("--watch.udev/--no-watch.udev", "watch_udev", default=True,
-                     help="Re-read at once when udev reports RDMA, net or PCI devices added or removed."),
-        click.option("--collector.ethtool/--no-collector.ethtool", "ethtool", default=True,
-                     help="Use the link modes RoCE netdevs advertise (ethtool netlink) as their rated speed."),
+        click.option(
+            "--watch.netlink/--no-watch.netlink",
+            "watch_netlink",
+            default=True,
+            help="Re-read at once on rtnetlink address and link events (and track addresses).",
+        ),
+        click.option(
+            "--watch.udev/--no-watch.udev",
+            "watch_udev",
+            default=True,
+            help="Re-read at once when udev reports RDMA, net or PCI devices added or removed.",
+        ),
+        click.option(
+            "--collector.ethtool/--no-collector.ethtool",
+            "ethtool",
+            default=True,
+            help="Use the link modes RoCE netdevs advertise (ethtool netlink) as their rated speed.",
+        ),
     ]
     for option in reversed(options):
         f = option(f)
     return f
 
 
-def _serve_config(sysfs: str, listen: tuple[str, ...], telemetry_path: str, web_config: Path | None,
-                  config_file: Path | None, poll_interval: float, device_include: str | None,
-                  device_exclude: str | None, host: tuple[str, str, str] = ("/proc", "/", ""),
-                  watch: tuple[bool, bool, bool] = (True, True, True)) -> Any:
+def _serve_config(
+    sysfs: str,
+    listen: tuple[str, ...],
+    telemetry_path: str,
+    web_config: Path | None,
+    config_file: Path | None,
+    poll_interval: float,
+    device_include: str | None,
+    device_exclude: str | None,
+    host: tuple[str, str, str] = ("/proc", "/", ""),
+    watch: tuple[bool, bool, bool] = (True, True, True),
+) -> Any:
     from rnic_exporter.agent import ServeConfig
     from rnic_exporter.detect.settings import DetectionSettings
     from rnic_exporter.sources.hostnet import HostPaths
@@ -217,12 +311,19 @@ def _serve_config(sysfs: str, listen: tuple[str, ...], telemetry_path: str, web_
 
     procfs, rootfs, state_dir = host
     return ServeConfig(
-        sysfs=Path(sysfs), listen=tuple(listen), telemetry_path=telemetry_path, web_config_file=web_config,
-        poll_interval_s=poll_interval, reader=ReaderSettings.build(device_include, device_exclude),
-        config_file=config_file, state_dir=Path(state_dir) if state_dir else None,
+        sysfs=Path(sysfs),
+        listen=tuple(listen),
+        telemetry_path=telemetry_path,
+        web_config_file=web_config,
+        poll_interval_s=poll_interval,
+        reader=ReaderSettings.build(device_include, device_exclude),
+        config_file=config_file,
+        state_dir=Path(state_dir) if state_dir else None,
         host_paths=HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
         detection=DetectionSettings(nccl_gid_index=_nccl_gid_index_env()),
-        watch_netlink=watch[0], watch_udev=watch[1], ethtool=watch[2],
+        watch_netlink=watch[0],
+        watch_udev=watch[1],
+        ethtool=watch[2],
     )
 
 
@@ -239,12 +340,30 @@ def _explicit(ctx: click.Context) -> frozenset[str]:
 @serve_options
 @otlp_options
 @click.pass_context
-def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_exclude: str | None,
-          procfs: str, rootfs: str, state_dir: str,
-          listen: tuple[str, ...], telemetry_path: str, web_config: Path | None, config_file: Path | None,
-          poll_interval: float, log_level: str, log_format: str, watch_netlink: bool, watch_udev: bool,
-          ethtool: bool, web_max_connections: int, web_max_requests: int, counter_wait: float,
-          **otlp_flags: Any) -> None:
+def serve(
+    ctx: click.Context,
+    /,
+    sysfs: str,
+    device_include: str | None,
+    device_exclude: str | None,
+    procfs: str,
+    rootfs: str,
+    state_dir: str,
+    listen: tuple[str, ...],
+    telemetry_path: str,
+    web_config: Path | None,
+    config_file: Path | None,
+    poll_interval: float,
+    log_level: str,
+    log_format: str,
+    watch_netlink: bool,
+    watch_udev: bool,
+    ethtool: bool,
+    web_max_connections: int,
+    web_max_requests: int,
+    counter_wait: float,
+    **otlp_flags: Any,
+) -> None:
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
     from dataclasses import replace
 
@@ -254,11 +373,25 @@ def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_
 
     configure(log_level, log_format)
     try:
-        config = _serve_config(sysfs, listen, telemetry_path, web_config, config_file, poll_interval,
-                               device_include, device_exclude, (procfs, rootfs, state_dir),
-                               (watch_netlink, watch_udev, ethtool))
-        config = replace(config, otlp=otel_settings.resolve(otlp_flags), web_max_connections=web_max_connections,
-                         web_max_requests=web_max_requests, counter_wait_s=counter_wait)
+        config = _serve_config(
+            sysfs,
+            listen,
+            telemetry_path,
+            web_config,
+            config_file,
+            poll_interval,
+            device_include,
+            device_exclude,
+            (procfs, rootfs, state_dir),
+            (watch_netlink, watch_udev, ethtool),
+        )
+        config = replace(
+            config,
+            otlp=otel_settings.resolve(otlp_flags),
+            web_max_connections=web_max_connections,
+            web_max_requests=web_max_requests,
+            counter_wait_s=counter_wait,
+        )
         explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())
         raise SystemExit(agent.run(config, explicit))
     except ConfigError as exc:
@@ -269,22 +402,60 @@ def serve(ctx: click.Context, /, sysfs: str, device_include: str | None, device_
 @sysfs_option
 @device_filter_options
 @host_path_options
-@click.option("--config", "config_file", default=None, metavar="FILE", type=click.Path(dir_okay=False, path_type=Path),
-              help="The daemon's config file: rated expectations, expected device count, NCCL settings.")
-@click.option("--nccl-gid-index", "nccl_gid_index", type=click.IntRange(min=-1), default=None, metavar="N",
-              help="The NCCL_IB_GID_INDEX your jobs use (default: $NCCL_IB_GID_INDEX, then the config file; "
-                   "-1 = auto-selection).")
-@click.option("--expected-devices", "expected_devices", type=click.IntRange(min=1), default=None, metavar="N",
-              help="RDMA devices this host must have (default: the config file's inventory.expected_devices).")
-@click.option("--no-netlink", "no_netlink", is_flag=True,
-              help="Do not ask rtnetlink for addresses; judge them from the GID tables.")
-@click.option("--fail-on", "fail_on", type=click.Choice(["critical", "warning"]), default="warning",
-              help="The least severe problem that makes the exit code 1: `critical` lets a job start on a node "
-                   "with warnings only. Notes (attributes a driver does not provide, no inventory) never count.")
+@click.option(
+    "--config",
+    "config_file",
+    default=None,
+    metavar="FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The daemon's config file: rated expectations, expected device count, NCCL settings.",
+)
+@click.option(
+    "--nccl-gid-index",
+    "nccl_gid_index",
+    type=click.IntRange(min=-1),
+    default=None,
+    metavar="N",
+    help="The NCCL_IB_GID_INDEX your jobs use (default: $NCCL_IB_GID_INDEX, then the config file; "
+    "-1 = auto-selection).",
+)
+@click.option(
+    "--expected-devices",
+    "expected_devices",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="RDMA devices this host must have (default: the config file's inventory.expected_devices).",
+)
+@click.option(
+    "--no-netlink",
+    "no_netlink",
+    is_flag=True,
+    help="Do not ask rtnetlink for addresses; judge them from the GID tables.",
+)
+@click.option(
+    "--fail-on",
+    "fail_on",
+    type=click.Choice(["critical", "warning"]),
+    default="warning",
+    help="The least severe problem that makes the exit code 1: `critical` lets a job start on a node "
+    "with warnings only. Notes (attributes a driver does not provide, no inventory) never count.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the stable scripting interface).")
-def check(sysfs: str, device_include: str | None, device_exclude: str | None, procfs: str, rootfs: str,
-          state_dir: str, config_file: Path | None, nccl_gid_index: int | None, expected_devices: int | None,
-          no_netlink: bool, fail_on: str, as_json: bool) -> None:
+def check(
+    sysfs: str,
+    device_include: str | None,
+    device_exclude: str | None,
+    procfs: str,
+    rootfs: str,
+    state_dir: str,
+    config_file: Path | None,
+    nccl_gid_index: int | None,
+    expected_devices: int | None,
+    no_netlink: bool,
+    fail_on: str,
+    as_json: bool,
+) -> None:
     """Find every RNIC problem on this host now; exit 0 healthy, 1 problems found (at --fail-on or worse),
     2 usage error.
 
@@ -301,15 +472,27 @@ def check(sysfs: str, device_include: str | None, device_exclude: str | None, pr
     try:
         # The flag beats NCCL_IB_GID_INDEX, which beats the file; serve resolves the same way.
         index = nccl_gid_index if nccl_gid_index is not None else _nccl_gid_index_env()
-        given = {"device_include": device_include, "device_exclude": device_exclude, "nccl_gid_index": index,
-                 "expected_devices": expected_devices}
+        given = {
+            "device_include": device_include,
+            "device_exclude": device_exclude,
+            "nccl_gid_index": index,
+            "expected_devices": expected_devices,
+        }
         resolved = config_module.resolve(
-            config_file, device_include=device_include, device_exclude=device_exclude,
+            config_file,
+            device_include=device_include,
+            device_exclude=device_exclude,
             detection=DetectionSettings(nccl_gid_index=index, expected_devices=expected_devices),
-            explicit={name for name, value in given.items() if value is not None})
-        report = run_check(Path(sysfs), Path(state_dir) if state_dir else None, resolved.detection,
-                           resolved.reader, HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
-                           use_netlink=not no_netlink)
+            explicit={name for name, value in given.items() if value is not None},
+        )
+        report = run_check(
+            Path(sysfs),
+            Path(state_dir) if state_dir else None,
+            resolved.detection,
+            resolved.reader,
+            HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
+            use_netlink=not no_netlink,
+        )
     except ConfigError as exc:
         fail(str(exc))
     if as_json:
@@ -321,8 +504,13 @@ def check(sysfs: str, device_include: str | None, device_exclude: str | None, pr
 
 @main.command()
 @click.option("--devices", type=click.IntRange(2, 24), default=8, help="Simulated RNICs (a quarter InfiniBand).")
-@click.option("--step.seconds", "step_seconds", type=click.FloatRange(min=1.0), default=20.0,
-              help="Seconds between the injected failures.")
+@click.option(
+    "--step.seconds",
+    "step_seconds",
+    type=click.FloatRange(min=1.0),
+    default=20.0,
+    help="Seconds between the injected failures.",
+)
 @click.option("--web.listen-address", "listen", multiple=True, default=["127.0.0.1:19879"], metavar="[HOST]:PORT")
 @click.option("--poll.interval", "poll_interval", type=NumberParam(POLL_INTERVAL), default=2.0)
 @click.option("--log.format", "log_format", type=click.Choice(["logfmt", "json"]), default="logfmt")
@@ -338,8 +526,11 @@ def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interv
 
     configure("info", log_format)
     try:
-        raise SystemExit(run_demo(devices=devices, step_seconds=step_seconds, listen=listen,
-                                  poll_interval=poll_interval, echo=click.echo))
+        raise SystemExit(
+            run_demo(
+                devices=devices, step_seconds=step_seconds, listen=listen, poll_interval=poll_interval, echo=click.echo
+            )
+        )
     except ConfigError as exc:
         fail(str(exc))
 
@@ -349,14 +540,28 @@ def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interv
 @click.option("--roce", type=click.IntRange(0, 24), default=2, help="Simulated RoCE RNICs (netdevs ens<N>f0np0).")
 @click.option("--infiniband", type=click.IntRange(0, 24), default=0, help="Simulated InfiniBand RNICs.")
 @click.option("--gid-table-size", "gid_table_size", type=click.IntRange(4, 1024), default=255)
-@click.option("--follow-netlink", "follow", is_flag=True,
-              help="Rewrite the GID tables from the real netdevs' rtnetlink events until SIGTERM.")
-@click.option("--follow.delay", "delay", type=click.FloatRange(0, 5), default=0.03,
-              help="Seconds from an rtnetlink event to the GID table update (the kernel's work-queue hop).")
-@click.option("--hold-gids", "hold_gids", is_flag=True,
-              help="A job holds each IPv4 address's RoCE v2 GID: a re-added address lands at a higher index.")
-def simulate(directory: Path, roce: int, infiniband: int, gid_table_size: int, follow: bool, delay: float,
-             hold_gids: bool) -> None:
+@click.option(
+    "--follow-netlink",
+    "follow",
+    is_flag=True,
+    help="Rewrite the GID tables from the real netdevs' rtnetlink events until SIGTERM.",
+)
+@click.option(
+    "--follow.delay",
+    "delay",
+    type=click.FloatRange(0, 5),
+    default=0.03,
+    help="Seconds from an rtnetlink event to the GID table update (the kernel's work-queue hop).",
+)
+@click.option(
+    "--hold-gids",
+    "hold_gids",
+    is_flag=True,
+    help="A job holds each IPv4 address's RoCE v2 GID: a re-added address lands at a higher index.",
+)
+def simulate(
+    directory: Path, roce: int, infiniband: int, gid_table_size: int, follow: bool, delay: float, hold_gids: bool
+) -> None:
     """Test and demo tool: write a simulated sysfs tree at DIRECTORY, optionally following netlink.
 
     With --follow-netlink, run inside a network namespace whose veth interfaces are named like
@@ -368,15 +573,31 @@ def simulate(directory: Path, roce: int, infiniband: int, gid_table_size: int, f
 
     configure("info", "logfmt")
     try:
-        raise SystemExit(run_simulator(directory, roce=roce, infiniband=infiniband, gid_table_size=gid_table_size,
-                                       follow=follow, delay_s=delay, hold_gids=hold_gids, echo=click.echo))
+        raise SystemExit(
+            run_simulator(
+                directory,
+                roce=roce,
+                infiniband=infiniband,
+                gid_table_size=gid_table_size,
+                follow=follow,
+                delay_s=delay,
+                hold_gids=hold_gids,
+                echo=click.echo,
+            )
+        )
     except ConfigError as exc:
         fail(str(exc))
 
 
 @main.command()
-@click.option("--out", "out", required=True, metavar="DIR", type=click.Path(path_type=Path),
-              help="Directory to write the files into (created if missing).")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    metavar="DIR",
+    type=click.Path(path_type=Path),
+    help="Directory to write the files into (created if missing).",
+)
 @click.option("--force", is_flag=True, help="Overwrite files that exist with other content.")
 def bundle(out: Path, force: bool) -> None:
     """Write the deployment files shipped with this version into DIR.

@@ -80,13 +80,18 @@ class FileConfig:
         flap = FlapSettings(
             transitions=self.flap_transitions or base.flap.transitions,
             window_s=self.flap_window_seconds or base.flap.window_s,
-            clear_after_s=self.flap_clear_after_seconds or base.flap.clear_after_s)
-        return replace(base, rated=self.rated or base.rated, flap=flap,
-                       expected_devices=self.expected_devices if self.expected_devices is not None
-                       else base.expected_devices,
-                       nccl_gid_index=base.nccl_gid_index if keep_gid_index or self.nccl_gid_index is None
-                       else self.nccl_gid_index,
-                       address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s)
+            clear_after_s=self.flap_clear_after_seconds or base.flap.clear_after_s,
+        )
+        return replace(
+            base,
+            rated=self.rated or base.rated,
+            flap=flap,
+            expected_devices=self.expected_devices if self.expected_devices is not None else base.expected_devices,
+            nccl_gid_index=base.nccl_gid_index
+            if keep_gid_index or self.nccl_gid_index is None
+            else self.nccl_gid_index,
+            address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s,
+        )
 
 
 def _regex(path: str, value: Any) -> str:
@@ -101,8 +106,11 @@ def _regex(path: str, value: Any) -> str:
 
 # A [[rated]] table's values (RatedExpectation fields), in the order the error message lists them.
 _RATED_VALUES: Mapping[str, Callable[[str, Any], Any]] = {
-    "port_rate_gbps": within(GBPS), "port_width": within(WIDTH), "netdev_speed_gbps": within(GBPS),
-    "pcie_speed_gts": within(GTS), "pcie_width": within(WIDTH),
+    "port_rate_gbps": within(GBPS),
+    "port_width": within(WIDTH),
+    "netdev_speed_gbps": within(GBPS),
+    "pcie_speed_gts": within(GTS),
+    "pcie_width": within(WIDTH),
 }
 
 
@@ -122,8 +130,9 @@ def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
             continue
         bad = [k for k in match if k not in MATCH_KEYS or not isinstance(match[k], str)]
         if bad:
-            problems.append(f"{where}.match: unknown key or non-string value {show(bad[0])} "
-                            f"(keys: {', '.join(MATCH_KEYS)})")
+            problems.append(
+                f"{where}.match: unknown key or non-string value {show(bad[0])} (keys: {', '.join(MATCH_KEYS)})"
+            )
             continue
         values: dict[str, Any] = {}
         for key, raw in item.items():
@@ -214,8 +223,13 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
         if spec is None:
             close = [k for k in _SCHEMA if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
             listed = any("(known keys: " in p for p in problems)  # the list once, not per unknown key
-            hint = f" (did you mean {close[0]}?)" if close else "" if listed else \
-                f" (known keys: {', '.join(sorted(_SCHEMA))})"
+            hint = (
+                f" (did you mean {close[0]}?)"
+                if close
+                else ""
+                if listed
+                else f" (known keys: {', '.join(sorted(_SCHEMA))})"
+            )
             problems.append(f"{key}: unknown key{hint}")
             continue
         validate, target = spec
@@ -229,8 +243,9 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
         else:
             values[target] = checked
     if problems:
-        shown = problems[:_SHOWN_PROBLEMS] + ([f"and {len(problems) - _SHOWN_PROBLEMS} more problem(s)"]
-                                              if len(problems) > _SHOWN_PROBLEMS else [])
+        shown = problems[:_SHOWN_PROBLEMS] + (
+            [f"and {len(problems) - _SHOWN_PROBLEMS} more problem(s)"] if len(problems) > _SHOWN_PROBLEMS else []
+        )
         raise ConfigError(one_line(f"config file {path}: " + "; ".join(shown)))
     return FileConfig(nccl_env=env, **values)
 
@@ -271,6 +286,7 @@ def parse_text(path: Path, text: str) -> Any:
 
 # -- precedence: one resolver for serve and check ---------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class Resolved:
     poll_interval_s: float
@@ -278,9 +294,15 @@ class Resolved:
     detection: DetectionSettings
 
 
-def resolve(config_file: Path | None, *, poll_interval_s: float = 5.0, device_include: str | None = None,
-            device_exclude: str | None = None, detection: DetectionSettings | None = None,
-            explicit: Collection[str] = ()) -> Resolved:
+def resolve(
+    config_file: Path | None,
+    *,
+    poll_interval_s: float = 5.0,
+    device_include: str | None = None,
+    device_exclude: str | None = None,
+    detection: DetectionSettings | None = None,
+    explicit: Collection[str] = (),
+) -> Resolved:
     """Flags and environment, the config file, built-in defaults: in that order, for serve and check.
 
     The keyword arguments are what the flags (or their environment variables) and the built-in
@@ -302,10 +324,16 @@ def resolve(config_file: Path | None, *, poll_interval_s: float = 5.0, device_in
     merged = loaded.detection(given, keep_gid_index="nccl_gid_index" in explicit)
     if "expected_devices" in explicit:
         merged = replace(merged, expected_devices=given.expected_devices)
-    reader = ReaderSettings.build(pick("device_include", device_include, loaded.device_include),
-                                  pick("device_exclude", device_exclude, loaded.device_exclude), loaded.nccl_env)
-    return Resolved(poll_interval_s=pick("poll_interval", poll_interval_s, loaded.poll_interval_seconds),
-                    reader=reader, detection=replace(merged, nccl=reader.nccl))  # judged as the reader picks
+    reader = ReaderSettings.build(
+        pick("device_include", device_include, loaded.device_include),
+        pick("device_exclude", device_exclude, loaded.device_exclude),
+        loaded.nccl_env,
+    )
+    return Resolved(
+        poll_interval_s=pick("poll_interval", poll_interval_s, loaded.poll_interval_seconds),
+        reader=reader,
+        detection=replace(merged, nccl=reader.nccl),
+    )  # judged as the reader picks
 
 
 class Configurable(Protocol):
@@ -332,9 +360,14 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
         resolve(None, poll_interval_s=config.poll_interval_s)
         return config
     reader = config.reader
-    resolved = resolve(config.config_file, poll_interval_s=config.poll_interval_s,
-                       device_include=reader.device_include.pattern if reader.device_include else None,
-                       device_exclude=reader.device_exclude.pattern if reader.device_exclude else None,
-                       detection=config.detection, explicit=explicit)
-    return replace(config, poll_interval_s=resolved.poll_interval_s, reader=resolved.reader,
-                   detection=resolved.detection)
+    resolved = resolve(
+        config.config_file,
+        poll_interval_s=config.poll_interval_s,
+        device_include=reader.device_include.pattern if reader.device_include else None,
+        device_exclude=reader.device_exclude.pattern if reader.device_exclude else None,
+        detection=config.detection,
+        explicit=explicit,
+    )
+    return replace(
+        config, poll_interval_s=resolved.poll_interval_s, reader=resolved.reader, detection=resolved.detection
+    )

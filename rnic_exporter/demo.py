@@ -22,21 +22,27 @@ class Step:
 
 def _gid_shift(host: SimHost) -> str:
     old, new = host.gid_shift("mlx5_1")
-    return (f"mlx5_1: a job holds GID {old}; the port flapped and NetworkManager dropped and restored "
-            f"10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. Look at rnic_nccl_gid_index, "
-            f"rnic_gid_table_hash and rnic_gid_entry_info{{device=\"mlx5_1\"}}.")
+    return (
+        f"mlx5_1: a job holds GID {old}; the port flapped and NetworkManager dropped and restored "
+        f"10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. Look at rnic_nccl_gid_index, "
+        f'rnic_gid_table_hash and rnic_gid_entry_info{{device="mlx5_1"}}.'
+    )
 
 
 def _speed_drop(host: SimHost) -> str:
     host.set_speed("mlx5_2", 200)
-    return ("mlx5_2 renegotiated 400G -> 200G (a tired cable). "
-            "Look at rnic_port_active_rate_bytes_per_second and rnic_netdev_speed_bytes_per_second.")
+    return (
+        "mlx5_2 renegotiated 400G -> 200G (a tired cable). "
+        "Look at rnic_port_active_rate_bytes_per_second and rnic_netdev_speed_bytes_per_second."
+    )
 
 
 def _pcie_downtrain(host: SimHost) -> str:
     host.set_pcie("mlx5_3", 16.0, 8)
-    return ("mlx5_3's PCIe link trained at Gen4 x8 instead of Gen5 x16. "
-            "Look at rnic_pcie_link_width_lanes and rnic_pcie_link_speed_transfers_per_second.")
+    return (
+        "mlx5_3's PCIe link trained at Gen4 x8 instead of Gen5 x16. "
+        "Look at rnic_pcie_link_width_lanes and rnic_pcie_link_speed_transfers_per_second."
+    )
 
 
 def _nic_gone(host: SimHost) -> str:
@@ -46,9 +52,11 @@ def _nic_gone(host: SimHost) -> str:
 
 def _ipv6_only(host: SimHost) -> str:
     host.ipv6_only("mlx5_0")
-    return ("mlx5_0's netdev lost 10.0.0.1 and kept only IPv6 addresses: NCCL (NCCL_IB_ADDR_FAMILY=AF_INET) "
-            "keeps the link-local GID at index 0. Look at rnic_nccl_gid_usable{device=\"mlx5_0\"} and run "
-            "rnic-exporter check --path.sysfs <the tree above>.")
+    return (
+        "mlx5_0's netdev lost 10.0.0.1 and kept only IPv6 addresses: NCCL (NCCL_IB_ADDR_FAMILY=AF_INET) "
+        'keeps the link-local GID at index 0. Look at rnic_nccl_gid_usable{device="mlx5_0"} and run '
+        "rnic-exporter check --path.sysfs <the tree above>."
+    )
 
 
 def _heal(host: SimHost) -> str:
@@ -58,8 +66,10 @@ def _heal(host: SimHost) -> str:
     host.set_speed("mlx5_2", 400)
     host.set_pcie("mlx5_3", 32.0, 16)
     host.release_gids("mlx5_1")
-    return ("mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 "
-            "ended. The cycle starts again.")
+    return (
+        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 "
+        "ended. The cycle starts again."
+    )
 
 
 STEPS = (
@@ -72,8 +82,9 @@ STEPS = (
 )
 
 
-def run_demo(*, devices: int, step_seconds: float, listen: tuple[str, ...], poll_interval: float,
-             echo: Callable[[str], None]) -> int:
+def run_demo(
+    *, devices: int, step_seconds: float, listen: tuple[str, ...], poll_interval: float, echo: Callable[[str], None]
+) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="rnic-exporter-demo-"))
     stop = threading.Event()
     try:
@@ -82,15 +93,23 @@ def run_demo(*, devices: int, step_seconds: float, listen: tuple[str, ...], poll
         # A port whose PMA does not answer (as on an iWARP card or a restricted function): its counters
         # are listed once in rnic_attribute_unsupported_info, never alerted on.
         host.without_pma(f"mlx5_{devices - ib - 1}")
-        echo(f"Simulated host with {devices} RNICs ({devices - ib} RoCE, {ib} InfiniBand) in {workdir / 'sys'}; "
-             f"mlx5_{devices - ib - 1}'s PMA does not answer (counters N/A: unsupported, not broken)")
+        echo(
+            f"Simulated host with {devices} RNICs ({devices - ib} RoCE, {ib} InfiniBand) in {workdir / 'sys'}; "
+            f"mlx5_{devices - ib - 1}'s PMA does not answer (counters N/A: unsupported, not broken)"
+        )
         echo(f"Try: rnic-exporter show --path.sysfs {workdir / 'sys'}")
         echo(f"Metrics: http://{listen[0].lstrip(':') if listen[0].startswith(':') else listen[0]}/metrics")
-        player = threading.Thread(target=_play, args=(host, step_seconds, poll_interval, stop, echo),
-                                  name="demo-player", daemon=True)
+        player = threading.Thread(
+            target=_play, args=(host, step_seconds, poll_interval, stop, echo), name="demo-player", daemon=True
+        )
         player.start()
-        config = agent.ServeConfig(sysfs=workdir / "sys", listen=listen, poll_interval_s=poll_interval,
-                                   reader=ReaderSettings.build(), state_dir=workdir / "state")
+        config = agent.ServeConfig(
+            sysfs=workdir / "sys",
+            listen=listen,
+            poll_interval_s=poll_interval,
+            reader=ReaderSettings.build(),
+            state_dir=workdir / "state",
+        )
         return agent.run(config, stop=stop)
     finally:
         stop.set()
@@ -98,8 +117,9 @@ def run_demo(*, devices: int, step_seconds: float, listen: tuple[str, ...], poll
         echo(f"Removed {workdir}")
 
 
-def _play(host: SimHost, step_seconds: float, poll_interval: float, stop: threading.Event,
-          echo: Callable[[str], None]) -> None:
+def _play(
+    host: SimHost, step_seconds: float, poll_interval: float, stop: threading.Event, echo: Callable[[str], None]
+) -> None:
     step = 0
     elapsed = 0.0
     while not stop.wait(poll_interval):

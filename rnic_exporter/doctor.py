@@ -43,9 +43,16 @@ class CheckReport:
         return fails(self.problems, fail_on)
 
     def to_json(self, fail_on: str = "warning") -> dict[str, Any]:
-        return {"schema": CHECK_SCHEMA, "healthy": self.healthy, "fail_on": fail_on, "failed": self.failed(fail_on),
-                "devices": self.devices, "ports": self.ports,
-                "problems": [p.to_json() for p in self.problems], "notes": list(self.notes)}
+        return {
+            "schema": CHECK_SCHEMA,
+            "healthy": self.healthy,
+            "fail_on": fail_on,
+            "failed": self.failed(fail_on),
+            "devices": self.devices,
+            "ports": self.ports,
+            "problems": [p.to_json() for p in self.problems],
+            "notes": list(self.notes),
+        }
 
 
 def _netlink_addresses(notes: list[str]) -> dict[str, tuple[AddressLike, ...]] | None:
@@ -66,28 +73,36 @@ def _netlink_addresses(notes: list[str]) -> dict[str, tuple[AddressLike, ...]] |
         watcher.close()
 
 
-def gather(snap: Snapshot, store: StateStore, settings: DetectionSettings, paths: HostPaths,
-           use_netlink: bool = True) -> tuple[HostConditions, list[str]]:
+def gather(
+    snap: Snapshot, store: StateStore, settings: DetectionSettings, paths: HostPaths, use_netlink: bool = True
+) -> tuple[HostConditions, list[str]]:
     notes: list[str] = []
     loaded = store.load()
     if loaded.problem is not None:
         notes.append(f"state: {loaded.problem}")
     elif store.path is None or not store.path.exists():
-        notes.append("no inventory (state file) found: missing devices are judged only against "
-                     "--expected-devices")
+        notes.append("no inventory (state file) found: missing devices are judged only against --expected-devices")
     addresses = _netlink_addresses(notes) if use_netlink else None
     ethtool = EthtoolReader()
     try:
         inputs = gather_inputs(snap, host_risks(paths), addresses, ethtool.advertised)
     finally:
         ethtool.close()
-    cur = judge(snap, loaded.state, settings, addresses=inputs.addresses, advertised=inputs.advertised,
-                risks=inputs.risks)
+    cur = judge(
+        snap, loaded.state, settings, addresses=inputs.addresses, advertised=inputs.advertised, risks=inputs.risks
+    )
     return cur, notes
 
 
-def run_check(sysfs: Path, state_dir: Path | None, settings: DetectionSettings, reader_settings: ReaderSettings,
-              paths: HostPaths, use_netlink: bool = True, root: SysfsRoot | None = None) -> CheckReport:
+def run_check(
+    sysfs: Path,
+    state_dir: Path | None,
+    settings: DetectionSettings,
+    reader_settings: ReaderSettings,
+    paths: HostPaths,
+    use_netlink: bool = True,
+    root: SysfsRoot | None = None,
+) -> CheckReport:
     """Raises ConfigError for an unusable sysfs path (exit 2). `root`: read through this one instead
     (a test's errno overlay)."""
     reader = HostReader(root or SysfsRoot(sysfs), reader_settings)
@@ -97,8 +112,9 @@ def run_check(sysfs: Path, state_dir: Path | None, settings: DetectionSettings, 
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
     notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))
-    return CheckReport(tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices),
-                       len(snap.ports))
+    return CheckReport(
+        tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices), len(snap.ports)
+    )
 
 
 def format_report(report: CheckReport, fail_on: str = "warning") -> str:
@@ -109,11 +125,16 @@ def format_report(report: CheckReport, fail_on: str = "warning") -> str:
         counts = {s: sum(1 for p in report.problems if p.severity == s) for s in ("critical", "warning", "info")}
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
         verdict = "PROBLEMS" if report.failed(fail_on) else f"PASSED (--fail-on {fail_on}), PROBLEMS"
-        lines.append(f"{verdict}: {len(report.problems)} ({summary}) on {report.devices} RDMA device(s), "
-                     f"{report.ports} port(s).")
+        lines.append(
+            f"{verdict}: {len(report.problems)} ({summary}) on {report.devices} RDMA device(s), {report.ports} port(s)."
+        )
         for problem in report.problems:
-            lines += ["", f"[{problem.severity.upper()}] {problem.where}: {problem.what}",
-                      f"  means: {problem.meaning}", f"  do:    {problem.fix}"]
+            lines += [
+                "",
+                f"[{problem.severity.upper()}] {problem.where}: {problem.what}",
+                f"  means: {problem.meaning}",
+                f"  do:    {problem.fix}",
+            ]
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

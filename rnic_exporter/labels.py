@@ -18,8 +18,11 @@ def label_value(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raw = value.encode("utf-8", "surrogateescape") if _escaped_only(value) else value.encode(
-            "utf-8", "backslashreplace")
+        raw = (
+            value.encode("utf-8", "surrogateescape")
+            if _escaped_only(value)
+            else value.encode("utf-8", "backslashreplace")
+        )
         return raw.decode("utf-8", "backslashreplace")
     return value
 

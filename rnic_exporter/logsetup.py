@@ -12,8 +12,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-LEVELS: Mapping[str, int] = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
-                             "error": logging.ERROR}
+LEVELS: Mapping[str, int] = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
 def _timestamp(record: logging.LogRecord) -> str:

@@ -203,7 +203,8 @@ class Port:
         """`is_up` where the files tell: None while it depends on a state that is unknown (a
         missing or unreadable `state`/`phys_state` is not "down")."""
         if (self.state is not None and self.state.number != 4) or (
-                self.phys_state is not None and self.phys_state.number != 5):
+            self.phys_state is not None and self.phys_state.number != 5
+        ):
             return False
         return None if self.state is None or self.phys_state is None else True
 
@@ -287,9 +288,7 @@ class PcieLink:
         return min(values) if values else None
 
 
-PCIE_GENERATIONS: Mapping[float, int] = MappingProxyType(
-    {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
-)
+PCIE_GENERATIONS: Mapping[float, int] = MappingProxyType({2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6})
 
 
 def pcie_generation(gts: float | None) -> int | None:
@@ -362,8 +361,11 @@ class CounterGroup:
             return cached[1]
         mapping: Mapping[str, CounterValue] | Mapping[str, int]
         if self.kind == "counters":
-            mapping = {n: CounterValue(v, s) for n, v, s in zip(self.names, self.values, self.saturated, strict=True)
-                       if v is not None}
+            mapping = {
+                n: CounterValue(v, s)
+                for n, v, s in zip(self.names, self.values, self.saturated, strict=True)
+                if v is not None
+            }
         else:
             mapping = {n: v for n, v in zip(self.names, self.values, strict=True) if v is not None}
         self._mapping = (self.version, mapping)

@@ -31,12 +31,18 @@ _FAMILIES = {"AF_INET": AF_INET, "AF_INET6": AF_INET6}
 _FAMILY_NAMES: dict[int, str] = {int(v): k for k, v in _FAMILIES.items()}
 
 # Every NCCL variable that decides which GID a RoCE connection uses.
-NCCL_VARIABLES = ("NCCL_IB_GID_INDEX", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE", "NCCL_IB_ROCE_VERSION_NUM",
-                  "NCCL_IB_ROUTABLE_FLID_GID_INDEX")
+NCCL_VARIABLES = (
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_ADDR_FAMILY",
+    "NCCL_IB_ADDR_RANGE",
+    "NCCL_IB_ROCE_VERSION_NUM",
+    "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
+)
 
 
-def nccl_environment(file_env: Mapping[str, str] | None = None,
-                     environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def nccl_environment(
+    file_env: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The NCCL_* values jobs on this host run with: the config file's, overridden by the environment."""
     environ = os.environ if environ is None else environ
     merged = dict(file_env or {})
@@ -157,8 +163,12 @@ def select_gid_index(
     empty = (gid_family(ZERO_GID), False, None, _in_range(ZERO_GID, settings))
     unreadable = {entry.index for entry in gids if entry.type is None}
     slots = {
-        entry.index: (gid_family(entry.gid), gid_is_valid(entry.gid), entry.roce_version,
-                      _in_range(entry.gid, settings))
+        entry.index: (
+            gid_family(entry.gid),
+            gid_is_valid(entry.gid),
+            entry.roce_version,
+            _in_range(entry.gid, settings),
+        )
         for entry in gids
     }
     pick = 0
@@ -185,12 +195,14 @@ WRONG_ROCE_VERSION = "wrong_roce_version"  # e.g. only a RoCE v1 GID where NCCL_
 OUT_OF_RANGE = "out_of_range"  # the GID's address is outside NCCL_IB_ADDR_RANGE
 NO_GID = "no_gid"  # the slot is empty, or there is no index NCCL could pick
 
-PICK_PROBLEMS: Mapping[str, str] = MappingProxyType({
-    LINK_LOCAL: "a link-local GID, which is not routable between nodes",
-    WRONG_ROCE_VERSION: "a GID of another RoCE version than NCCL_IB_ROCE_VERSION_NUM asks for",
-    OUT_OF_RANGE: "a GID outside NCCL_IB_ADDR_RANGE",
-    NO_GID: "no GID at all",
-})
+PICK_PROBLEMS: Mapping[str, str] = MappingProxyType(
+    {
+        LINK_LOCAL: "a link-local GID, which is not routable between nodes",
+        WRONG_ROCE_VERSION: "a GID of another RoCE version than NCCL_IB_ROCE_VERSION_NUM asks for",
+        OUT_OF_RANGE: "a GID outside NCCL_IB_ADDR_RANGE",
+        NO_GID: "no GID at all",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,9 +116,11 @@ def device_hw_part(f: _Samples, name: str, hw_counters: Mapping[str, int]) -> No
 def pcie_part(f: _Samples, name: str, pci_address: str, link: PcieLink | None) -> None:
     c = catalog
     if link is not None and pci_address:
-        for kind, gts, width in (("current", link.current_speed_gts, link.current_width),
-                                 ("max", link.max_speed_gts, link.max_width),
-                                 ("upstream_max", link.upstream_max_speed_gts, link.upstream_max_width)):
+        for kind, gts, width in (
+            ("current", link.current_speed_gts, link.current_width),
+            ("max", link.max_speed_gts, link.max_width),
+            ("upstream_max", link.upstream_max_speed_gts, link.upstream_max_width),
+        ):
             if gts is not None:
                 f.add(c.PCIE_LINK_SPEED, (name, pci_address, kind), gts * 1e9)
             if width is not None:
@@ -160,12 +162,21 @@ def hw_part(f: _Samples, pl: tuple[str, str], hw_counters: Mapping[str, int]) ->
         f.add(catalog.PORT_HW_STAT, (*pl, name), value)
 
 
-def gid_part(f: _Samples, pl: tuple[str, str], gids: tuple[GidEntry, ...], size: int, nccl: int | None,
-              gid_hash: Callable[[], int]) -> None:
+def gid_part(
+    f: _Samples,
+    pl: tuple[str, str],
+    gids: tuple[GidEntry, ...],
+    size: int,
+    nccl: int | None,
+    gid_hash: Callable[[], int],
+) -> None:
     by_type: dict[str, int] = {}
     for entry in gids:
-        f.add(catalog.GID_ENTRY_INFO, (*pl, str(entry.index), entry.gid, _opt(entry.type), _opt(entry.netdev),
-                                       _opt(entry.ipv4)), 1)
+        f.add(
+            catalog.GID_ENTRY_INFO,
+            (*pl, str(entry.index), entry.gid, _opt(entry.type), _opt(entry.netdev), _opt(entry.ipv4)),
+            1,
+        )
         by_type[_opt(entry.type)] = by_type.get(_opt(entry.type), 0) + 1
     for gid_type, count in sorted(by_type.items()):
         f.add(catalog.GID_ENTRIES, (*pl, gid_type), count)
@@ -190,14 +201,20 @@ def netdev_part(f: _Samples, nl: tuple[str, str, str], netdev: Netdev) -> None:
 
 def errors_part(f: _Samples, errors: tuple[ReadError, ...]) -> None:
     for err in errors:
-        f.add(catalog.ATTRIBUTE_UNAVAILABLE, (err.device, "" if err.port is None else str(err.port),
-                                              err.attribute, err.kind), 1)
+        f.add(
+            catalog.ATTRIBUTE_UNAVAILABLE,
+            (err.device, "" if err.port is None else str(err.port), err.attribute, err.kind),
+            1,
+        )
 
 
 def unsupported_part(f: _Samples, unsupported: tuple[ReadError, ...]) -> None:
     for err in unsupported:
-        f.add(catalog.ATTRIBUTE_UNSUPPORTED, (err.device, "" if err.port is None else str(err.port),
-                                              err.attribute, err.kind), 1)
+        f.add(
+            catalog.ATTRIBUTE_UNSUPPORTED,
+            (err.device, "" if err.port is None else str(err.port), err.attribute, err.kind),
+            1,
+        )
 
 
 def own_part(f: _Samples, snap: Snapshot, stats: ExporterStats) -> None:
@@ -246,8 +263,15 @@ def device_parts(snap: Snapshot, dev: Device) -> Iterator[Part | CounterSlot]:
     """A device's parts in exposition order; its counters are `CounterSlot`s, rendered from the
     counter pass by whoever publishes (or from the model's counters by `counter_part`)."""
     link = snap.pcie.get(dev.pci_address) if dev.pci_address else None
-    info = (dev.name, _opt(dev.node_guid), _opt(dev.sys_image_guid), _opt(dev.fw_ver), _opt(dev.hca_type),
-            _opt(dev.board_id), _opt(dev.pci_address))
+    info = (
+        dev.name,
+        _opt(dev.node_guid),
+        _opt(dev.sys_image_guid),
+        _opt(dev.fw_ver),
+        _opt(dev.hca_type),
+        _opt(dev.board_id),
+        _opt(dev.pci_address),
+    )
     yield ("device", dev.name), info, device_info_part, (info,)
     yield CounterSlot(dev.name, "hw", None)
     yield ("pcie", dev.name), (info, link), pcie_part, (dev.name, _opt(dev.pci_address), link)
@@ -256,8 +280,12 @@ def device_parts(snap: Snapshot, dev: Device) -> Iterator[Part | CounterSlot]:
         yield ("port", *pl), port_source(port), port_part, (pl, port)
         yield CounterSlot(dev.name, "counters", port.number)
         yield CounterSlot(dev.name, "hw", port.number)
-        yield (("gids", *pl), (port.gids, port.gid_table_size, port.nccl_gid_index), gid_part,
-               (pl, port.gids, port.gid_table_size, port.nccl_gid_index, lambda p=port: p.gid_hash))
+        yield (
+            ("gids", *pl),
+            (port.gids, port.gid_table_size, port.nccl_gid_index),
+            gid_part,
+            (pl, port.gids, port.gid_table_size, port.nccl_gid_index, lambda p=port: p.gid_hash),
+        )
         for netdev_name in port.netdevs:
             netdev = snap.netdevs.get(netdev_name)
             if netdev is not None:
@@ -279,8 +307,12 @@ def counter_part(dev: Device, slot: CounterSlot) -> Part:
 
 def snapshot_parts(snap: Snapshot, stats: ExporterStats) -> Iterator[Part]:
     yield ("errors",), (snap.errors, stats.counter_errors), errors_part, ((*snap.errors, *stats.counter_errors),)
-    yield (("unsupported",), (snap.unsupported, stats.counter_unsupported), unsupported_part,
-           ((*snap.unsupported, *stats.counter_unsupported),))
+    yield (
+        ("unsupported",),
+        (snap.unsupported, stats.counter_unsupported),
+        unsupported_part,
+        ((*snap.unsupported, *stats.counter_unsupported),),
+    )
     yield ("own",), None, own_part, (snap, stats)
 
 

@@ -29,8 +29,9 @@ class Due:
 class PollSchedule:
     """Thread-safe: `announce` from watcher threads, `wait` from the polling thread."""
 
-    def __init__(self, interval_s: float, wake: threading.Event | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval_s: float, wake: threading.Event | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.interval_s = interval_s
         self.wake = wake or threading.Event()
         self._clock = clock
@@ -76,8 +77,11 @@ class PollSchedule:
             with self._lock:
                 burst = self._burst_due()
                 if burst is not None and burst <= now:
-                    while self._burst_step < len(BURST_OFFSETS) and self._burst_start is not None and (
-                            self._burst_start + BURST_OFFSETS[self._burst_step] <= now):
+                    while (
+                        self._burst_step < len(BURST_OFFSETS)
+                        and self._burst_start is not None
+                        and (self._burst_start + BURST_OFFSETS[self._burst_step] <= now)
+                    ):
                         self._burst_step += 1
                     sources, self._sources = frozenset(self._sources), set()
                     devices = self._burst_devices

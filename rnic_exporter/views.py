@@ -93,21 +93,35 @@ def show_rows(snap: Snapshot) -> list[tuple[str, ...]]:
         dev_errors = _device_errors(snap, device)
         for port in device.ports:
             errors = dev_errors + _port_errors(snap, port)
-            rows.append((
-                device.name,
-                str(port.number),
-                port.link_layer or "?",
-                _state_text(port),
-                _rate_text(port),
-                _netdev_text(snap.netdevs.get(port.netdev) if port.netdev else None, port.netdev),
-                _pcie_text(link),
-                ",".join(port_ipv4(port)) or "-",
-                ("-" if port.nccl_gid_index is None else str(port.nccl_gid_index)) if port.gid_table_size else "?",
-                _unreadable_text(errors),
-            ))
+            rows.append(
+                (
+                    device.name,
+                    str(port.number),
+                    port.link_layer or "?",
+                    _state_text(port),
+                    _rate_text(port),
+                    _netdev_text(snap.netdevs.get(port.netdev) if port.netdev else None, port.netdev),
+                    _pcie_text(link),
+                    ",".join(port_ipv4(port)) or "-",
+                    ("-" if port.nccl_gid_index is None else str(port.nccl_gid_index)) if port.gid_table_size else "?",
+                    _unreadable_text(errors),
+                )
+            )
         if not device.ports:
-            rows.append((device.name, "-", "?", "no ports read", "?", "-", _pcie_text(link), "-", "-",
-                         _unreadable_text(dev_errors)))
+            rows.append(
+                (
+                    device.name,
+                    "-",
+                    "?",
+                    "no ports read",
+                    "?",
+                    "-",
+                    _pcie_text(link),
+                    "-",
+                    "-",
+                    _unreadable_text(dev_errors),
+                )
+            )
     return rows
 
 
@@ -125,9 +139,16 @@ def _error_json(e: ReadError) -> dict[str, Any]:
 
 def _netdev_json(n: Netdev) -> dict[str, Any]:
     return {
-        "name": n.name, "ifindex": n.ifindex, "address": n.address, "mtu": n.mtu, "speed_mbps": n.speed_mbps,
-        "operstate": n.operstate, "carrier": n.carrier, "carrier_changes": n.carrier_changes,
-        "carrier_up_count": n.carrier_up_count, "carrier_down_count": n.carrier_down_count,
+        "name": n.name,
+        "ifindex": n.ifindex,
+        "address": n.address,
+        "mtu": n.mtu,
+        "speed_mbps": n.speed_mbps,
+        "operstate": n.operstate,
+        "carrier": n.carrier,
+        "carrier_changes": n.carrier_changes,
+        "carrier_up_count": n.carrier_up_count,
+        "carrier_down_count": n.carrier_down_count,
         "pci_address": n.pci_address,
     }
 
@@ -136,19 +157,29 @@ def _pcie_json(link: PcieLink | None) -> dict[str, Any] | None:
     if link is None:
         return None
     return {
-        "current_speed_gts": link.current_speed_gts, "current_generation": pcie_generation(link.current_speed_gts),
+        "current_speed_gts": link.current_speed_gts,
+        "current_generation": pcie_generation(link.current_speed_gts),
         "current_width": link.current_width,
-        "max_speed_gts": link.max_speed_gts, "max_generation": pcie_generation(link.max_speed_gts),
+        "max_speed_gts": link.max_speed_gts,
+        "max_generation": pcie_generation(link.max_speed_gts),
         "max_width": link.max_width,
-        "upstream_max_speed_gts": link.upstream_max_speed_gts, "upstream_max_width": link.upstream_max_width,
+        "upstream_max_speed_gts": link.upstream_max_speed_gts,
+        "upstream_max_width": link.upstream_max_width,
     }
 
 
 def gid_json(port: Port, entry: GidEntry) -> dict[str, Any]:
     return {
-        "device": port.device, "port": port.number, "index": entry.index, "gid": entry.gid,
-        "ipv4": entry.ipv4, "type": entry.type, "version": entry.version_label, "netdev": entry.netdev,
-        "link_local": entry.is_link_local, "nccl_selected": entry.index == port.nccl_gid_index,
+        "device": port.device,
+        "port": port.number,
+        "index": entry.index,
+        "gid": entry.gid,
+        "ipv4": entry.ipv4,
+        "type": entry.type,
+        "version": entry.version_label,
+        "netdev": entry.netdev,
+        "link_local": entry.is_link_local,
+        "nccl_selected": entry.index == port.nccl_gid_index,
     }
 
 
@@ -156,9 +187,11 @@ def _gid_table_json(port: Port) -> dict[str, Any]:
     """Size, hash and NCCL's pick; all null when no slot could be read (unknown, not empty: the
     kernel gives every port a table)."""
     known = port.gid_table_size > 0
-    return {"gid_table_size": port.gid_table_size if known else None,
-            "gid_table_hash": port.gid_hash if known else None,
-            "nccl_gid_index": port.nccl_gid_index if known else None}
+    return {
+        "gid_table_size": port.gid_table_size if known else None,
+        "gid_table_hash": port.gid_hash if known else None,
+        "nccl_gid_index": port.nccl_gid_index if known else None,
+    }
 
 
 def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
@@ -166,13 +199,19 @@ def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
         "port": port.number,
         "link_layer": port.link_layer,
         "state": None if port.state is None else {"number": port.state.number, "name": port.state.name},
-        "phys_state": None if port.phys_state is None else {"number": port.phys_state.number,
-                                                            "name": port.phys_state.name},
+        "phys_state": None
+        if port.phys_state is None
+        else {"number": port.phys_state.number, "name": port.phys_state.name},
         "up": port.up,  # null while state or phys_state is unknown
-        "rate": None if port.rate is None else {"gbps": port.rate.gbps, "lanes": port.rate.lanes,
-                                                "speed": port.rate.speed,
-                                                "per_lane_gbps": port.rate.per_lane_gbps,
-                                                "bits_per_second": port.rate.bits_per_second},
+        "rate": None
+        if port.rate is None
+        else {
+            "gbps": port.rate.gbps,
+            "lanes": port.rate.lanes,
+            "speed": port.rate.speed,
+            "per_lane_gbps": port.rate.per_lane_gbps,
+            "bits_per_second": port.rate.bits_per_second,
+        },
         "lid": port.lid,
         "netdevs": [_netdev_json(snap.netdevs[n]) for n in port.netdevs if n in snap.netdevs],
         "ipv4": port_ipv4(port),
@@ -192,11 +231,16 @@ def show_json(snap: Snapshot, sysfs: str) -> dict[str, Any]:
         "taken_at": snap.taken_at,
         "devices": [
             {
-                "name": d.name, "node_guid": d.node_guid, "sys_image_guid": d.sys_image_guid, "fw_ver": d.fw_ver,
-                "hca_type": d.hca_type, "board_id": d.board_id, "hw_rev": d.hw_rev,
-                "node_type": None if d.node_type is None else {"number": d.node_type.number,
-                                                                "name": d.node_type.name},
-                "node_desc": d.node_desc, "pci_address": d.pci_address,
+                "name": d.name,
+                "node_guid": d.node_guid,
+                "sys_image_guid": d.sys_image_guid,
+                "fw_ver": d.fw_ver,
+                "hca_type": d.hca_type,
+                "board_id": d.board_id,
+                "hw_rev": d.hw_rev,
+                "node_type": None if d.node_type is None else {"number": d.node_type.number, "name": d.node_type.name},
+                "node_desc": d.node_desc,
+                "pci_address": d.pci_address,
                 "pcie": _pcie_json(snap.pcie.get(d.pci_address) if d.pci_address else None),
                 "hw_counters": dict(d.hw_counters),
                 "netdevs": list(d.netdevs),
@@ -221,9 +265,18 @@ def gid_rows(snap: Snapshot, device: str | None = None) -> list[tuple[str, ...]]
         if device is not None and port.device != device:
             continue
         for entry in port.gids:
-            rows.append((port.device, str(port.number), str(entry.index), entry.gid, entry.ipv4 or "",
-                         entry.version_label, entry.netdev or "", "<== NCCL" if entry.index == port.nccl_gid_index
-                         else ""))
+            rows.append(
+                (
+                    port.device,
+                    str(port.number),
+                    str(entry.index),
+                    entry.gid,
+                    entry.ipv4 or "",
+                    entry.version_label,
+                    entry.netdev or "",
+                    "<== NCCL" if entry.index == port.nccl_gid_index else "",
+                )
+            )
     return rows
 
 
@@ -233,6 +286,7 @@ def gids_json(snap: Snapshot, device: str | None = None) -> dict[str, Any]:
         "gids": [gid_json(p, e) for p in snap.ports if device is None or p.device == device for e in p.gids],
         "ports": [
             {"device": p.device, "port": p.number, **_gid_table_json(p)}
-            for p in snap.ports if device is None or p.device == device
+            for p in snap.ports
+            if device is None or p.device == device
         ],
     }

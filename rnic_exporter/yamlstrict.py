@@ -33,8 +33,11 @@ def strict_loader() -> type[Any]:
                 key = self.construct_object(key_node, deep=deep)
                 if isinstance(key, Hashable) and key in seen:
                     raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}",
-                        key_node.start_mark)
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key!r}",
+                        key_node.start_mark,
+                    )
                 if isinstance(key, Hashable):
                     seen.add(key)
             mapping: dict[Hashable, Any] = super().construct_mapping(node, deep)

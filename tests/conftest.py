@@ -32,8 +32,7 @@ def fixture_sys() -> Path:
     override = os.environ.get(FIXTURE_ENV)
     path = Path(override) if override else PROCFS_SYS
     if not (path / "class/infiniband").is_dir():
-        pytest.fail(f"captured sysfs tree not found at {path}: set {FIXTURE_ENV} to its sys/ directory",
-                    pytrace=False)
+        pytest.fail(f"captured sysfs tree not found at {path}: set {FIXTURE_ENV} to its sys/ directory", pytrace=False)
     return path
 
 

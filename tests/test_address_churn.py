@@ -16,8 +16,7 @@ class Addr:
         self.address, self.family, self.flags = address, family, flags
 
 
-def test_deleting_4000_secondary_addresses_pages_a_bounded_number_of_times(sim_host: SimHost,
-                                                                           tmp_path: Path) -> None:
+def test_deleting_4000_secondary_addresses_pages_a_bounded_number_of_times(sim_host: SimHost, tmp_path: Path) -> None:
     primary = Addr("10.0.0.1")  # has the RoCE v2 GID NCCL picks (index 3)
     secondaries = tuple(Addr(f"10.9.{i // 250}.{i % 250 + 1}") for i in range(4000))
     run = Run(sim_host, tmp_path / "state")

@@ -31,8 +31,13 @@ def series(agent: Agent, name: str, **labels: str) -> float | None:
 
 
 def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | None = None) -> Agent:
-    config = ServeConfig(sysfs=host.root, state_dir=state_dir, detection=detection or DetectionSettings(),
-                         watch_netlink=False, watch_udev=False)
+    config = ServeConfig(
+        sysfs=host.root,
+        state_dir=state_dir,
+        detection=detection or DetectionSettings(),
+        watch_netlink=False,
+        watch_udev=False,
+    )
     return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
 
@@ -79,9 +84,17 @@ def test_every_detection_name_is_in_the_catalogue_and_promtool_is_happy(sim_host
     names = {name for name, _ in metrics(agent)}
     known = set(catalog.BY_NAME) | {f"{m.family_name}_created" for m in catalog.METRICS}
     assert names <= known, names - known
-    for spec in (catalog.DEVICE_PRESENT, catalog.EVENTS, catalog.PORT_RATED_RATE, catalog.GID_V2_IPV4_INDEX,
-                 catalog.NCCL_CONFIGURED_GID_INDEX_VALID, catalog.NETDEV_ADDRESS_LOSS_RISK,
-                 catalog.PORT_FLAPPING, catalog.GID_TABLE_CHANGES, catalog.LINK_BELOW_RATED):
+    for spec in (
+        catalog.DEVICE_PRESENT,
+        catalog.EVENTS,
+        catalog.PORT_RATED_RATE,
+        catalog.GID_V2_IPV4_INDEX,
+        catalog.NCCL_CONFIGURED_GID_INDEX_VALID,
+        catalog.NETDEV_ADDRESS_LOSS_RISK,
+        catalog.PORT_FLAPPING,
+        catalog.GID_TABLE_CHANGES,
+        catalog.LINK_BELOW_RATED,
+    ):
         assert spec.name in names, spec.name
     body, _ = agent.prometheus.render(None, None)
     lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=body, capture_output=True)
@@ -89,8 +102,9 @@ def test_every_detection_name_is_in_the_catalogue_and_promtool_is_happy(sim_host
     agent.close()
 
 
-def test_events_are_logged_as_structured_lines(sim_host: SimHost, tmp_path: Path,
-                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_events_are_logged_as_structured_lines(
+    sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     agent = make_agent(sim_host, tmp_path / "state")
     agent.poll_once(full_gid_tables=True)
     caplog.clear()
@@ -138,9 +152,11 @@ def test_event_specs_have_a_log_level() -> None:
 
 # -- check ------------------------------------------------------------------------------------
 
+
 def run_check(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rnic_exporter", "check", *args], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "rnic_exporter", "check", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_check_healthy_then_problems_then_usage_error(sim_host: SimHost, tmp_path: Path) -> None:
@@ -154,8 +170,9 @@ def test_check_healthy_then_problems_then_usage_error(sim_host: SimHost, tmp_pat
     agent.poll_once(full_gid_tables=True)
     agent.close()
     sim_host.remove_device("mlx5_1")
-    sick = run_check("--path.sysfs", str(sim_host.root), "--state.dir", state, "--nccl-gid-index", "2",
-                     "--no-netlink", "--json")
+    sick = run_check(
+        "--path.sysfs", str(sim_host.root), "--state.dir", state, "--nccl-gid-index", "2", "--no-netlink", "--json"
+    )
     assert sick.returncode == 1, sick.stderr
     report = json.loads(sick.stdout)
     assert report["schema"] == 1 and report["healthy"] is False and report["devices"] == 2
@@ -176,14 +193,22 @@ def test_check_healthy_then_problems_then_usage_error(sim_host: SimHost, tmp_pat
 
 
 def test_check_takes_nccl_gid_index_from_the_environment(sim_host: SimHost, tmp_path: Path) -> None:
-    env_run = subprocess.run([sys.executable, "-m", "rnic_exporter", "check", "--path.sysfs", str(sim_host.root),
-                              "--no-netlink", "--json"], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "NCCL_IB_GID_INDEX": "0"})
+    env_run = subprocess.run(
+        [sys.executable, "-m", "rnic_exporter", "check", "--path.sysfs", str(sim_host.root), "--no-netlink", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NCCL_IB_GID_INDEX": "0"},
+    )
     assert env_run.returncode == 1
     assert {p["code"] for p in json.loads(env_run.stdout)["problems"]} == {"nccl_gid_index_invalid"}
-    garbage = subprocess.run([sys.executable, "-m", "rnic_exporter", "check", "--path.sysfs", str(sim_host.root)],
-                             capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "NCCL_IB_GID_INDEX": "three"})
+    garbage = subprocess.run(
+        [sys.executable, "-m", "rnic_exporter", "check", "--path.sysfs", str(sim_host.root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NCCL_IB_GID_INDEX": "three"},
+    )
     assert garbage.returncode == 2 and "NCCL_IB_GID_INDEX='three' is not an integer" in garbage.stderr
 
 
@@ -197,8 +222,19 @@ def test_nic_removed_while_stopped_is_missing_after_restart(sim_host: SimHost, t
     """Real daemon, stopped with SIGTERM, NIC removed, started again with the same --state.dir."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    args = ["serve", "--path.sysfs", str(sim_host.root), "--web.listen-address", f"127.0.0.1:{port}",
-            "--state.dir", str(tmp_path / "state"), "--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
+    args = [
+        "serve",
+        "--path.sysfs",
+        str(sim_host.root),
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--state.dir",
+        str(tmp_path / "state"),
+        "--no-watch.netlink",
+        "--no-watch.udev",
+        "--log.format",
+        "json",
+    ]
     present = ("rnic_device_present", frozenset({("device", "mlx5_1"), ("pci_address", "0000:19:00.0")}))
     with exporter(args, ready_url=f"{base}/-/ready", log_path=tmp_path / "first.log"):
         assert scrape(f"{base}/metrics")[present] == 1
@@ -208,15 +244,18 @@ def test_nic_removed_while_stopped_is_missing_after_restart(sim_host: SimHost, t
         values = scrape(f"{base}/metrics")
         assert values[present] == 0
         assert values[("rnic_devices", frozenset())] == 2
-        gone = ("rnic_events_total", frozenset({("event", "rnic.device.disappeared"), ("device", "mlx5_1"),
-                                                ("port", "")}))
+        gone = (
+            "rnic_events_total",
+            frozenset({("event", "rnic.device.disappeared"), ("device", "mlx5_1"), ("port", "")}),
+        )
         assert values[gone] == 1
     log_lines = [json.loads(line) for line in (tmp_path / "second.log").read_text().splitlines()]
     assert [line["device"] for line in log_lines if line.get("event") == "rnic.device.disappeared"] == ["mlx5_1"]
 
 
-def test_a_detection_failure_costs_no_metrics(sim_host: SimHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_a_detection_failure_costs_no_metrics(
+    sim_host: SimHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     agent = make_agent(sim_host, tmp_path / "state")
 
     def broken(*args: object, **kwargs: object) -> list[object]:

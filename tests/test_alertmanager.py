@@ -47,16 +47,23 @@ def test_amtool_check_config_passes() -> None:
 @pytest.mark.parametrize("rule", _rules(), ids=lambda rule: str(rule["alert"]))
 def test_every_alert_routes_by_its_severity(rule: dict[str, Any]) -> None:
     severity = rule["labels"]["severity"]
-    labels = [f"alertname={rule['alert']}", f"severity={severity}", "instance=gpu-node-17:19879",
-              "device=mlx5_3", "port=1"]
+    labels = [
+        f"alertname={rule['alert']}",
+        f"severity={severity}",
+        "instance=gpu-node-17:19879",
+        "device=mlx5_3",
+        "port=1",
+    ]
     expected = RECEIVER_BY_SEVERITY[severity]
-    routed = _amtool("config", "routes", "test", f"--config.file={AM_CONFIG}", f"--verify.receivers={expected}",
-                     *labels)
+    routed = _amtool(
+        "config", "routes", "test", f"--config.file={AM_CONFIG}", f"--verify.receivers={expected}", *labels
+    )
     assert routed.returncode == 0, routed.stdout + routed.stderr
     # And only there: a page is never also a ticket, a ticket never a page.
     for other in set(RECEIVER_BY_SEVERITY.values()) - {expected}:
-        wrong = _amtool("config", "routes", "test", f"--config.file={AM_CONFIG}", f"--verify.receivers={other}",
-                        *labels)
+        wrong = _amtool(
+            "config", "routes", "test", f"--config.file={AM_CONFIG}", f"--verify.receivers={other}", *labels
+        )
         assert wrong.returncode == 1, f"{rule['alert']} also routed to {other}: {wrong.stdout}"
 
 
@@ -66,8 +73,16 @@ def test_info_and_unmatched_alerts_are_sent_nowhere() -> None:
 
 
 def test_foreign_critical_alerts_do_not_page_the_rnic_rotation() -> None:
-    routed = _amtool("config", "routes", "test", f"--config.file={AM_CONFIG}", "--verify.receivers=default",
-                     "alertname=NodeFilesystemAlmostOutOfSpace", "severity=critical", "instance=gpu-node-17:9100")
+    routed = _amtool(
+        "config",
+        "routes",
+        "test",
+        f"--config.file={AM_CONFIG}",
+        "--verify.receivers=default",
+        "alertname=NodeFilesystemAlmostOutOfSpace",
+        "severity=critical",
+        "instance=gpu-node-17:9100",
+    )
     assert routed.returncode == 0, routed.stdout + routed.stderr
 
 
@@ -115,8 +130,13 @@ class WebhookReceiver:
     def firing(self, receiver: str) -> list[tuple[float, dict[str, str]]]:
         """(arrival, labels) of every firing alert posted to `receiver`."""
         with self._lock:
-            return [(d.at, a["labels"]) for d in self.deliveries if d.receiver == receiver
-                    for a in d.payload["alerts"] if a["status"] == "firing"]
+            return [
+                (d.at, a["labels"])
+                for d in self.deliveries
+                if d.receiver == receiver
+                for a in d.payload["alerts"]
+                if a["status"] == "firing"
+            ]
 
     def first(self, receiver: str, match: Callable[[dict[str, str]], bool]) -> float | None:
         times = [at for at, labels in self.firing(receiver) if match(labels)]
@@ -128,7 +148,8 @@ def _test_am_config(webhook: WebhookReceiver) -> dict[str, Any]:
     config: dict[str, Any] = copy.deepcopy(yaml.safe_load(AM_CONFIG.read_text()))
     config["receivers"] = [
         {"name": r["name"], "webhook_configs": [{"url": f"{webhook.url}/{r['name']}", "send_resolved": False}]}
-        for r in config["receivers"]]
+        for r in config["receivers"]
+    ]
 
     def shrink(route: dict[str, Any]) -> None:
         if "group_wait" in route or route is config["route"]:
@@ -147,27 +168,34 @@ def webhook() -> Iterator[WebhookReceiver]:
 
 
 def _alert(name: str, severity: str, **labels: str) -> dict[str, Any]:
-    return {"labels": {"alertname": name, "severity": severity, "instance": "gpu-node-17:19879", **labels},
-            "annotations": {"summary": name}}
+    return {
+        "labels": {"alertname": name, "severity": severity, "instance": "gpu-node-17:19879", **labels},
+        "annotations": {"summary": name},
+    }
 
 
 @pytest.mark.e2e
 def test_alertmanager_pages_critical_tickets_warnings_and_inhibits_a_lost_nics_alerts(
-        tmp_path: Path, webhook: WebhookReceiver) -> None:
+    tmp_path: Path, webhook: WebhookReceiver
+) -> None:
     with Alertmanager(tmp_path / "am", _test_am_config(webhook)) as am:
-        am.post_alerts([
-            _alert("RnicDeviceDisappeared", "critical", device="mlx5_3", pci_address="0000:d8:00.0"),
-            _alert("RnicPortDown", "warning", device="mlx5_3", port="1"),  # inhibited: its NIC is gone
-            _alert("RnicPortDown", "warning", device="mlx5_1", port="1"),  # another NIC: a ticket
-            _alert("RnicAddressLossRisk", "info", device="mlx5_0", port="1", netdev="ens1f0np0"),
-        ])
+        am.post_alerts(
+            [
+                _alert("RnicDeviceDisappeared", "critical", device="mlx5_3", pci_address="0000:d8:00.0"),
+                _alert("RnicPortDown", "warning", device="mlx5_3", port="1"),  # inhibited: its NIC is gone
+                _alert("RnicPortDown", "warning", device="mlx5_1", port="1"),  # another NIC: a ticket
+                _alert("RnicAddressLossRisk", "info", device="mlx5_0", port="1", netdev="ens1f0np0"),
+            ]
+        )
 
         def settled() -> bool:
             by_key = {(a["labels"]["alertname"], a["labels"].get("device")): a["status"] for a in am.alerts()}
-            return (by_key.get(("RnicPortDown", "mlx5_3"), {}).get("state") == "suppressed"
-                    and webhook.first("rnic-pager", lambda labels: True) is not None
-                    and webhook.first("rnic-ticket", lambda labels: True) is not None
-                    and webhook.first("rnic-null", lambda labels: True) is not None)
+            return (
+                by_key.get(("RnicPortDown", "mlx5_3"), {}).get("state") == "suppressed"
+                and webhook.first("rnic-pager", lambda labels: True) is not None
+                and webhook.first("rnic-ticket", lambda labels: True) is not None
+                and webhook.first("rnic-null", lambda labels: True) is not None
+            )
 
         wait_for(settled, timeout=15, what="the page, the ticket and the inhibition")
         pages = [labels for _, labels in webhook.firing("rnic-pager")]
@@ -218,10 +246,21 @@ FAULTS = (
 def test_faults_in_a_simulated_host_reach_the_webhook(tmp_path: Path, webhook: WebhookReceiver) -> None:
     host = SimHost.build(tmp_path / "sys", roce=7, gid_table_size=16)  # mlx5_6 gets no fault
     port = free_port()
-    args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}",
-            "--poll.interval", "0.2", "--state.dir", str(tmp_path / "state")]
-    with exporter(args, ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=tmp_path / "exporter.log"), \
-            Alertmanager(tmp_path / "am", _test_am_config(webhook)) as am:
+    args = [
+        "serve",
+        "--path.sysfs",
+        str(host.root),
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--poll.interval",
+        "0.2",
+        "--state.dir",
+        str(tmp_path / "state"),
+    ]
+    with (
+        exporter(args, ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=tmp_path / "exporter.log"),
+        Alertmanager(tmp_path / "am", _test_am_config(webhook)) as am,
+    ):
         prom_config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
@@ -229,10 +268,15 @@ def test_faults_in_a_simulated_host_reach_the_webhook(tmp_path: Path, webhook: W
         }
         with Prometheus(tmp_path / "prom", prom_config, [_test_rules(tmp_path / "rules.yml")]) as prom:
             # The healthy host is quiet: every fault's metric has been scraped and evaluated, nothing fires.
-            for before in ('rnic_gid_roce_v2_ipv4_index{device="mlx5_0"}', 'rnic_gid_table_hash{device="mlx5_0"}',
-                           'rnic_port_rated_rate_bytes_per_second{device="mlx5_1"}',
-                           'rnic_device_present{device="mlx5_2"} == 1', 'rnic_pcie_link_width_lanes{device="mlx5_3"}',
-                           'rnic_port_up{device="mlx5_4"} == 1', 'rnic_nccl_gid_usable{device="mlx5_5"} == 1'):
+            for before in (
+                'rnic_gid_roce_v2_ipv4_index{device="mlx5_0"}',
+                'rnic_gid_table_hash{device="mlx5_0"}',
+                'rnic_port_rated_rate_bytes_per_second{device="mlx5_1"}',
+                'rnic_device_present{device="mlx5_2"} == 1',
+                'rnic_pcie_link_width_lanes{device="mlx5_3"}',
+                'rnic_port_up{device="mlx5_4"} == 1',
+                'rnic_nccl_gid_usable{device="mlx5_5"} == 1',
+            ):
                 prom.wait_value(f"count({before})")
             scraped = datetime.now(UTC)
             wait_for(lambda: _evaluated_since(prom, scraped), timeout=10, what="a rule evaluation after the scrape")
@@ -246,8 +290,7 @@ def test_faults_in_a_simulated_host_reach_the_webhook(tmp_path: Path, webhook: W
             def delivered() -> bool:
                 return all(webhook.first(f.receiver, _matches(f)) is not None for f in FAULTS)
 
-            wait_for(delivered, timeout=20, what="every fault's alert at its webhook",
-                     interval=0.1)
+            wait_for(delivered, timeout=20, what="every fault's alert at its webhook", interval=0.1)
             for fault in FAULTS:
                 arrived = webhook.first(fault.receiver, _matches(fault))
                 assert arrived is not None
@@ -268,4 +311,5 @@ def _evaluated_since(prom: Prometheus, since: datetime) -> bool:
     groups = json.loads(body)["data"]["groups"] if status == 200 else []
     # Prometheus prints nanoseconds; fromisoformat takes at most microseconds.
     return bool(groups) and all(
-        datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", g["lastEvaluation"])) > since for g in groups)
+        datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", g["lastEvaluation"])) > since for g in groups
+    )

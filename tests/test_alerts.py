@@ -91,8 +91,10 @@ def test_every_runbook_belongs_to_an_alert() -> None:
 def test_every_metric_in_a_rule_is_in_the_catalogue() -> None:
     for rule in _rules():
         # The expression, and the queries the description templates run (`...` | query) to show values.
-        queries = [rule["expr"], *(q for text in rule.get("annotations", {}).values()
-                                   for q in re.findall(r"`([^`]*)`\s+\$labels", text))]
+        queries = [
+            rule["expr"],
+            *(q for text in rule.get("annotations", {}).values() for q in re.findall(r"`([^`]*)`\s+\$labels", text)),
+        ]
         for query in queries:
             names = metric_names(query)
             assert names, query
@@ -103,13 +105,23 @@ def test_every_metric_in_a_rule_is_in_the_catalogue() -> None:
 def test_the_issue_alerts_are_all_there() -> None:
     severities = {rule["alert"]: rule["labels"]["severity"] for rule in ALERT_RULES}
     assert severities == {
-        "RnicGidIndexMoved": "critical", "RnicGidTableChanged": "warning", "RnicNcclGidIndexInvalid": "critical",
-        "RnicLinkBelowRated": "warning", "RnicLinkFarBelowRated": "critical", "RnicPcieLinkDowntrained": "warning",
-        "RnicDeviceDisappeared": "critical", "RnicPortDown": "warning", "RnicPortFlapping": "warning",
-        "RnicAddressLost": "critical", "RnicAddressLossRisk": "info", "RnicExporterDown": "warning",
-        "RnicExporterPollStalled": "warning", "RnicAttributeUnreadable": "warning",
+        "RnicGidIndexMoved": "critical",
+        "RnicGidTableChanged": "warning",
+        "RnicNcclGidIndexInvalid": "critical",
+        "RnicLinkBelowRated": "warning",
+        "RnicLinkFarBelowRated": "critical",
+        "RnicPcieLinkDowntrained": "warning",
+        "RnicDeviceDisappeared": "critical",
+        "RnicPortDown": "warning",
+        "RnicPortFlapping": "warning",
+        "RnicAddressLost": "critical",
+        "RnicAddressLossRisk": "info",
+        "RnicExporterDown": "warning",
+        "RnicExporterPollStalled": "warning",
+        "RnicAttributeUnreadable": "warning",
         "RnicNcclGidUnusable": "critical",
-        "RnicDeviceReadStuck": "critical", "RnicExporterNeverPolled": "warning",
+        "RnicDeviceReadStuck": "critical",
+        "RnicExporterNeverPolled": "warning",
     }
 
 

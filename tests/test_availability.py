@@ -28,14 +28,20 @@ def err(attribute: str, reason: str, port: int | None = 1) -> ReadError:
     return ReadError("mlx5_0", port, attribute, reason)
 
 
-@pytest.mark.parametrize(("reason", "unsupported_as"), [
-    ("ENOENT", "absent: ENOENT"),
-    ("EINVAL", "not_supported: EINVAL"),
-    ("EOPNOTSUPP", "not_supported: EOPNOTSUPP"),
-    ("no_pma: N/A (no PMA)", "no_pma: N/A (no PMA)"),
-    ("EIO", None), ("ETIMEDOUT", None), ("ENODEV", None), ("EACCES", None),
-    ("malformed: counter 'x' is not a decimal number", None),
-])
+@pytest.mark.parametrize(
+    ("reason", "unsupported_as"),
+    [
+        ("ENOENT", "absent: ENOENT"),
+        ("EINVAL", "not_supported: EINVAL"),
+        ("EOPNOTSUPP", "not_supported: EOPNOTSUPP"),
+        ("no_pma: N/A (no PMA)", "no_pma: N/A (no PMA)"),
+        ("EIO", None),
+        ("ETIMEDOUT", None),
+        ("ENODEV", None),
+        ("EACCES", None),
+        ("malformed: counter 'x' is not a decimal number", None),
+    ],
+)
 def test_first_read_decides(reason: str, unsupported_as: str | None) -> None:
     first = FirstReads()
     judged = first.judge([err("counters/symbol_error", reason)])
@@ -67,13 +73,23 @@ def test_read_before_means_failed_and_a_gone_device_explains_everything() -> Non
 def test_summary_groups_a_directory() -> None:
     rows = [err(f"counters/{name}", "no_pma: N/A (no PMA)") for name in ("a", "b", "c")]
     rows += [err("hw_rev", "not_supported: EINVAL", port=None), err("rate", "absent: ENOENT")]
-    assert summarize(rows) == ["mlx5_0: hw_rev: not_supported", "mlx5_0 port 1: rate: absent",
-                               "mlx5_0 port 1: counters/* (3 files): no_pma"]
+    assert summarize(rows) == [
+        "mlx5_0: hw_rev: not_supported",
+        "mlx5_0 port 1: rate: absent",
+        "mlx5_0 port 1: counters/* (3 files): no_pma",
+    ]
 
 
 def check(host: SimHost, tmp_path: Path, root: SysfsRoot | None = None) -> CheckReport:
-    return run_check(host.root, None, DetectionSettings(), ReaderSettings(), HostPaths(rootfs=tmp_path / "none"),
-                     use_netlink=False, root=root)
+    return run_check(
+        host.root,
+        None,
+        DetectionSettings(),
+        ReaderSettings(),
+        HostPaths(rootfs=tmp_path / "none"),
+        use_netlink=False,
+        root=root,
+    )
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -108,12 +124,15 @@ def test_einval_on_every_counter_from_the_first_read_is_no_problem(tmp_path: Pat
 
 
 @pytest.mark.parametrize("code", [errno.EIO, errno.EINVAL])
-def test_counters_failing_after_having_been_read_are_a_warning(tmp_path: Path, code: int,
-                                                                caplog: pytest.LogCaptureFixture) -> None:
+def test_counters_failing_after_having_been_read_are_a_warning(
+    tmp_path: Path, code: int, caplog: pytest.LogCaptureFixture
+) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     overlay = host.errno_overlay
-    agent = Agent(ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
-                  SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    agent = Agent(
+        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
+        SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay),
+    )
     agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
     try:
         assert agent.poll_once(full_gid_tables=True).errors == ()
@@ -125,8 +144,9 @@ def test_counters_failing_after_having_been_read_are_a_warning(tmp_path: Path, c
             stats = agent.counter_view(None).stats  # counters are read per scrape
         assert stats.counter_unsupported == ()
         assert {e.attribute for e in stats.counter_errors} == {f"counters/{n}" for n in PMA_EXTENDED_COUNTERS}
-        assert sum(r.levelno == logging.WARNING and "unreadable" in r.getMessage() for r in caplog.records) \
-            == len(PMA_EXTENDED_COUNTERS)
+        assert sum(r.levelno == logging.WARNING and "unreadable" in r.getMessage() for r in caplog.records) == len(
+            PMA_EXTENDED_COUNTERS
+        )
     finally:
         agent.close()
     if code == errno.EIO:  # a one-shot check sees EIO as the failure it always is
@@ -137,14 +157,16 @@ def test_counters_failing_after_having_been_read_are_a_warning(tmp_path: Path, c
         assert len(report.problems) == len(PMA_EXTENDED_COUNTERS)
 
 
-def test_unsupported_is_logged_once_at_info_and_never_warned(tmp_path: Path,
-                                                             caplog: pytest.LogCaptureFixture) -> None:
+def test_unsupported_is_logged_once_at_info_and_never_warned(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     for name in PMA_EXTENDED_COUNTERS:
         host.fail_with(f"{PORT}/counters/{name}", errno.EINVAL)
-    agent = Agent(ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False,
-                              detection=DetectionSettings()),
-                  SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    agent = Agent(
+        ServeConfig(
+            sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False, detection=DetectionSettings()
+        ),
+        SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay),
+    )
     agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
     try:
         with caplog.at_level(logging.INFO):
@@ -159,8 +181,10 @@ def test_unsupported_is_logged_once_at_info_and_never_warned(tmp_path: Path,
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         body = agent.prometheus.render(None, None)[0].decode()
         assert "rnic_attribute_unavailable{" not in body
-        assert 'rnic_attribute_unsupported_info{attribute="counters/symbol_error",device="mlx5_0",port="1",' \
-               'reason="not_supported"} 1.0' in body
+        assert (
+            'rnic_attribute_unsupported_info{attribute="counters/symbol_error",device="mlx5_0",port="1",'
+            'reason="not_supported"} 1.0' in body
+        )
     finally:
         agent.close()
 
@@ -168,6 +192,7 @@ def test_unsupported_is_logged_once_at_info_and_never_warned(tmp_path: Path,
 def test_an_attribute_a_driver_lacks_does_not_make_every_poll_learn_the_device_again(tmp_path: Path) -> None:
     """A device attribute that fails is re-learned each poll until it reads; one the driver never had
     (EINVAL from the first read) is not: polls cost the same reads as on a device that has it."""
+
     def reads_per_poll(lacking: int | None) -> int:
         host = SimHost.build(tmp_path / f"sys-{lacking}", roce=1, gid_table_size=8)
         if lacking is not None:

@@ -28,14 +28,16 @@ IDS = [c.name for c in CAPTURES]
 
 
 def cli(capture: Capture, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    result = CliRunner().invoke(main, [args[0], "--path.sysfs", str(capture.sys), *args[1:]],
-                                env={"NCCL_IB_ADDR_FAMILY": "", "NCCL_IB_GID_INDEX": "", **(env or {})})
+    result = CliRunner().invoke(
+        main,
+        [args[0], "--path.sysfs", str(capture.sys), *args[1:]],
+        env={"NCCL_IB_ADDR_FAMILY": "", "NCCL_IB_GID_INDEX": "", **(env or {})},
+    )
     return result.exit_code, result.stdout
 
 
 def exposition(capture: Capture) -> str:
-    snap = dataclasses.replace(HostReader(SysfsRoot(capture.sys)).read(), taken_at=1_700_000_000.0,
-                               read_seconds=0.001)
+    snap = dataclasses.replace(HostReader(SysfsRoot(capture.sys)).read(), taken_at=1_700_000_000.0, read_seconds=0.001)
     return re.sub(r"^rnic_exporter_build_info\{.*\n", "", render_text(snap), flags=re.M)
 
 
@@ -45,8 +47,12 @@ def outputs(capture: Capture) -> dict[str, str]:
     shown["sysfs"], shown["taken_at"] = "<capture>/sys", 0
     _, gids = cli(capture, "gids", "--json")
     _, check = cli(capture, "check", "--no-netlink", "--state.dir", "", "--json")
-    return {"show.json": json.dumps(shown, indent=2) + "\n", "gids.json": gids, "check.json": check,
-            "metrics.prom": exposition(capture)}
+    return {
+        "show.json": json.dumps(shown, indent=2) + "\n",
+        "gids.json": gids,
+        "check.json": check,
+        "metrics.prom": exposition(capture),
+    }
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=IDS)
@@ -64,8 +70,12 @@ def test_capture_golden(capture: Capture, request: pytest.FixtureRequest) -> Non
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=IDS)
 def test_capture_exposition_passes_promtool(capture: Capture) -> None:
-    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=exposition(capture).encode(),
-                          capture_output=True, timeout=60)
+    lint = subprocess.run(
+        [require_binary("promtool"), "check", "metrics"],
+        input=exposition(capture).encode(),
+        capture_output=True,
+        timeout=60,
+    )
     assert lint.returncode == 0 and not lint.stdout and not lint.stderr, lint.stdout + lint.stderr
 
 
@@ -110,8 +120,16 @@ def test_node_exporter_iwarp_port_without_pma() -> None:
     assert len([e for e in snap.unsupported if e.attribute.startswith("counters/")]) == 17
     pl = {"device": "i40iw0", "port": "1"}
     assert metric("node-exporter-i40iw-mlx4", "rnic_port_active_rate_bytes_per_second", **pl) == 10e9 / 8
-    assert metric("node-exporter-i40iw-mlx4", "rnic_attribute_unsupported_info", **pl,
-                  attribute="counters/symbol_error", reason="no_pma") == 1
+    assert (
+        metric(
+            "node-exporter-i40iw-mlx4",
+            "rnic_attribute_unsupported_info",
+            **pl,
+            attribute="counters/symbol_error",
+            reason="no_pma",
+        )
+        == 1
+    )
     # mlx4: port_xmit_data counts 4-octet words; port_xmit_wait sits at 2^32-1, saturated.
     mlx4 = {"device": "mlx4_0", "port": "1"}
     assert metric("node-exporter-i40iw-mlx4", "rnic_port_data_transmitted_bytes_total", **mlx4) == 3733440 * 4
@@ -141,7 +159,10 @@ def test_gpud_h100_ndr_and_roce_bond() -> None:
     _, out = cli(CAPTURES[2], "check", "--no-netlink", "--state.dir", "", "--json")
     [problem] = json.loads(out)["problems"]
     assert (problem["code"], problem["severity"], problem["where"]) == (
-        "gid_table_unreadable", "info", "mlx5_bond_0 port 1")
+        "gid_table_unreadable",
+        "info",
+        "mlx5_bond_0 port 1",
+    )
 
 
 def test_ipv6_only_v2_only_tables() -> None:
@@ -174,13 +195,17 @@ def test_efa_is_no_roce_port_and_its_zero_guid_is_a_value() -> None:
     an all-zero GUID is what the device reports, not a missing value."""
     snap = read("rdma-core-efa")
     dev = snap.device("efa_0")
-    assert dev is not None and dev.node_type is not None and (dev.node_type.number, dev.node_type.name) == (
-        7, "unspecified")
+    assert (
+        dev is not None
+        and dev.node_type is not None
+        and (dev.node_type.number, dev.node_type.name) == (7, "unspecified")
+    )
     assert dev.node_guid == "0000:0000:0000:0000" and dev.fw_ver == "0.0.0.0"
     port = snap.port("efa_0", 1)
     assert port is not None and port.link_layer == "Unknown" and port.up is None
-    _, out = cli(next(c for c in CAPTURES if c.name == "rdma-core-efa"), "check", "--no-netlink", "--state.dir", "",
-                 "--json")
+    _, out = cli(
+        next(c for c in CAPTURES if c.name == "rdma-core-efa"), "check", "--no-netlink", "--state.dir", "", "--json"
+    )
     assert json.loads(out)["problems"] == []
     assert metric("rdma-core-efa", "rnic_port_state", device="efa_0", port="1") == 4
     assert metric("rdma-core-efa", "rnic_port_up", device="efa_0", port="1") is None

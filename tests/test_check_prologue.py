@@ -24,8 +24,9 @@ def host(tmp_path: Path) -> SimHost:
 
 
 def check(host: SimHost, *args: str) -> tuple[int, dict[str, object]]:
-    result = CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "",
-                                       "--json", *args])
+    result = CliRunner().invoke(
+        main, ["check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--json", *args]
+    )
     return result.exit_code, json.loads(result.output)
 
 
@@ -47,9 +48,12 @@ def test_warnings_fail_by_default_and_not_with_fail_on_critical(host: SimHost) -
     code, report = check(host, "--fail-on", "critical")
     assert code == Exit.PROBLEMS
     assert [(p["severity"], p["reason"]) for p in listed(report, "problems")] == [
-        ("critical", "link_local"), ("warning", "port_down")]
-    assert CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--fail-on", "info"]).exit_code \
-        == Exit.USAGE
+        ("critical", "link_local"),
+        ("warning", "port_down"),
+    ]
+    assert (
+        CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--fail-on", "info"]).exit_code == Exit.USAGE
+    )
 
 
 def test_notes_never_change_the_exit_code(host: SimHost) -> None:

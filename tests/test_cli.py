@@ -64,8 +64,7 @@ def test_show_json_gives_exact_file_values(host: SimHost) -> None:
     assert mlx5_0["pci_address"] == sim.pci_address
     assert mlx5_0["pcie"]["current_generation"] == 5 and mlx5_0["pcie"]["max_width"] == 16
     port = mlx5_0["ports"][0]
-    assert port["rate"] == {"gbps": 400.0, "lanes": 4, "speed": "NDR", "per_lane_gbps": 100.0,
-                            "bits_per_second": 400e9}
+    assert port["rate"] == {"gbps": 400.0, "lanes": 4, "speed": "NDR", "per_lane_gbps": 100.0, "bits_per_second": 400e9}
     assert port["state"] == {"number": 4, "name": "ACTIVE"} and port["up"] is True
     assert port["ipv4"] == ["10.0.0.1"] and port["nccl_gid_index"] == 3 and port["gid_table_size"] == 16
     assert port["netdevs"][0]["name"] == "ens1f0np0" and port["netdevs"][0]["speed_mbps"] == 400000
@@ -81,8 +80,12 @@ def test_gids_json_and_table(host: SimHost) -> None:
     assert code == 0
     data = json.loads(out)
     rows = [(g["index"], g["ipv4"], g["version"], g["nccl_selected"]) for g in data["gids"]]
-    assert rows == [(0, None, "v1", False), (1, None, "v2", False), (2, "10.0.0.1", "v1", False),
-                    (new, "10.0.0.1", "v2", True)]
+    assert rows == [
+        (0, None, "v1", False),
+        (1, None, "v2", False),
+        (2, "10.0.0.1", "v1", False),
+        (new, "10.0.0.1", "v2", True),
+    ]
     assert (old, new) == (3, 4)
     code, out, _ = invoke("gids", "--path.sysfs", str(host.root))
     assert code == 0
@@ -103,8 +106,11 @@ def test_nccl_environment_changes_the_pick(host: SimHost, monkeypatch: pytest.Mo
 
 def test_bad_sysfs_is_one_line_and_exit_2(tmp_path: Path) -> None:
     for command in ("show", "gids"):
-        proc = subprocess.run([sys.executable, "-m", "rnic_exporter", command, "--path.sysfs",
-                               str(tmp_path / "nope")], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "rnic_exporter", command, "--path.sysfs", str(tmp_path / "nope")],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and "is not a directory" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -119,8 +125,9 @@ def test_host_without_rdma_devices(tmp_path: Path) -> None:
 
 
 def test_device_filters_and_unknown_device(host: SimHost) -> None:
-    code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--json",
-                          "--collector.infiniband.device-exclude", "^mlx5_[01]$")
+    code, out, _ = invoke(
+        "show", "--path.sysfs", str(host.root), "--json", "--collector.infiniband.device-exclude", "^mlx5_[01]$"
+    )
     assert [d["name"] for d in json.loads(out)["devices"]] == ["mlx5_2"]
     code, _, err = invoke("show", "--path.sysfs", str(host.root), "--collector.infiniband.device-include", "(")
     assert code == Exit.USAGE and "device-include" in err
@@ -131,9 +138,23 @@ def test_device_filters_and_unknown_device(host: SimHost) -> None:
 def test_serve_refuses_broken_config_and_busy_port(host: SimHost, tmp_path: Path) -> None:
     bad = tmp_path / "rnic.toml"
     bad.write_text("poll_interval_seconds = -1\n[collector.infiniband]\ndevice_inclde = 'x'\n")
-    proc = subprocess.run([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
-                           "--config", str(bad), "--web.listen-address", f"127.0.0.1:{free_port()}"],
-                          capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(host.root),
+            "--config",
+            str(bad),
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2, proc.stderr
     assert str(bad) in proc.stderr and "poll_interval_seconds" in proc.stderr
     assert "collector.infiniband.device_inclde: unknown key" in proc.stderr and "Traceback" not in proc.stderr
@@ -142,9 +163,21 @@ def test_serve_refuses_broken_config_and_busy_port(host: SimHost, tmp_path: Path
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
-                               "--web.listen-address", f"127.0.0.1:{port}"], capture_output=True, text=True,
-                              timeout=30)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rnic_exporter",
+                "serve",
+                "--path.sysfs",
+                str(host.root),
+                "--web.listen-address",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert proc.returncode == 2 and f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -152,10 +185,26 @@ def test_serve_reloads_config_on_sighup_and_stops_on_sigterm(host: SimHost, tmp_
     config = tmp_path / "rnic.yml"
     config.write_text("collector:\n  infiniband:\n    device_exclude: '^mlx5_0$'\n")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
-                             "--config", str(config), "--poll.interval", "0.2",
-                             "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(host.root),
+            "--config",
+            str(config),
+            "--poll.interval",
+            "0.2",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--log.format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
 
@@ -192,10 +241,25 @@ def test_serve_reloads_config_on_sighup_and_stops_on_sigterm(host: SimHost, tmp_
 
 def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "demo", "--devices", "6",
-                             "--step.seconds", "1", "--poll.interval", "0.2",
-                             "--web.listen-address", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "demo",
+            "--devices",
+            "6",
+            "--step.seconds",
+            "1",
+            "--poll.interval",
+            "0.2",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
 

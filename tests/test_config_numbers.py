@@ -22,9 +22,11 @@ from rnic_exporter.sim import SimHost
 from tests.support.processes import free_port, http_get, stop_process
 from tests.support.wait import wait_for
 
-LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8)
-) + "poll_interval_seconds: *i\n"
+LAUGHS = (
+    "a: &a [x, x, x, x, x, x, x, x, x]\n"
+    + "".join(f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+    + "poll_interval_seconds: *i\n"
+)
 
 BROKEN: list[tuple[str, bytes]] = [
     ("toml", b"poll_interval_seconds = nan\n"),
@@ -72,9 +74,25 @@ def test_a_broken_file_is_one_config_error(tmp_path: Path, suffix: str, content:
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0.01", "1e400", "NaN", "x"])
 def test_the_flag_refuses_what_the_file_refuses(tmp_path: Path, value: str) -> None:
     # A child with a deadline: a flag let through would start a daemon that never returns.
-    proc = subprocess.run([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(tmp_path),
-                           "--poll.interval", value, "--web.listen-address", f"127.0.0.1:{free_port()}",
-                           "--state.dir", ""], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(tmp_path),
+            "--poll.interval",
+            value,
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+            "--state.dir",
+            "",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 2
     assert "--poll.interval" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -97,9 +115,23 @@ def test_serve_with_a_broken_file_exits_2_in_one_line(tmp_path: Path, suffix: st
     host = SimHost.build(tmp_path / "sys", roce=1, infiniband=0, gid_table_size=16)
     path = tmp_path / f"rnic.{suffix}"
     path.write_bytes(content)
-    proc = subprocess.run([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
-                           "--config", str(path), "--web.listen-address", f"127.0.0.1:{free_port()}"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(host.root),
+            "--config",
+            str(path),
+            "--web.listen-address",
+            f"127.0.0.1:{free_port()}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert str(path) in proc.stderr
@@ -121,17 +153,38 @@ def test_sighup_with_broken_files_keeps_the_running_config_and_a_good_one_recove
     path.write_text("poll_interval_seconds = 0.2\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root),
-                             "--config", str(path), "--web.listen-address", f"127.0.0.1:{port}",
-                             "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool",
-                             "--log.format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(host.root),
+            "--config",
+            str(path),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--no-watch.netlink",
+            "--no-watch.udev",
+            "--no-collector.ethtool",
+            "--log.format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         reload_ok = "rnic_exporter_config_last_reload_successful"
         polls = "rnic_exporter_polls_total"
         wait_for(lambda: _series(url, "rnic_devices") == 2, timeout=20, what="first scrape")
-        for broken in (b"poll_interval_seconds = nan\n", b"poll_interval_seconds = inf\n",
-                       b"x = " + b"[" * 500 + b"]" * 500 + b"\n", b"poll_interval_seconds = 1\n\xff\n",
-                       b"poll_interval_seconds = 1e-9\n"):
+        for broken in (
+            b"poll_interval_seconds = nan\n",
+            b"poll_interval_seconds = inf\n",
+            b"x = " + b"[" * 500 + b"]" * 500 + b"\n",
+            b"poll_interval_seconds = 1\n\xff\n",
+            b"poll_interval_seconds = 1e-9\n",
+        ):
             path.write_bytes(broken)
             proc.send_signal(signal.SIGHUP)
             wait_for(lambda: _series(url, reload_ok) == 0, timeout=10, what=f"reload of {broken[:30]!r} refused")
@@ -162,14 +215,29 @@ def test_check_honours_the_files_device_filters_as_serve_does(tmp_path: Path) ->
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
     path = tmp_path / "rnic.toml"
     path.write_text("[collector.infiniband]\ndevice_exclude = '^mlx5_[01]$'\n")
-    result = CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--config", str(path),
-                                       "--state.dir", "", "--no-netlink", "--json"])
+    result = CliRunner().invoke(
+        main,
+        ["check", "--path.sysfs", str(host.root), "--config", str(path), "--state.dir", "", "--no-netlink", "--json"],
+    )
     assert result.exit_code in (0, 1), result.output
     assert json.loads(result.output)["devices"] == 1  # only mlx5_2: the file's exclude applies
     # The flag beats the file, as in serve.
-    result = CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--config", str(path),
-                                       "--collector.infiniband.device-exclude", "^mlx5_2$",
-                                       "--state.dir", "", "--no-netlink", "--json"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "check",
+            "--path.sysfs",
+            str(host.root),
+            "--config",
+            str(path),
+            "--collector.infiniband.device-exclude",
+            "^mlx5_2$",
+            "--state.dir",
+            "",
+            "--no-netlink",
+            "--json",
+        ],
+    )
     assert json.loads(result.output)["devices"] == 2  # mlx5_0 and mlx5_1
 
 
@@ -179,7 +247,8 @@ def test_resolve_orders_flag_file_default(tmp_path: Path) -> None:
     from_file = config.resolve(path, poll_interval_s=5.0)
     assert from_file.poll_interval_s == 2.0
     assert from_file.reader.device_include is not None and from_file.reader.device_include.pattern == "^mlx5_"
-    flags = config.resolve(path, poll_interval_s=7.0, device_include="^ib", explicit={"poll_interval",
-                                                                                     "device_include"})
+    flags = config.resolve(
+        path, poll_interval_s=7.0, device_include="^ib", explicit={"poll_interval", "device_include"}
+    )
     assert flags.poll_interval_s == 7.0
     assert flags.reader.device_include is not None and flags.reader.device_include.pattern == "^ib"

@@ -27,8 +27,14 @@ REPO = Path(__file__).resolve().parents[1]
 DASHBOARD_DIR = REPO / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # What Grafana puts in for the variables when a query runs; "All" is the allValue `.*`.
-VARIABLES = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h", "$instance": ".*",
-             "$device": ".*", "$port": ".*"}
+VARIABLES = {
+    "$__rate_interval": "1m",
+    "$__interval": "15s",
+    "$__range": "1h",
+    "$instance": ".*",
+    "$device": ".*",
+    "$port": ".*",
+}
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
 _EVENT_MATCHER = re.compile(r'\bevent\s*=~?\s*"([^"]*)"')
 
@@ -71,36 +77,47 @@ def test_committed_json_is_a_fresh_generation() -> None:
     assert set(committed) == set(fresh), "dashboards/ holds other files than the generator writes"
     for filename, text in fresh.items():
         assert committed[filename] == text, (
-            f"dashboards/{filename} is stale: run `python -m rnic_exporter.dashboards --out dashboards`")
+            f"dashboards/{filename} is stale: run `python -m rnic_exporter.dashboards --out dashboards`"
+        )
 
 
 def test_generation_command_writes_the_files(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, "-m", "rnic_exporter.dashboards", "--out", str(tmp_path)],
-                            capture_output=True, text=True, cwd=REPO, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "rnic_exporter.dashboards", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == generate()
 
 
 def test_generation_without_grafanalib_says_which_extra_to_install(tmp_path: Path) -> None:
-    code = ("import runpy, sys; sys.modules['grafanalib'] = None; "
-            f"sys.argv = ['x', '--out', {str(tmp_path / 'out')!r}]; "
-            "runpy.run_module('rnic_exporter.dashboards', run_name='__main__')")
+    code = (
+        "import runpy, sys; sys.modules['grafanalib'] = None; "
+        f"sys.argv = ['x', '--out', {str(tmp_path / 'out')!r}]; "
+        "runpy.run_module('rnic_exporter.dashboards', run_name='__main__')"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 2 and "rnic-exporter[dashboards]" in result.stderr, result.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_the_daemon_never_loads_grafanalib() -> None:
-    code = ("import sys, rnic_exporter.cli, rnic_exporter.agent; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'grafanalib' "
-            "or m.startswith('rnic_exporter.dashboards')))")
+    code = (
+        "import sys, rnic_exporter.cli, rnic_exporter.agent; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'grafanalib' "
+        "or m.startswith('rnic_exporter.dashboards')))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
 
 
 def test_every_panel_target_variable_and_annotation_uses_the_datasource_variable(
-        dashboards: dict[str, dict[str, Any]]) -> None:
+    dashboards: dict[str, dict[str, Any]],
+) -> None:
     for filename, dashboard in dashboards.items():
         variables = {v["name"]: v for v in dashboard["templating"]["list"]}
         assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
@@ -153,19 +170,36 @@ def test_every_metric_in_a_query_is_in_the_catalogue(dashboards: dict[str, dict[
             assert not unknown, f"{filename} {where} names {sorted(unknown)}, which rnic_exporter/catalog.py lacks"
             used |= names
     # The headline signals of the issue are all on a dashboard.
-    wanted = {catalog.DEVICE_PRESENT, catalog.PORT_UP, catalog.LINK_BELOW_RATED, catalog.GID_TABLE_HASH,
-              catalog.GID_V2_IPV4_INDEX, catalog.NCCL_GID_INDEX, catalog.NETDEV_ADDRESS_PRESENT,
-              catalog.PORT_FLAPPING, catalog.NETDEV_ADDRESS_LOSS_RISK, catalog.PORT_PMA, catalog.PORT_HW_STAT,
-              catalog.PORT_DATA_RECEIVED, catalog.PORT_DATA_TRANSMITTED, catalog.PORT_RATED_RATE,
-              catalog.PCIE_LINK_SPEED, catalog.PCIE_LINK_WIDTH, catalog.GID_ENTRY_INFO, catalog.EVENTS,
-              catalog.NCCL_CONFIGURED_GID_INDEX_VALID}
+    wanted = {
+        catalog.DEVICE_PRESENT,
+        catalog.PORT_UP,
+        catalog.LINK_BELOW_RATED,
+        catalog.GID_TABLE_HASH,
+        catalog.GID_V2_IPV4_INDEX,
+        catalog.NCCL_GID_INDEX,
+        catalog.NETDEV_ADDRESS_PRESENT,
+        catalog.PORT_FLAPPING,
+        catalog.NETDEV_ADDRESS_LOSS_RISK,
+        catalog.PORT_PMA,
+        catalog.PORT_HW_STAT,
+        catalog.PORT_DATA_RECEIVED,
+        catalog.PORT_DATA_TRANSMITTED,
+        catalog.PORT_RATED_RATE,
+        catalog.PCIE_LINK_SPEED,
+        catalog.PCIE_LINK_WIDTH,
+        catalog.GID_ENTRY_INFO,
+        catalog.EVENTS,
+        catalog.NCCL_CONFIGURED_GID_INDEX_VALID,
+    }
     assert {spec.name for spec in wanted} - used == set()
 
 
 def test_metric_name_extraction_sees_through_promql() -> None:
-    expr = ('topk(10, sum by (instance, counter) (increase(rnic_port_pma_total{counter=~"a|b", port="1"}[$__range])))'
-            ' / on (instance) group_left (device) max without (source) (rnic_port_rated_rate_bytes_per_second)'
-            ' or vector(0) unless rnic_port_up offset 5m > bool 1e9')
+    expr = (
+        'topk(10, sum by (instance, counter) (increase(rnic_port_pma_total{counter=~"a|b", port="1"}[$__range])))'
+        " / on (instance) group_left (device) max without (source) (rnic_port_rated_rate_bytes_per_second)"
+        " or vector(0) unless rnic_port_up offset 5m > bool 1e9"
+    )
     assert metric_names(expr) == {"rnic_port_pma_total", "rnic_port_rated_rate_bytes_per_second", "rnic_port_up"}
     assert metric_names("sum(rnic_no_such_metric)") == {"rnic_no_such_metric"}
 
@@ -193,19 +227,23 @@ def test_annotations_mark_catalogue_events(dashboards: dict[str, dict[str, Any]]
 
 
 def test_every_query_passes_promtool(tmp_path: Path, dashboards: dict[str, dict[str, Any]]) -> None:
-    rules = [{"record": f"dashboard:query_{i}", "expr": _substitute(expr)}
-             for i, (_, expr) in enumerate(q for d in dashboards.values() for q in _queries(d))]
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": _substitute(expr)}
+        for i, (_, expr) in enumerate(q for d in dashboards.values() for q in _queries(d))
+    ]
     path = tmp_path / "dashboard-queries.rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}))
-    result = subprocess.run([require_binary("promtool"), "check", "rules", str(path)], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [require_binary("promtool"), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout
 
 
 @pytest.mark.e2e
 def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
-        tmp_path: Path, dashboards: dict[str, dict[str, Any]]) -> None:
+    tmp_path: Path, dashboards: dict[str, dict[str, Any]]
+) -> None:
     """Each query parses on a real Prometheus; each one whose metrics `serve` exposes returns data.
 
     The faults make the "what changed" queries and the event annotations non-empty: a GID shift, a PCIe
@@ -213,13 +251,31 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
     """
     host = SimHost.build(tmp_path / "sys", roce=3, gid_table_size=16)
     port = free_port()
-    args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}",
-            "--poll.interval", "0.2", "--state.dir", str(tmp_path / "state")]
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]}
+    args = [
+        "serve",
+        "--path.sysfs",
+        str(host.root),
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--poll.interval",
+        "0.2",
+        "--state.dir",
+        str(tmp_path / "state"),
+    ]
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+    }
     # A configured NCCL index, so the validity panel has a series too.
-    with exporter(args, ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=tmp_path / "exporter.log",
-                  env={"NCCL_IB_GID_INDEX": "3"}), Prometheus(tmp_path / "prom", config) as prom:
+    with (
+        exporter(
+            args,
+            ready_url=f"http://127.0.0.1:{port}/-/ready",
+            log_path=tmp_path / "exporter.log",
+            env={"NCCL_IB_GID_INDEX": "3"},
+        ),
+        Prometheus(tmp_path / "prom", config) as prom,
+    ):
         prom.wait_value('count(rnic_gid_table_hash{device="mlx5_0"})')
         host.gid_shift("mlx5_0")
         host.set_pcie("mlx5_1", 16.0, 8)

@@ -41,8 +41,7 @@ def read_full(host: SimHost) -> Snapshot:
 class Run:
     """A detector over a simulated host, polled by hand; keeps every event it emitted."""
 
-    def __init__(self, host: SimHost, state_dir: Path | None = None,
-                 settings: DetectionSettings | None = None) -> None:
+    def __init__(self, host: SimHost, state_dir: Path | None = None, settings: DetectionSettings | None = None) -> None:
         self.host = host
         self.detector = Detector(settings or DetectionSettings(), StateStore(state_dir))
         self.clock = 1_000_000.0
@@ -65,6 +64,7 @@ def only(events: list[Event], name: str) -> Event:
 
 # -- incident 1: the GID index shift ----------------------------------------------------------
 
+
 def test_gid_shift_reports_the_move_of_the_roce_v2_address(sim_host: SimHost) -> None:
     run = Run(sim_host)
     assert names(run.poll()) == ["rnic.device.discovered"] * 3
@@ -72,16 +72,25 @@ def test_gid_shift_reports_the_move_of_the_roce_v2_address(sim_host: SimHost) ->
     sim_host.set_port_up("mlx5_0", False)
     sim_host.remove_address("mlx5_0", "10.0.0.1")  # NetworkManager drops the address on carrier loss
     lost = run.poll()
-    assert names(lost) == ["rnic.address.lost", "rnic.gid.table_changed", "rnic.nccl.gid_index_changed",
-                           "rnic.port.down"]
+    assert names(lost) == [
+        "rnic.address.lost",
+        "rnic.gid.table_changed",
+        "rnic.nccl.gid_index_changed",
+        "rnic.port.down",
+    ]
     loss = only(lost, "rnic.address.lost")
     assert loss.attributes["port_state"] == "down" and loss.severity == "warning"
     assert (loss.device, loss.port, loss.netdev) == ("mlx5_0", 1, "ens1f0np0")
     sim_host.set_port_up("mlx5_0", True)
     sim_host.add_address("mlx5_0", "10.0.0.1")
     back = run.poll()
-    assert names(back) == ["rnic.address.restored", "rnic.gid.address_moved", "rnic.gid.table_changed",
-                           "rnic.nccl.gid_index_changed", "rnic.port.up"]
+    assert names(back) == [
+        "rnic.address.restored",
+        "rnic.gid.address_moved",
+        "rnic.gid.table_changed",
+        "rnic.nccl.gid_index_changed",
+        "rnic.port.up",
+    ]
     moved = only(back, "rnic.gid.address_moved")
     assert (moved.before, moved.after, moved.attributes["address"]) == ("3", "4", "10.0.0.1")
     assert moved.severity == "critical" and "index 3" in moved.message and "to 4" in moved.message
@@ -112,7 +121,10 @@ def test_address_lost_while_the_port_is_up_is_critical(sim_host: SimHost) -> Non
     sim_host.remove_address("mlx5_1", "10.0.1.1")
     loss = only(run.poll(), "rnic.address.lost")
     assert loss.severity == "critical" and loss.attributes == {
-        "address": "10.0.1.1", "family": "ipv4", "port_state": "up"}
+        "address": "10.0.1.1",
+        "family": "ipv4",
+        "port_state": "up",
+    }
     sim_host.add_address("mlx5_1", "10.0.1.1")
     events = run.poll()
     only(events, "rnic.address.restored")
@@ -125,8 +137,7 @@ def test_addresses_come_from_netlink_when_it_knows_the_netdev(sim_host: SimHost)
             self.address, self.family, self.flags = address, family, flags
 
     privacy = Addr("2001:db8::7e3a", "ipv6", flags=0x01)  # IFA_F_TEMPORARY: rotates by design
-    both = {"ens1f0np0": (Addr("10.0.0.1", "ipv4"), Addr("2001:db8::1", "ipv6"), Addr("fe80::1", "ipv6"),
-                          privacy)}
+    both = {"ens1f0np0": (Addr("10.0.0.1", "ipv4"), Addr("2001:db8::1", "ipv6"), Addr("fe80::1", "ipv6"), privacy)}
     run = Run(sim_host)
     run.poll(Inputs(addresses=both))  # learns what is expected
     assert run.poll(Inputs(addresses=both)) == []
@@ -144,6 +155,7 @@ def test_addresses_come_from_netlink_when_it_knows_the_netdev(sim_host: SimHost)
 
 
 # -- incident 3: the configured NCCL_IB_GID_INDEX ----------------------------------------------
+
 
 @pytest.mark.parametrize(("index", "valid"), [(3, True), (2, False), (0, False), (1, False), (9, False)])
 def test_configured_gid_index_must_be_roce_v2_ipv4(sim_host: SimHost, index: int, valid: bool) -> None:
@@ -174,6 +186,7 @@ def test_auto_selection_means_no_configured_index(sim_host: SimHost) -> None:
 
 
 # -- incident 2: silent degradation --------------------------------------------------------------
+
 
 def test_speed_below_configured_rating_and_restored(sim_host: SimHost) -> None:
     rated = RatedExpectation(match=(("hca_type", "MT4129"),), port_rate_gbps=400, port_width=4)
@@ -207,7 +220,9 @@ def test_learned_baseline_and_ethtool_ratings(sim_host: SimHost) -> None:
     view = run.detector.last.ports[("mlx5_0", 1)] if run.detector.last else None
     assert view is not None
     assert [(r.source, r.rate_bytes_per_second, r.lanes) for r in view.rated] == [
-        ("ethtool", 400e9 / 8, 4), ("baseline", 400e9 / 8, 4)]
+        ("ethtool", 400e9 / 8, 4),
+        ("baseline", 400e9 / 8, 4),
+    ]
 
 
 def test_pcie_downtrain_against_device_maximum(sim_host: SimHost) -> None:
@@ -229,6 +244,7 @@ def test_down_port_rate_is_not_judged(sim_host: SimHost) -> None:
 
 # -- the NIC that disappears ---------------------------------------------------------------------
 
+
 def test_device_disappears_and_reappears(sim_host: SimHost, tmp_path: Path) -> None:
     run = Run(sim_host, tmp_path / "state")
     run.poll()
@@ -248,16 +264,28 @@ def test_device_removed_while_stopped_is_missing_after_restart(sim_host: SimHost
     assert gone.device == "mlx5_2"
     last = restarted.detector.last
     assert last is not None and {d.name: d.present for d in last.devices.values()} == {
-        "mlx5_0": True, "mlx5_1": True, "mlx5_2": False}
+        "mlx5_0": True,
+        "mlx5_1": True,
+        "mlx5_2": False,
+    }
 
 
 # -- flapping --------------------------------------------------------------------------------
 
+
 def test_flap_tracker_window_and_sticky_clear() -> None:
     tracker = FlapTracker(FlapSettings(transitions=4, window_s=60, clear_after_s=120))
     key = ("mlx5_0", 1)
-    timeline = [(0, True, False), (10, False, False), (20, True, False), (30, False, False),
-                (40, True, True), (100, True, True), (159, True, True), (160, True, False)]
+    timeline = [
+        (0, True, False),
+        (10, False, False),
+        (20, True, False),
+        (30, False, False),
+        (40, True, True),
+        (100, True, True),
+        (159, True, True),
+        (160, True, False),
+    ]
     for now, up, flapping in timeline:
         assert tracker.observe(key, up, now) is flapping, now
 
@@ -268,8 +296,7 @@ def test_slow_transitions_are_not_a_flap() -> None:
 
 
 def test_flapping_events(sim_host: SimHost) -> None:
-    run = Run(sim_host, settings=DetectionSettings(flap=FlapSettings(transitions=4, window_s=20,
-                                                                      clear_after_s=30)))
+    run = Run(sim_host, settings=DetectionSettings(flap=FlapSettings(transitions=4, window_s=20, clear_after_s=30)))
     run.poll()
     seen: list[str] = []
     for up in (False, True, False, True):
@@ -280,6 +307,7 @@ def test_flapping_events(sim_host: SimHost) -> None:
 
 
 # -- risks -----------------------------------------------------------------------------------
+
 
 def test_address_loss_risks(tmp_path: Path) -> None:
     paths = HostPaths(procfs=tmp_path / "proc", rootfs=tmp_path / "root")
@@ -308,18 +336,23 @@ def test_risk_event_once_per_new_reason(sim_host: SimHost) -> None:
 
 # -- ethtool modes ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("modes", "best"), [
-    (["100000baseCR4/Full", "400000baseCR4/Full", "200000baseCR2/Full"], AdvertisedLink(400000, 4)),
-    (["25000baseCR/Full", "10000baseT/Full"], AdvertisedLink(25000, 1)),
-    (["400000baseCR8/Full"], AdvertisedLink(400000, 8)),
-    (["Autoneg", "TP", "Pause"], None),
-    ([], None),
-])
+
+@pytest.mark.parametrize(
+    ("modes", "best"),
+    [
+        (["100000baseCR4/Full", "400000baseCR4/Full", "200000baseCR2/Full"], AdvertisedLink(400000, 4)),
+        (["25000baseCR/Full", "10000baseT/Full"], AdvertisedLink(25000, 1)),
+        (["400000baseCR8/Full"], AdvertisedLink(400000, 8)),
+        (["Autoneg", "TP", "Pause"], None),
+        ([], None),
+    ],
+)
 def test_best_advertised_mode(modes: list[str], best: AdvertisedLink | None) -> None:
     assert best_mode(modes) == best
 
 
 # -- the state file --------------------------------------------------------------------------
+
 
 def test_state_round_trip_is_atomic_and_versioned(sim_host: SimHost, tmp_path: Path) -> None:
     run = Run(sim_host, tmp_path / "state")
@@ -336,13 +369,16 @@ def test_state_round_trip_is_atomic_and_versioned(sim_host: SimHost, tmp_path: P
     assert path.stat().st_mtime_ns == mtime  # nothing changed: not rewritten
 
 
-@pytest.mark.parametrize(("content", "reason"), [
-    ("{not json", "corrupt"),
-    ('{"format": "something-else", "version": 1}', "foreign"),
-    ('{"format": "rnic-exporter-state", "version": 99}', "corrupt"),
-    ('{"format": "rnic-exporter-state", "version": 1, "devices": {"x": {"bogus": 1}}}', "corrupt"),
-    ("[1, 2]", "foreign"),
-])
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("{not json", "corrupt"),
+        ('{"format": "something-else", "version": 1}', "foreign"),
+        ('{"format": "rnic-exporter-state", "version": 99}', "corrupt"),
+        ('{"format": "rnic-exporter-state", "version": 1, "devices": {"x": {"bogus": 1}}}', "corrupt"),
+        ("[1, 2]", "foreign"),
+    ],
+)
 def test_corrupt_or_foreign_state_is_rebuilt(sim_host: SimHost, tmp_path: Path, content: str, reason: str) -> None:
     state_dir = tmp_path / "state"
     state_dir.mkdir()
@@ -364,21 +400,33 @@ def test_unwritable_state_dir_is_counted_not_fatal(sim_host: SimHost, tmp_path: 
 
 # -- problems (check) -------------------------------------------------------------------------
 
+
 def test_problems_explain_each_condition(sim_host: SimHost, tmp_path: Path) -> None:
     Run(sim_host, tmp_path / "state").poll()
     sim_host.remove_device("mlx5_2")
     sim_host.set_speed("mlx5_0", 100)
     sim_host.remove_address("mlx5_1", "10.0.1.1")
     state = StateStore(tmp_path / "state").load().state
-    cur = judge(read_full(sim_host), state, DetectionSettings(nccl_gid_index=2, expected_devices=4),
-                risks={"ens1f0np0": frozenset({"networkmanager"})})
+    cur = judge(
+        read_full(sim_host),
+        state,
+        DetectionSettings(nccl_gid_index=2, expected_devices=4),
+        risks={"ens1f0np0": frozenset({"networkmanager"})},
+    )
     problems = find_problems(cur)
     codes = sorted((p.code, p.where.split(" ")[0]) for p in problems)
-    assert codes == sorted([
-        ("device_missing", "mlx5_2"), ("device_count", "host"), ("port_below_rated", "mlx5_0"),
-        ("netdev_below_rated", "mlx5_0"), ("nccl_gid_index_invalid", "mlx5_0"),
-        ("nccl_gid_index_invalid", "mlx5_1"), ("address_missing", "mlx5_1"),
-        ("risk_networkmanager", "mlx5_0")])
+    assert codes == sorted(
+        [
+            ("device_missing", "mlx5_2"),
+            ("device_count", "host"),
+            ("port_below_rated", "mlx5_0"),
+            ("netdev_below_rated", "mlx5_0"),
+            ("nccl_gid_index_invalid", "mlx5_0"),
+            ("nccl_gid_index_invalid", "mlx5_1"),
+            ("address_missing", "mlx5_1"),
+            ("risk_networkmanager", "mlx5_0"),
+        ]
+    )
     assert [p.severity for p in problems] == ["critical"] * 5 + ["warning"] * 3  # most severe first
     assert all(p.meaning and p.fix for p in problems)
 

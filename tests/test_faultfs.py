@@ -80,7 +80,8 @@ def test_serves_the_backing_tree_exactly(faulty_sysfs: FaultyMount, sim_host: Si
     assert seen > 400  # 3 devices: counters, GID slots, links
     # The links a reader follows resolve inside the mount.
     assert os.path.realpath(mount / "class/infiniband/mlx5_1/device") == str(
-        mount / sim_host.device("mlx5_1").function_dir)
+        mount / sim_host.device("mlx5_1").function_dir
+    )
     assert (mount / "class/infiniband/mlx5_1/device/net").is_dir()
     assert (mount / "class/infiniband/mlx5_1/device/../max_link_speed").read_text() == "32.0 GT/s PCIe\n"
 
@@ -168,8 +169,7 @@ def test_errno_on_open_and_on_listing(faulty_sysfs: FaultyMount) -> None:
         os.close(held)
 
 
-def test_blocked_read_waits_for_release_while_others_are_served(faulty_sysfs: FaultyMount,
-                                                                 sim_host: SimHost) -> None:
+def test_blocked_read_waits_for_release_while_others_are_served(faulty_sysfs: FaultyMount, sim_host: SimHost) -> None:
     mount = faulty_sysfs.mount
     faulty_sysfs.block(RCV)
     got: list[bytes] = []
@@ -292,8 +292,7 @@ def _counter_errors(errors: tuple[ReadError, ...]) -> list[tuple[str, int | None
     return [(e.device, e.port, e.attribute, e.reason) for e in errors]
 
 
-def test_host_reader_reports_each_errno_for_that_attribute_only(faulty_sysfs: FaultyMount,
-                                                                 sim_host: SimHost) -> None:
+def test_host_reader_reports_each_errno_for_that_attribute_only(faulty_sysfs: FaultyMount, sim_host: SimHost) -> None:
     """Through the mount, each errno costs one attribute of one device; the rest reads as directly."""
     reader = HostReader(SysfsRoot(faulty_sysfs.mount, hold_fds=True))
     direct = HostReader(SysfsRoot(sim_host.root, hold_fds=True))

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.support.fuzzing import Target, targets
 
-BOUNDED = settings(max_examples=50, derandomize=True, deadline=None, database=None,
-                   suppress_health_check=list(HealthCheck))
+BOUNDED = settings(
+    max_examples=50, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 TARGETS = targets()
 
 

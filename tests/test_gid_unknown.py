@@ -31,8 +31,14 @@ def _events(agent: Agent, event: str) -> float | None:
 @pytest.mark.parametrize("code", [errno.EIO, errno.EAGAIN])
 def test_an_unreadable_slot_keeps_the_hash_and_the_nccl_pick(tmp_path: Path, file: str, code: int) -> None:
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=0, gid_table_size=16)
-    config = ServeConfig(sysfs=host.root, state_dir=None, detection=DetectionSettings(),
-                         watch_netlink=False, watch_udev=False, ethtool=False)
+    config = ServeConfig(
+        sysfs=host.root,
+        state_dir=None,
+        detection=DetectionSettings(),
+        watch_netlink=False,
+        watch_udev=False,
+        ethtool=False,
+    )
     agent = Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
     try:
         agent.poll_once(full_gid_tables=True)
@@ -42,8 +48,10 @@ def test_an_unreadable_slot_keeps_the_hash_and_the_nccl_pick(tmp_path: Path, fil
             host.fail_with(f"class/infiniband/mlx5_0/ports/1/{file}", code)
             agent.reader.root.errno_overlay = host.errno_overlay
             agent.poll_once(full_gid_tables=full)
-            assert _series(agent, catalog.ATTRIBUTE_UNAVAILABLE.name, **PORT, attribute=file,
-                           reason=errno.errorcode[code]) == 1  # said, not hidden
+            assert (
+                _series(agent, catalog.ATTRIBUTE_UNAVAILABLE.name, **PORT, attribute=file, reason=errno.errorcode[code])
+                == 1
+            )  # said, not hidden
             assert _series(agent, catalog.GID_TABLE_HASH.name, **PORT) == hash_before
             assert _series(agent, catalog.NCCL_GID_INDEX.name, **PORT) == 3
             table = agent.reader._devices["mlx5_0"].gids[1]

@@ -39,42 +39,48 @@ from rnic_exporter.sources.sysfs import MalformedValueError, SysfsRoot
 HUGE = "9" * 400
 
 
-@pytest.mark.parametrize(("parse", "text"), [
-    (parse_counter, HUGE),
-    (parse_counter, str(1 << 64)),  # one past u64
-    (parse_counter, "9" * 5000),  # past Python's own int() digit limit
-    (parse_counter, "\u0663\u0664"),  # Arabic-Indic digits: int() takes them, the kernel never prints them
-    (parse_int, HUGE),
-    (parse_int, str(1 << 31)),
-    (parse_int, str(-(1 << 31) - 1)),
-    (parse_numbered_state, f"{HUGE}: ACTIVE"),
-    (parse_numbered_state, "256: ACTIVE"),
-    (parse_rate, f"{HUGE} Gb/sec (4X NDR)"),
-    (parse_rate, f"400 Gb/sec ({HUGE}X NDR)"),
-    (parse_lid, "0x" + "f" * 400),
-    (parse_link_speed, f"{HUGE} GT/s PCIe"),
-    (parse_link_speed, f"1.{HUGE} GT/s PCIe"),
-    (parse_link_width, HUGE),
-    (parse_mac, ":".join(["aa"] * 33)),
-    (parse_netdev_name, "ens\x001"),
-    (parse_netdev_name, "a" * 16),
-    (parse_netdev_name, "eth:0"),
-    (parse_netdev_name, ".."),
-    (parse_gid_type, "RoCE\x00 v2"),
-    (parse_string, "16.35\x002000"),
-    (parse_link_layer, "Ether\x00net"),
-])
+@pytest.mark.parametrize(
+    ("parse", "text"),
+    [
+        (parse_counter, HUGE),
+        (parse_counter, str(1 << 64)),  # one past u64
+        (parse_counter, "9" * 5000),  # past Python's own int() digit limit
+        (parse_counter, "\u0663\u0664"),  # Arabic-Indic digits: int() takes them, the kernel never prints them
+        (parse_int, HUGE),
+        (parse_int, str(1 << 31)),
+        (parse_int, str(-(1 << 31) - 1)),
+        (parse_numbered_state, f"{HUGE}: ACTIVE"),
+        (parse_numbered_state, "256: ACTIVE"),
+        (parse_rate, f"{HUGE} Gb/sec (4X NDR)"),
+        (parse_rate, f"400 Gb/sec ({HUGE}X NDR)"),
+        (parse_lid, "0x" + "f" * 400),
+        (parse_link_speed, f"{HUGE} GT/s PCIe"),
+        (parse_link_speed, f"1.{HUGE} GT/s PCIe"),
+        (parse_link_width, HUGE),
+        (parse_mac, ":".join(["aa"] * 33)),
+        (parse_netdev_name, "ens\x001"),
+        (parse_netdev_name, "a" * 16),
+        (parse_netdev_name, "eth:0"),
+        (parse_netdev_name, ".."),
+        (parse_gid_type, "RoCE\x00 v2"),
+        (parse_string, "16.35\x002000"),
+        (parse_link_layer, "Ether\x00net"),
+    ],
+)
 def test_values_beyond_their_type_are_malformed(parse: Callable[[str], object], text: str) -> None:
     with pytest.raises(MalformedValueError):
         parse(text)
 
 
-@pytest.mark.parametrize(("parse", "text", "want"), [
-    (parse_counter, str((1 << 64) - 1), (1 << 64) - 1),  # saturation stays a value
-    (parse_int, str((1 << 31) - 1), (1 << 31) - 1),
-    (parse_int, "-1", -1),
-    (parse_netdev_name, "a" * 15, "a" * 15),
-])
+@pytest.mark.parametrize(
+    ("parse", "text", "want"),
+    [
+        (parse_counter, str((1 << 64) - 1), (1 << 64) - 1),  # saturation stays a value
+        (parse_int, str((1 << 31) - 1), (1 << 31) - 1),
+        (parse_int, "-1", -1),
+        (parse_netdev_name, "a" * 15, "a" * 15),
+    ],
+)
 def test_the_bounds_themselves_are_values(parse: Callable[[str], object], text: str, want: object) -> None:
     assert parse(text) == want
 
@@ -111,17 +117,20 @@ def _write(path: Path, text: str) -> None:
     path.write_bytes(text.encode())
 
 
-@pytest.mark.parametrize(("where", "text", "attribute"), [
-    ("ports/1/counters/port_rcv_data", HUGE, "counters/port_rcv_data"),
-    ("ports/1/counters/symbol_error", HUGE, "counters/symbol_error"),
-    ("ports/1/hw_counters/out_of_sequence", HUGE, "hw_counters/out_of_sequence"),
-    ("ports/1/state", f"{HUGE}: ACTIVE", "state"),
-    ("ports/1/rate", f"{HUGE} Gb/sec (4X NDR)", "rate"),
-    ("net:speed", HUGE, "net/ens2f0np0/speed"),
-    ("net:mtu", HUGE, "net/ens2f0np0/mtu"),
-    ("pci:current_link_speed", f"{HUGE} GT/s PCIe", "current_link_speed"),
-    ("ports/1/gid_attrs/ndevs/0", "ens\x002f0np0", "gid_attrs/ndevs/0"),
-])
+@pytest.mark.parametrize(
+    ("where", "text", "attribute"),
+    [
+        ("ports/1/counters/port_rcv_data", HUGE, "counters/port_rcv_data"),
+        ("ports/1/counters/symbol_error", HUGE, "counters/symbol_error"),
+        ("ports/1/hw_counters/out_of_sequence", HUGE, "hw_counters/out_of_sequence"),
+        ("ports/1/state", f"{HUGE}: ACTIVE", "state"),
+        ("ports/1/rate", f"{HUGE} Gb/sec (4X NDR)", "rate"),
+        ("net:speed", HUGE, "net/ens2f0np0/speed"),
+        ("net:mtu", HUGE, "net/ens2f0np0/mtu"),
+        ("pci:current_link_speed", f"{HUGE} GT/s PCIe", "current_link_speed"),
+        ("ports/1/gid_attrs/ndevs/0", "ens\x002f0np0", "gid_attrs/ndevs/0"),
+    ],
+)
 def test_one_hostile_file_costs_one_attribute(tmp_path: Path, where: str, text: str, attribute: str) -> None:
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
     healthy, _ = _read(host)
@@ -137,8 +146,9 @@ def test_one_hostile_file_costs_one_attribute(tmp_path: Path, where: str, text: 
     assert any(a.endswith(attribute) and reason == "malformed" for a, reason in unavailable), unavailable
     assert len(unavailable) == 1
     # The other devices are untouched.
-    assert [line for line in exposition.splitlines() if 'device="mlx5_0"' in line] == \
-        [line for line in healthy.splitlines() if 'device="mlx5_0"' in line]
+    assert [line for line in exposition.splitlines() if 'device="mlx5_0"' in line] == [
+        line for line in healthy.splitlines() if 'device="mlx5_0"' in line
+    ]
 
 
 def _rename_netdev(host: SimHost, old: str, new: bytes) -> None:
@@ -155,8 +165,12 @@ def test_a_non_utf8_netdev_name_is_escaped_in_both_exports(tmp_path: Path) -> No
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
     _rename_netdev(host, "ibp48s0", b"ib\xff0")
     exposition, snap = _read(host)  # decodes strictly
-    infos = [s for f in text_string_to_metric_families(exposition)
-             for s in f.samples if s.name == catalog.PORT_INFO.name and s.labels["device"] == "mlx5_2"]
+    infos = [
+        s
+        for f in text_string_to_metric_families(exposition)
+        for s in f.samples
+        if s.name == catalog.PORT_INFO.name and s.labels["device"] == "mlx5_2"
+    ]
     assert [s.labels["netdev"] for s in infos] == ["ib\\xff0"]
     # OTLP attributes of the same samples are valid UTF-8 too (protobuf refuses anything else).
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -173,8 +187,9 @@ def test_a_non_utf8_netdev_name_is_escaped_in_both_exports(tmp_path: Path) -> No
 def test_check_on_a_huge_speed_reports_instead_of_crashing(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
     _write(host.root / "class/net/ens2f0np0/speed", HUGE + "\n")
-    result = CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--state.dir", "",
-                                       "--no-netlink", "--json"])
+    result = CliRunner().invoke(
+        main, ["check", "--path.sysfs", str(host.root), "--state.dir", "", "--no-netlink", "--json"]
+    )
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert result.exit_code in (0, 1)
     report = json.loads(result.output)

@@ -49,8 +49,10 @@ def scrape(agent: Agent) -> str:
 
 
 def make_agent(root: SysfsRoot, tmp_path: Path, **config: object) -> Agent:
-    return Agent(ServeConfig(sysfs=root.mount, state_dir=tmp_path / "state", ethtool=False, **config),  # type: ignore[arg-type]
-                 root=root)
+    return Agent(
+        ServeConfig(sysfs=root.mount, state_dir=tmp_path / "state", ethtool=False, **config),  # type: ignore[arg-type]
+        root=root,
+    )
 
 
 # -- counters per scrape ------------------------------------------------------------------------
@@ -66,8 +68,9 @@ def test_a_counter_change_is_visible_in_the_very_next_scrape(sim_host: SimHost, 
         sim_host.add_traffic(1.0)  # no poll in between: only the scrape reads counters
         after = value(scrape(agent), catalog.PORT_DATA_RECEIVED.name, device="mlx5_1")
         assert after is not None and after > before
-        assert int(after) == 4 * int((sim_host.root / "class/infiniband/mlx5_1/ports/1/counters/port_rcv_data")
-                                     .read_text())
+        assert int(after) == 4 * int(
+            (sim_host.root / "class/infiniband/mlx5_1/ports/1/counters/port_rcv_data").read_text()
+        )
         assert value(scrape(agent), catalog.COUNTERS_STALE.name) == 0
     finally:
         agent.close()
@@ -156,13 +159,32 @@ def daemon(sysfs: Path, tmp_path: Path, *extra: str) -> Iterator[tuple[subproces
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sysfs),
-                             "--web.listen-address", f"127.0.0.1:{port}", "--state.dir", str(tmp_path / "state"),
-                             "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool", *extra],
-                            stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(sysfs),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--state.dir",
+            str(tmp_path / "state"),
+            "--no-watch.netlink",
+            "--no-watch.udev",
+            "--no-collector.ethtool",
+            *extra,
+        ],
+        stdout=log,
+        stderr=log,
+    )
     try:
-        wait_for(lambda: proc.poll() is None and http_get(f"{base}/-/ready", timeout=1)[0] == 200, timeout=30,
-                 what="the exporter ready")
+        wait_for(
+            lambda: proc.poll() is None and http_get(f"{base}/-/ready", timeout=1)[0] == 200,
+            timeout=30,
+            what="the exporter ready",
+        )
         yield proc, base
     finally:
         stop_process(proc)
@@ -177,8 +199,9 @@ def timed_scrape(base: str) -> tuple[float, str]:
 
 
 @pytest.mark.e2e
-def test_a_hung_counter_read_stalls_only_its_device(sim_host: SimHost, faulty_sysfs: FaultyMount,
-                                                      tmp_path: Path) -> None:
+def test_a_hung_counter_read_stalls_only_its_device(
+    sim_host: SimHost, faulty_sysfs: FaultyMount, tmp_path: Path
+) -> None:
     fs = faulty_sysfs
     interval, wait = 0.5, 1.5
     with daemon(fs.mount, tmp_path, "--poll.interval", str(interval), "--web.counter-wait", str(wait)) as (proc, base):
@@ -211,8 +234,11 @@ def test_a_hung_counter_read_stalls_only_its_device(sim_host: SimHost, faulty_sy
         assert time.monotonic() - changed < interval + 1.0
         sim_host.add_traffic(1.0)
         want = 4 * int((sim_host.root / "class/infiniband/mlx5_2/ports/1/counters/port_rcv_data").read_text())
-        wait_for(lambda: value(timed_scrape(base)[1], catalog.PORT_DATA_RECEIVED.name, device="mlx5_2") == want,
-                 timeout=5, what="mlx5_2's counters moving on (the pass of a second ago is reused meanwhile)")
+        wait_for(
+            lambda: value(timed_scrape(base)[1], catalog.PORT_DATA_RECEIVED.name, device="mlx5_2") == want,
+            timeout=5,
+            what="mlx5_2's counters moving on (the pass of a second ago is reused meanwhile)",
+        )
         for path in ("/-/healthy", "/-/ready"):
             assert http_get(f"{base}{path}", timeout=5)[0] == 200
         assert fs.blocked(COUNTER) == 1  # still hung: everything above happened meanwhile
@@ -223,8 +249,9 @@ def test_a_hung_counter_read_stalls_only_its_device(sim_host: SimHost, faulty_sy
 
 
 @pytest.mark.e2e
-def test_a_first_poll_that_hangs_still_serves_the_other_devices(sim_host: SimHost, faulty_sysfs: FaultyMount,
-                                                                  tmp_path: Path) -> None:
+def test_a_first_poll_that_hangs_still_serves_the_other_devices(
+    sim_host: SimHost, faulty_sysfs: FaultyMount, tmp_path: Path
+) -> None:
     fs = faulty_sysfs
     fs.block("class/infiniband/mlx5_0/ports/1/state", seconds=30)
     with daemon(fs.mount, tmp_path, "--poll.interval", "0.5") as (_, base):
@@ -249,8 +276,9 @@ class Clock:
 
 @pytest.mark.parametrize("sim_host", [{"roce": 2, "infiniband": 0, "gid_table_size": 8}], indirect=True)
 @pytest.mark.parametrize("code", [errno.EINVAL, errno.EOPNOTSUPP])
-def test_unsupported_counters_cost_a_handful_of_reads_per_hour(sim_host: SimHost, faulty_sysfs: FaultyMount,
-                                                               code: int) -> None:
+def test_unsupported_counters_cost_a_handful_of_reads_per_hour(
+    sim_host: SimHost, faulty_sysfs: FaultyMount, code: int
+) -> None:
     fs = faulty_sysfs
     pattern = "class/infiniband/mlx5_1/ports/1/counters/*"
     files = len(os.listdir(sim_host.root / "class/infiniband/mlx5_1/ports/1/counters"))
@@ -280,8 +308,15 @@ def test_an_excluded_device_is_never_read(sim_host: SimHost, faulty_sysfs: Fault
     """A read can itself upset a restricted NIC: an excluded one is listed, never opened or read."""
     fs = faulty_sysfs
     root = SysfsRoot(fs.mount, hold_fds=True)
-    agent = Agent(ServeConfig(sysfs=fs.mount, state_dir=tmp_path / "state", ethtool=False,
-                              reader=ReaderSettings.build(device_exclude="^mlx5_1$")), root=root)
+    agent = Agent(
+        ServeConfig(
+            sysfs=fs.mount,
+            state_dir=tmp_path / "state",
+            ethtool=False,
+            reader=ReaderSettings.build(device_exclude="^mlx5_1$"),
+        ),
+        root=root,
+    )
     try:
         fs.reset_counts()
         agent.poll_once(full_gid_tables=True)

@@ -50,29 +50,66 @@ def pair(first: int, gid: str) -> list[GidEntry]:
 
 
 def port(gids: list[GidEntry], settings: NcclSettings, size: int = 16) -> Port:
-    return Port("mlx5_0", 1, "Ethernet", NumberedState(4, "ACTIVE"), NumberedState(5, "LinkUp"), None, 0,
-                gids=tuple(gids), gid_table_size=size,
-                nccl_gid_index=select_gid_index(gids, size, "Ethernet", settings))
+    return Port(
+        "mlx5_0",
+        1,
+        "Ethernet",
+        NumberedState(4, "ACTIVE"),
+        NumberedState(5, "LinkUp"),
+        None,
+        0,
+        gids=tuple(gids),
+        gid_table_size=size,
+        nccl_gid_index=select_gid_index(gids, size, "Ethernet", settings),
+    )
 
 
-@pytest.mark.parametrize(("gids", "env", "configured", "problem", "index"), [
-    pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, None, None, 3, id="normal-host-usable"),
-    pytest.param(pair(0, LL) + pair(2, ULA), {}, None, LINK_LOCAL, 0, id="ipv6-only-keeps-link-local-0"),
-    pytest.param(pair(0, LL), {}, None, LINK_LOCAL, 0, id="no-address-at-all"),
-    pytest.param(pair(0, LL) + pair(2, ULA), {"NCCL_IB_ADDR_FAMILY": "AF_INET6"}, None, None, 3,
-                 id="ipv6-only-under-af-inet6-usable"),
-    pytest.param([*pair(0, LL), GidEntry(2, v4("10.0.0.1"), ROCE_V1, NETDEV)], {}, None, WRONG_ROCE_VERSION, 2,
-                 id="only-v1-where-v2-is-asked"),
-    pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {"NCCL_IB_ADDR_RANGE": "192.168.0.0/16"}, None,
-                 LINK_LOCAL, 0, id="range-matching-nothing-stays-at-link-local-0"),
-    pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {"NCCL_IB_ADDR_RANGE": "192.168.0.0/16"}, 3,
-                 OUT_OF_RANGE, 3, id="pinned-index-outside-the-range"),
-    pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, 5, NO_GID, 5, id="pinned-index-is-empty"),
-    pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, 1, LINK_LOCAL, 1, id="pinned-index-is-link-local"),
-    pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, -1, None, 3, id="minus-one-is-auto"),
-])
-def test_judge_pick(gids: list[GidEntry], env: dict[str, str], configured: int | None, problem: str | None,
-                    index: int) -> None:
+@pytest.mark.parametrize(
+    ("gids", "env", "configured", "problem", "index"),
+    [
+        pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, None, None, 3, id="normal-host-usable"),
+        pytest.param(pair(0, LL) + pair(2, ULA), {}, None, LINK_LOCAL, 0, id="ipv6-only-keeps-link-local-0"),
+        pytest.param(pair(0, LL), {}, None, LINK_LOCAL, 0, id="no-address-at-all"),
+        pytest.param(
+            pair(0, LL) + pair(2, ULA),
+            {"NCCL_IB_ADDR_FAMILY": "AF_INET6"},
+            None,
+            None,
+            3,
+            id="ipv6-only-under-af-inet6-usable",
+        ),
+        pytest.param(
+            [*pair(0, LL), GidEntry(2, v4("10.0.0.1"), ROCE_V1, NETDEV)],
+            {},
+            None,
+            WRONG_ROCE_VERSION,
+            2,
+            id="only-v1-where-v2-is-asked",
+        ),
+        pytest.param(
+            pair(0, LL) + pair(2, v4("10.0.0.1")),
+            {"NCCL_IB_ADDR_RANGE": "192.168.0.0/16"},
+            None,
+            LINK_LOCAL,
+            0,
+            id="range-matching-nothing-stays-at-link-local-0",
+        ),
+        pytest.param(
+            pair(0, LL) + pair(2, v4("10.0.0.1")),
+            {"NCCL_IB_ADDR_RANGE": "192.168.0.0/16"},
+            3,
+            OUT_OF_RANGE,
+            3,
+            id="pinned-index-outside-the-range",
+        ),
+        pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, 5, NO_GID, 5, id="pinned-index-is-empty"),
+        pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, 1, LINK_LOCAL, 1, id="pinned-index-is-link-local"),
+        pytest.param(pair(0, LL) + pair(2, v4("10.0.0.1")), {}, -1, None, 3, id="minus-one-is-auto"),
+    ],
+)
+def test_judge_pick(
+    gids: list[GidEntry], env: dict[str, str], configured: int | None, problem: str | None, index: int
+) -> None:
     settings = NcclSettings.from_env(env)
     pick = judge_pick(port(gids, settings), settings, configured)
     assert (pick.problem, pick.index, pick.usable) == (problem, index, problem is None)
@@ -94,8 +131,9 @@ def invoke(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
 
 
 def check_json(host: SimHost, *extra: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
-    code, out = invoke("check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--json", *extra,
-                       env=env)
+    code, out = invoke(
+        "check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--json", *extra, env=env
+    )
     return code, json.loads(out)
 
 
@@ -149,7 +187,8 @@ def test_pinned_index_is_judged_under_the_nccl_family(host: SimHost) -> None:
     assert check_json(host, env=env)[0] == Exit.OK  # an IPv6 fabric pinning its ULA GID
     code, report = check_json(host, env={**env, "NCCL_IB_GID_INDEX": "1"})
     assert [p["what"].split(" (")[0] for p in problems(report)] == [
-        "NCCL_IB_GID_INDEX=1 is not a RoCE v2 routable IPv6 GID"] * 2
+        "NCCL_IB_GID_INDEX=1 is not a RoCE v2 routable IPv6 GID"
+    ] * 2
 
 
 def test_unreadable_gid_table_says_so_instead(host: SimHost, tmp_path: Path) -> None:
@@ -159,13 +198,25 @@ def test_unreadable_gid_table_says_so_instead(host: SimHost, tmp_path: Path) -> 
     port = "class/infiniband/mlx5_0/ports/1"
     host.fail_with(f"{port}/gids", errno.EIO)  # the listing fails
     host.fail_with("class/infiniband/mlx5_1/ports/1/gid_attrs/types/3", errno.EIO)  # one slot NCCL compares
-    report = run_check(host.root, None, DetectionSettings(), ReaderSettings(), HostPaths(rootfs=tmp_path / "none"),
-                       use_netlink=False, root=SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    report = run_check(
+        host.root,
+        None,
+        DetectionSettings(),
+        ReaderSettings(),
+        HostPaths(rootfs=tmp_path / "none"),
+        use_netlink=False,
+        root=SysfsRoot(host.root, errno_overlay=host.errno_overlay),
+    )
     found = [(p.code, p.severity, p.where, p.what) for p in report.problems]
     assert found == [
         ("gid_table_unreadable", "warning", "mlx5_0 port 1 (ens1f0np0)", "the GID table could not be read: gids (EIO)"),
-        ("gid_table_unreadable", "warning", "mlx5_1 port 1 (ens2f0np0)",
-         "the GID table could not be read: gid_attrs/types/3 (EIO)")], found
+        (
+            "gid_table_unreadable",
+            "warning",
+            "mlx5_1 port 1 (ens2f0np0)",
+            "the GID table could not be read: gid_attrs/types/3 (EIO)",
+        ),
+    ], found
     assert report.failed("warning") and not report.failed("critical")
 
 
@@ -189,18 +240,28 @@ def test_ports_nccl_does_not_use_over_roce_are_not_judged(host: SimHost) -> None
 
 
 def agent_for(host: SimHost, tmp_path: Path) -> Agent:
-    config = ServeConfig(sysfs=host.root, state_dir=tmp_path / "state", detection=DetectionSettings(),
-                         reader=ReaderSettings(), watch_netlink=False, watch_udev=False)
+    config = ServeConfig(
+        sysfs=host.root,
+        state_dir=tmp_path / "state",
+        detection=DetectionSettings(),
+        reader=ReaderSettings(),
+        watch_netlink=False,
+        watch_udev=False,
+    )
     return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
 
 def test_metric_and_events_follow_the_pick(host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     agent = agent_for(host, tmp_path)
     try:
+
         def usable() -> dict[str, float]:
             body = agent.prometheus.render(None, None)[0].decode()
-            return {dict(labels)["device"]: v for (name, labels), v in samples(body).items()
-                    if name == "rnic_nccl_gid_usable"}
+            return {
+                dict(labels)["device"]: v
+                for (name, labels), v in samples(body).items()
+                if name == "rnic_nccl_gid_usable"
+            }
 
         agent.poll_once(full_gid_tables=True)
         assert usable() == {"mlx5_0": 1, "mlx5_1": 1}  # mlx5_2 is InfiniBand: no series
@@ -218,7 +279,14 @@ def test_metric_and_events_follow_the_pick(host: SimHost, tmp_path: Path, caplog
         assert [r.fields["event"] for r in fired] == [ev.NCCL_GID_UNUSABLE.name, ev.NCCL_GID_USABLE.name]  # type: ignore[attr-defined]
         assert fired[0].fields["reason"] == LINK_LOCAL and fired[0].levelno == logging.ERROR  # type: ignore[attr-defined]
         body = agent.prometheus.render(None, None)[0].decode()
-        assert samples(body)[("rnic_events_total", frozenset(
-            {("event", ev.NCCL_GID_UNUSABLE.name), ("device", "mlx5_0"), ("port", "1")}))] == 1
+        assert (
+            samples(body)[
+                (
+                    "rnic_events_total",
+                    frozenset({("event", ev.NCCL_GID_UNUSABLE.name), ("device", "mlx5_0"), ("port", "1")}),
+                )
+            ]
+            == 1
+        )
     finally:
         agent.close()

@@ -103,8 +103,14 @@ def test_ipv6_reannouncements_are_one_change(ns: Netns) -> None:
         ns.ip("addr", "add", "2001:db8::1/64", "dev", NETDEV)
 
         def settled() -> IpAddress | None:
-            return next((a for a in watcher.addresses().get(NETDEV, ())
-                         if a.address == "2001:db8::1" and not a.flags & IFA_F_TENTATIVE), None)
+            return next(
+                (
+                    a
+                    for a in watcher.addresses().get(NETDEV, ())
+                    if a.address == "2001:db8::1" and not a.flags & IFA_F_TENTATIVE
+                ),
+                None,
+            )
 
         addr = wait_for(settled, timeout=10, what="2001:db8::1 past duplicate address detection")
         assert (addr.prefixlen, addr.family, addr.scope) == (64, "ipv6", 0)
@@ -141,8 +147,11 @@ def test_deleted_link_takes_its_addresses(ns: Netns) -> None:
     with watching(ns, recorder) as watcher:
         assert v4(watcher, "rnxa") == {"10.5.0.1"}
         ns.ip("link", "del", "rnxa")
-        wait_for(lambda: "rnxa" not in watcher.links() and "rnxb" not in watcher.links(), timeout=5,
-                 what="both veth ends gone")
+        wait_for(
+            lambda: "rnxa" not in watcher.links() and "rnxb" not in watcher.links(),
+            timeout=5,
+            what="both veth ends gone",
+        )
         assert "rnxa" not in watcher.addresses()
         assert recorder.address_events("address_removed", "10.5.0.1")
         with recorder.lock:
@@ -188,6 +197,7 @@ def test_a_full_receive_buffer_redumps_and_loses_nothing(ns: Netns, tmp_path: Pa
         wait_for(lambda: v4(watcher) == wanted, timeout=10, what="all 301 addresses after the re-dump")
         assert watcher.overruns >= 1 and watcher.errors >= watcher.overruns
         assert watcher.healthy
+
         def reported() -> bool:  # the re-dump reported what the dropped messages would have
             with recorder.lock:
                 added = {e.address.address for e in recorder.events if e.kind == "address_added" and e.address}
@@ -208,8 +218,7 @@ def test_failures_are_counted_logged_once_and_retried(ns: Netns, caplog: pytest.
     # Room for the watcher's event loop (epoll and a socket pair) and nothing more: every
     # attempt to open the netlink socket fails with EMFILE.
     with ns.entered(), descriptors_exhausted(spare=3):
-        watcher = NetlinkWatcher(recorder.on_change, on_event=recorder.on_event,
-                                 retry_initial_s=0.02, retry_max_s=0.05)
+        watcher = NetlinkWatcher(recorder.on_change, on_event=recorder.on_event, retry_initial_s=0.02, retry_max_s=0.05)
         watcher.start()
         assert not watcher.healthy
         wait_for(lambda: watcher.errors >= 3, timeout=5, what="several failed attempts")
@@ -237,8 +246,11 @@ def test_a_failing_callback_does_not_stop_the_watcher(ns: Netns) -> None:
     try:
         ns.ip("addr", "add", "10.0.0.1/24", "dev", NETDEV)
         ns.ip("addr", "add", "10.0.0.2/24", "dev", NETDEV)
-        wait_for(lambda: v4(watcher) == {"10.0.0.1", "10.0.0.2"} and seen.count("address_added") == 2, timeout=5,
-                 what="both addresses despite the raising callback")
+        wait_for(
+            lambda: v4(watcher) == {"10.0.0.1", "10.0.0.2"} and seen.count("address_added") == 2,
+            timeout=5,
+            what="both addresses despite the raising callback",
+        )
         assert watcher.healthy and watcher.errors == 0
     finally:
         watcher.close()
@@ -255,10 +267,17 @@ def test_namespace_helper_cleans_up_on_failure_and_after_a_crashed_run() -> None
 
     # A run killed inside the block leaves its namespaces behind; the next run removes them.
     crashed = subprocess.run(
-        [sys.executable, "-c", "import os\nfrom tests.support.netns import network_namespace\n"
-         "with network_namespace(['ens1f0np0']) as ns:\n    print(ns.name, ns.peer_ns, flush=True)\n"
-         "    os.kill(os.getpid(), 9)\n"],
-        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+        [
+            sys.executable,
+            "-c",
+            "import os\nfrom tests.support.netns import network_namespace\n"
+            "with network_namespace(['ens1f0np0']) as ns:\n    print(ns.name, ns.peer_ns, flush=True)\n"
+            "    os.kill(os.getpid(), 9)\n",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     left = crashed.stdout.split()
     assert crashed.returncode == -9 and len(left) == 2 and set(left) <= set(_netns_names())
     with network_namespace([]):
@@ -273,8 +292,11 @@ def _netns_names() -> list[str]:
 def test_a_server_inside_the_namespace_is_reachable_from_the_test_process(ns: Netns, tmp_path: Path) -> None:
     (tmp_path / "index.html").write_text("inside\n")
     port = free_port()
-    ns.popen([sys.executable, "-m", "http.server", "--bind", ns.address, "--directory", str(tmp_path), str(port)],
-             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ns.popen(
+        [sys.executable, "-m", "http.server", "--bind", ns.address, "--directory", str(tmp_path), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     status, _, body = wait_for(lambda: _get(ns.url(port, "/index.html")), timeout=10, what="http.server inside")
     assert (status, body) == (200, b"inside\n")
     assert ns.run("cat", "/proc/net/dev").stdout.count(NETDEV) == 1  # run() executes inside

@@ -66,20 +66,53 @@ def chain(tmp_path: Path) -> Iterator[tuple[Netns, Daemon, Path]]:
         ns.ip("addr", "add", "10.0.1.1/24", "dev", "ens2f0np0")
         sim_log = open(tmp_path / "simulate.log", "wb")  # noqa: SIM115 - closed below
         try:
-            ns.popen([sys.executable, "-m", "rnic_exporter", "simulate", str(sysfs), "--roce", "2",
-                      "--gid-table-size", "16", "--follow-netlink", "--hold-gids"],
-                     stdout=sim_log, stderr=subprocess.STDOUT)
+            ns.popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rnic_exporter",
+                    "simulate",
+                    str(sysfs),
+                    "--roce",
+                    "2",
+                    "--gid-table-size",
+                    "16",
+                    "--follow-netlink",
+                    "--hold-gids",
+                ],
+                stdout=sim_log,
+                stderr=subprocess.STDOUT,
+            )
             # "following netlink" is printed once the follower listens and holds its slots.
-            wait_for(lambda: "following netlink" in (tmp_path / "simulate.log").read_text(), timeout=20,
-                     what="the simulator to follow netlink")
+            wait_for(
+                lambda: "following netlink" in (tmp_path / "simulate.log").read_text(),
+                timeout=20,
+                what="the simulator to follow netlink",
+            )
             assert _v2_gid_file(sysfs, "mlx5_0", 3).read_text().strip() == address_gid("10.0.0.1")
             log = tmp_path / "serve.log"
             serve_log = open(log, "wb")  # noqa: SIM115 - closed below
             try:
-                ns.popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sysfs),
-                          "--web.listen-address", f"{ns.address}:{PORT}", "--state.dir", str(tmp_path / "state"),
-                          "--poll.interval", "60", "--log.format", "json"], stdout=serve_log,
-                         stderr=subprocess.STDOUT)
+                ns.popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "rnic_exporter",
+                        "serve",
+                        "--path.sysfs",
+                        str(sysfs),
+                        "--web.listen-address",
+                        f"{ns.address}:{PORT}",
+                        "--state.dir",
+                        str(tmp_path / "state"),
+                        "--poll.interval",
+                        "60",
+                        "--log.format",
+                        "json",
+                    ],
+                    stdout=serve_log,
+                    stderr=subprocess.STDOUT,
+                )
                 daemon = Daemon(ns, log)
                 wait_for(lambda: _ready(ns), timeout=20, what="the daemon inside the namespace")
                 yield ns, daemon, sysfs
@@ -124,8 +157,13 @@ def test_gid_shift_address_loss_and_flap_seen_through_netlink(chain: tuple[Netns
     seen = [(e["event"], e.get("device")) for e in daemon.events() if e.get("device") == "mlx5_0"]
     moved = [e for e in daemon.events() if e["event"] == "rnic.gid.address_moved"]
     assert [(m["before"], m["after"], m["address"]) for m in moved] == [("3", "4", "10.0.0.1")]
-    for name in ("rnic.address.lost", "rnic.address.restored", "rnic.gid.address_moved", "rnic.port.down",
-                 "rnic.port.up"):
+    for name in (
+        "rnic.address.lost",
+        "rnic.address.restored",
+        "rnic.gid.address_moved",
+        "rnic.port.down",
+        "rnic.port.up",
+    ):
         assert (name, "mlx5_0") in seen, (name, seen)
     assert daemon.value("rnic_events_total", event="rnic.gid.table_changed", device="mlx5_1", port="1") == 0
 

@@ -114,8 +114,17 @@ class Received:
                     data = getattr(m, kind)
                     for dp in data.data_points:
                         value = getattr(dp, dp.WhichOneof("value"))
-                        points.append(Point(m.name, m.unit, kind, kind == "sum" and data.is_monotonic,
-                                            attrs_of(dp.attributes), value, res))
+                        points.append(
+                            Point(
+                                m.name,
+                                m.unit,
+                                kind,
+                                kind == "sum" and data.is_monotonic,
+                                attrs_of(dp.attributes),
+                                value,
+                                res,
+                            )
+                        )
         return points
 
     def records(self) -> list[Record]:
@@ -127,8 +136,18 @@ class Received:
                 res = attrs_of(rl.resource.attributes)
                 for sl in rl.scope_logs:
                     for lr in sl.log_records:
-                        out.append(Record(lr.event_name, lr.severity_number, lr.severity_text, value_of(lr.body),
-                                          attrs_of(lr.attributes), lr.time_unix_nano, res, sl.scope.name))
+                        out.append(
+                            Record(
+                                lr.event_name,
+                                lr.severity_number,
+                                lr.severity_text,
+                                value_of(lr.body),
+                                attrs_of(lr.attributes),
+                                lr.time_unix_nano,
+                                res,
+                                sl.scope.name,
+                            )
+                        )
         return out
 
 
@@ -295,9 +314,11 @@ def test_mapping_keeps_kind_units_and_labels() -> None:
 
 def test_readme_table_is_the_generated_one() -> None:
     table = otel_metrics.readme_table()
-    assert table in README.read_text(), ("README's OpenTelemetry table is stale; regenerate it with "
-                                         "python -c 'from rnic_exporter.sinks.otel_metrics import readme_table; "
-                                         "print(readme_table())'")
+    assert table in README.read_text(), (
+        "README's OpenTelemetry table is stale; regenerate it with "
+        "python -c 'from rnic_exporter.sinks.otel_metrics import readme_table; "
+        "print(readme_table())'"
+    )
     for spec in catalog.METRICS:
         assert f"| `{spec.name}` |" in table
 
@@ -307,14 +328,23 @@ def test_pma_error_counters_become_hw_errors() -> None:
     route = mapping.route(("mlx5_0", "1", "symbol_error"))
     assert route.instrument.name == "hw.errors"
     assert mapping.attributes(route, ("mlx5_0", "1", "symbol_error")) == {
-        "device": "mlx5_0", "port": "1", "error.type": "symbol_error", "hw.id": "mlx5_0/1", "hw.type": "network"}
+        "device": "mlx5_0",
+        "port": "1",
+        "error.type": "symbol_error",
+        "hw.id": "mlx5_0/1",
+        "hw.type": "network",
+    }
     other = mapping.route(("mlx5_0", "1", "port_xmit_wait"))
     assert other.instrument.name == "rnic.port.pma"
     assert mapping.attributes(other, ("mlx5_0", "1", "port_xmit_wait")) == {
-        "device": "mlx5_0", "port": "1", "counter": "port_xmit_wait"}
+        "device": "mlx5_0",
+        "port": "1",
+        "counter": "port_xmit_wait",
+    }
 
 
 # --------------------------------------------------------------------------- settings
+
 
 def test_no_endpoint_means_no_otlp() -> None:
     assert resolve({}, {}) is None
@@ -324,33 +354,58 @@ def test_no_endpoint_means_no_otlp() -> None:
 def test_flags_beat_the_standard_variables(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("not checked here")
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://env:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-           "OTEL_EXPORTER_OTLP_HEADERS": "api-key=from-env,x-tenant=gpu%20farm",
-           "OTEL_METRIC_EXPORT_INTERVAL": "15000", "OTEL_EXPORTER_OTLP_CERTIFICATE": str(ca)}
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://env:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=from-env,x-tenant=gpu%20farm",
+        "OTEL_METRIC_EXPORT_INTERVAL": "15000",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE": str(ca),
+    }
     from_env = resolve({}, env)
-    assert from_env == OtlpSettings(endpoint="https://env:4318", protocol="grpc",
-                                    headers={"api-key": "from-env", "x-tenant": "gpu farm"}, insecure=False,
-                                    certificate=ca, interval_s=15.0)
-    flags = {"otlp_endpoint": "http://flag:4318", "otlp_protocol": "http/protobuf", "otlp_headers": "api-key=flag",
-             "otlp_interval": 2.0, "otlp_timeout": 3.0}
+    assert from_env == OtlpSettings(
+        endpoint="https://env:4318",
+        protocol="grpc",
+        headers={"api-key": "from-env", "x-tenant": "gpu farm"},
+        insecure=False,
+        certificate=ca,
+        interval_s=15.0,
+    )
+    flags = {
+        "otlp_endpoint": "http://flag:4318",
+        "otlp_protocol": "http/protobuf",
+        "otlp_headers": "api-key=flag",
+        "otlp_interval": 2.0,
+        "otlp_timeout": 3.0,
+    }
     from_flags = resolve(flags, env)
     assert from_flags is not None
     assert (from_flags.endpoint, from_flags.protocol, from_flags.interval_s, from_flags.timeout_s) == (
-        "http://flag:4318", "http/protobuf", 2.0, 3.0)
+        "http://flag:4318",
+        "http/protobuf",
+        2.0,
+        3.0,
+    )
     assert from_flags.headers == {"api-key": "flag", "x-tenant": "gpu farm"}  # per name, the flag wins
     assert from_flags.signal_url("logs") == "http://flag:4318/v1/logs"
-    assert resolve({"otlp_endpoint": "collector:4317", "otlp_protocol": "grpc", "otlp_insecure": True}, {}) == \
-        OtlpSettings(endpoint="collector:4317", protocol="grpc", insecure=True)
+    assert resolve(
+        {"otlp_endpoint": "collector:4317", "otlp_protocol": "grpc", "otlp_insecure": True}, {}
+    ) == OtlpSettings(endpoint="collector:4317", protocol="grpc", insecure=True)
 
 
-@pytest.mark.parametrize("flags, env, message", [
-    ({"otlp_endpoint": "collector:4318"}, {}, "needs http:// or https://"),
-    ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
-     "OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json' is not supported"),
-    ({"otlp_endpoint": "http://c:4318", "otlp_headers": "no-equals-sign"}, {}, "--otlp.headers"),
-    ({"otlp_endpoint": "http://c:4318", "otlp_client_key": "/nonexistent/key.pem"}, {}, "not a readable file"),
-    ({"otlp_endpoint": "http://c:4318"}, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, "OTEL_METRIC_EXPORT_INTERVAL"),
-])
+@pytest.mark.parametrize(
+    "flags, env, message",
+    [
+        ({"otlp_endpoint": "collector:4318"}, {}, "needs http:// or https://"),
+        (
+            {},
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL: 'http/json' is not supported",
+        ),
+        ({"otlp_endpoint": "http://c:4318", "otlp_headers": "no-equals-sign"}, {}, "--otlp.headers"),
+        ({"otlp_endpoint": "http://c:4318", "otlp_client_key": "/nonexistent/key.pem"}, {}, "not a readable file"),
+        ({"otlp_endpoint": "http://c:4318"}, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, "OTEL_METRIC_EXPORT_INTERVAL"),
+    ],
+)
 def test_bad_settings_are_one_clear_error(flags: dict[str, Any], env: dict[str, str], message: str) -> None:
     from rnic_exporter.errors import ConfigError
 
@@ -359,6 +414,7 @@ def test_bad_settings_are_one_clear_error(flags: dict[str, Any], env: dict[str, 
 
 
 # --------------------------------------------------------------------------- the sink, in process
+
 
 def test_resource_has_service_host_and_user_attributes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rnic_exporter.sinks.otel import resource
@@ -379,24 +435,53 @@ def test_resource_has_service_host_and_user_attributes(tmp_path: Path, monkeypat
 
 def _events(snap: Snapshot) -> list[Event]:
     return [
-        Event(EVENTS["rnic.gid.address_moved"], "mlx5_0 port 1: 10.0.0.1 moved from GID index 3 to 5",
-              device="mlx5_0", port=1, netdev="ens1f0np0", pci_address="0000:3b:00.0", before="3", after="5",
-              attributes={"address": "10.0.0.1"}, time=snap.taken_at),
-        Event(EVENTS["rnic.device.disappeared"], "mlx5_1 (0000:5e:00.0) is gone", device="mlx5_1",
-              pci_address="0000:5e:00.0", time=snap.taken_at),
-        Event(EVENTS["rnic.link.below_rated"], "mlx5_2 port 1 runs at 200 Gb/s, rated 400", device="mlx5_2", port=1,
-              before="400 Gb/s", after="200 Gb/s", attributes={"link": "port"}, severity_override="critical",
-              time=snap.taken_at),
+        Event(
+            EVENTS["rnic.gid.address_moved"],
+            "mlx5_0 port 1: 10.0.0.1 moved from GID index 3 to 5",
+            device="mlx5_0",
+            port=1,
+            netdev="ens1f0np0",
+            pci_address="0000:3b:00.0",
+            before="3",
+            after="5",
+            attributes={"address": "10.0.0.1"},
+            time=snap.taken_at,
+        ),
+        Event(
+            EVENTS["rnic.device.disappeared"],
+            "mlx5_1 (0000:5e:00.0) is gone",
+            device="mlx5_1",
+            pci_address="0000:5e:00.0",
+            time=snap.taken_at,
+        ),
+        Event(
+            EVENTS["rnic.link.below_rated"],
+            "mlx5_2 port 1 runs at 200 Gb/s, rated 400",
+            device="mlx5_2",
+            port=1,
+            before="400 Gb/s",
+            after="200 Gb/s",
+            attributes={"link": "port"},
+            severity_override="critical",
+            time=snap.taken_at,
+        ),
     ]
 
 
 def _settings(rcv: HttpReceiver | GrpcReceiver, **kw: Any) -> OtlpSettings:
-    return OtlpSettings(endpoint=rcv.url, protocol=protocol_of(rcv),  # type: ignore[arg-type]
-                        headers={"x-tenant": "gpu-farm"}, interval_s=0.2, timeout_s=2.0, **kw)
+    return OtlpSettings(
+        endpoint=rcv.url,
+        protocol=protocol_of(rcv),  # type: ignore[arg-type]
+        headers={"x-tenant": "gpu-farm"},
+        interval_s=0.2,
+        timeout_s=2.0,
+        **kw,
+    )
 
 
-def test_sink_exports_the_catalogue_and_events(receiver: HttpReceiver | GrpcReceiver, sim_host: SimHost,
-                                               read_sim: Callable[[SimHost], Snapshot]) -> None:
+def test_sink_exports_the_catalogue_and_events(
+    receiver: HttpReceiver | GrpcReceiver, sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]
+) -> None:
     from rnic_exporter.sinks.otel import OtelSink
 
     snap = read_sim(sim_host)
@@ -435,8 +520,10 @@ def test_sink_exports_the_catalogue_and_events(receiver: HttpReceiver | GrpcRece
         return found[0]
 
     port0 = next(p for p in snap.ports if p.device == "mlx5_0")
-    assert one("hw.network.io", **{"hw.id": "mlx5_0/1", "network.io.direction": "transmit"}) == \
-        port0.counters["port_xmit_data"].value
+    assert (
+        one("hw.network.io", **{"hw.id": "mlx5_0/1", "network.io.direction": "transmit"})
+        == port0.counters["port_xmit_data"].value
+    )
     assert one("hw.network.bandwidth.limit", device="mlx5_0", port="1") == 50e9
     assert one("hw.network.up", **{"hw.id": "mlx5_2/1"}) == 1
     gid_hash = one("rnic.gid.table.hash", device="mlx5_0", port="1")
@@ -450,8 +537,15 @@ def test_sink_exports_the_catalogue_and_events(receiver: HttpReceiver | GrpcRece
     assert set(records) == {e.name for e in events}
     moved = records["rnic.gid.address_moved"]
     assert moved.severity_number == OTEL_SEVERITY_NUMBER["critical"] == 17 and moved.severity_text == "ERROR"
-    assert moved.attrs == {"device": "mlx5_0", "port": "1", "netdev": "ens1f0np0", "pci_address": "0000:3b:00.0",
-                           "before": "3", "after": "5", "address": "10.0.0.1"}
+    assert moved.attrs == {
+        "device": "mlx5_0",
+        "port": "1",
+        "netdev": "ens1f0np0",
+        "pci_address": "0000:3b:00.0",
+        "before": "3",
+        "after": "5",
+        "address": "10.0.0.1",
+    }
     assert moved.body == events[0].message and moved.time_unix_nano == int(snap.taken_at * 1e9)
     assert moved.scope == "rnic_exporter.events"
     assert moved.resource["service.version"] == __version__ and moved.resource["host.name"] == socket.gethostname()
@@ -471,19 +565,28 @@ def test_a_removed_nic_leaves_the_export(sim_host: SimHost, read_sim: Callable[[
         sink = OtelSink(_settings(rcv))
         try:
             sink.publish(Published(read_sim(sim_host), (), ExporterStats(), ()))
-            wait_for(lambda: any(p.attrs.get("device") == "mlx5_1" for p in rcv.received.latest_points()),
-                     timeout=20, what="mlx5_1 exported")
+            wait_for(
+                lambda: any(p.attrs.get("device") == "mlx5_1" for p in rcv.received.latest_points()),
+                timeout=20,
+                what="mlx5_1 exported",
+            )
             sim_host.remove_device("mlx5_1")
             sink.publish(Published(read_sim(sim_host), (), ExporterStats(), ()))
-            wait_for(lambda: rcv.received.latest_points() and not any(
-                p.attrs.get("device") == "mlx5_1" for p in rcv.received.latest_points()),
-                timeout=20, what="mlx5_1 gone from the export")
+            wait_for(
+                lambda: (
+                    rcv.received.latest_points()
+                    and not any(p.attrs.get("device") == "mlx5_1" for p in rcv.received.latest_points())
+                ),
+                timeout=20,
+                what="mlx5_1 gone from the export",
+            )
         finally:
             sink.close()
 
 
-def test_full_event_queue_drops_the_oldest_and_counts(sim_host: SimHost,
-                                                      read_sim: Callable[[SimHost], Snapshot]) -> None:
+def test_full_event_queue_drops_the_oldest_and_counts(
+    sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]
+) -> None:
     from rnic_exporter.sinks.otel import OtelSink
 
     snap = read_sim(sim_host)
@@ -496,14 +599,17 @@ def test_full_event_queue_drops_the_oldest_and_counts(sim_host: SimHost,
             wait_for(lambda: dict(sink.families()[0].samples)[("logs",)] >= 1, timeout=20, what="a failed export")
             rcv.mode = "ok"
             wait_for(lambda: len(rcv.received.records()) == 2, timeout=30, what="the two kept events")
-            assert [r.event_name for r in rcv.received.records()] == ["rnic.device.disappeared",
-                                                                      "rnic.link.below_rated"]
+            assert [r.event_name for r in rcv.received.records()] == [
+                "rnic.device.disappeared",
+                "rnic.link.below_rated",
+            ]
         finally:
             sink.close()
 
 
-def test_tls_collector_with_ca_and_client_certificate(tmp_path: Path, sim_host: SimHost,
-                                                      read_sim: Callable[[SimHost], Snapshot]) -> None:
+def test_tls_collector_with_ca_and_client_certificate(
+    tmp_path: Path, sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]
+) -> None:
     from rnic_exporter.sinks.otel import OtelSink
 
     server_cert, server_key = self_signed(tmp_path, "collector")
@@ -519,35 +625,51 @@ def test_tls_collector_with_ca_and_client_certificate(tmp_path: Path, sim_host: 
         sink = OtelSink(OtlpSettings(**base, client_certificate=client_cert, client_key=client_key))
         try:
             sink.publish(Published(snap, tuple(_events(snap)), ExporterStats(), ()))
-            wait_for(lambda: rcv.received.latest_points() and len(rcv.received.records()) == 3, timeout=20,
-                     what="metrics and events over mTLS")
+            wait_for(
+                lambda: rcv.received.latest_points() and len(rcv.received.records()) == 3,
+                timeout=20,
+                what="metrics and events over mTLS",
+            )
         finally:
             sink.close()
         before = rcv.received.metric_count()
         anonymous = OtelSink(OtlpSettings(**base))  # no client certificate: the handshake fails
         try:
             anonymous.publish(Published(snap, (), ExporterStats(), ()))
-            wait_for(lambda: dict(anonymous.families()[0].samples)[("metrics",)] >= 2, timeout=20,
-                     what="refused exports counted")
+            wait_for(
+                lambda: dict(anonymous.families()[0].samples)[("metrics",)] >= 2,
+                timeout=20,
+                what="refused exports counted",
+            )
         finally:
             anonymous.close()
         assert rcv.received.metric_count() == before
 
 
-def test_grpc_over_tls_with_the_collector_ca(tmp_path: Path, sim_host: SimHost,
-                                             read_sim: Callable[[SimHost], Snapshot]) -> None:
+def test_grpc_over_tls_with_the_collector_ca(
+    tmp_path: Path, sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]
+) -> None:
     from rnic_exporter.sinks.otel import OtelSink
 
     cert, key = self_signed(tmp_path, "collector")
     snap = read_sim(sim_host)
     with GrpcReceiver(tls=(cert, key)) as rcv:
-        settings = OtlpSettings(endpoint=f"127.0.0.1:{rcv.port}", protocol="grpc", certificate=cert,
-                                headers={"authorization": "Bearer t0ken"}, interval_s=0.2, timeout_s=2.0)
+        settings = OtlpSettings(
+            endpoint=f"127.0.0.1:{rcv.port}",
+            protocol="grpc",
+            certificate=cert,
+            headers={"authorization": "Bearer t0ken"},
+            interval_s=0.2,
+            timeout_s=2.0,
+        )
         sink = OtelSink(settings)
         try:
             sink.publish(Published(snap, tuple(_events(snap)[:1]), ExporterStats(), ()))
-            wait_for(lambda: rcv.received.latest_points() and rcv.received.records(), timeout=20,
-                     what="metrics and an event over gRPC with TLS")
+            wait_for(
+                lambda: rcv.received.latest_points() and rcv.received.records(),
+                timeout=20,
+                what="metrics and an event over gRPC with TLS",
+            )
         finally:
             sink.close()
         with rcv.received.lock:
@@ -556,10 +678,17 @@ def test_grpc_over_tls_with_the_collector_ca(tmp_path: Path, sim_host: SimHost,
 
 # --------------------------------------------------------------------------- imports and extras
 
+
 def _run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=root, env={**os.environ, **(env or {})}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
 
 
 _SERVE_ONE_POLL = """
@@ -604,11 +733,17 @@ def test_without_an_endpoint_nothing_of_opentelemetry_is_imported() -> None:
     assert "opentelemetry.sdk.metrics" in on.stdout.split()
 
 
-@pytest.mark.parametrize("hidden, protocol, message", [
-    ("grpc", ["--otlp.protocol", "grpc", "--otlp.insecure"],
-     "--otlp.protocol grpc needs the grpc extra: pip install 'rnic-exporter[grpc]'"),
-    ("opentelemetry.sdk", [], "OTLP export needs the otel extra: pip install 'rnic-exporter[otel]'"),
-])
+@pytest.mark.parametrize(
+    "hidden, protocol, message",
+    [
+        (
+            "grpc",
+            ["--otlp.protocol", "grpc", "--otlp.insecure"],
+            "--otlp.protocol grpc needs the grpc extra: pip install 'rnic-exporter[grpc]'",
+        ),
+        ("opentelemetry.sdk", [], "OTLP export needs the otel extra: pip install 'rnic-exporter[otel]'"),
+    ],
+)
 def test_a_missing_extra_is_a_one_line_error(tmp_path: Path, hidden: str, protocol: list[str], message: str) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     code = f"""
@@ -630,8 +765,12 @@ def test_serve_rejects_a_bad_standard_variable_in_one_line(tmp_path: Path) -> No
 
     from rnic_exporter.cli import main
 
-    result = CliRunner().invoke(main, ["serve", "--path.sysfs", str(tmp_path), "--state.dir", ""],
-                                env={"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
+    result = CliRunner().invoke(
+        main,
+        ["serve", "--path.sysfs", str(tmp_path), "--state.dir", ""],
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"},
+    )
     assert result.exit_code == 2
-    assert result.output.strip() == ("rnic-exporter: error: OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4318' "
-                                     "needs http:// or https:// for OTLP/HTTP")
+    assert result.output.strip() == (
+        "rnic-exporter: error: OTEL_EXPORTER_OTLP_ENDPOINT: 'collector:4318' needs http:// or https:// for OTLP/HTTP"
+    )

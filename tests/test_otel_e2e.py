@@ -25,9 +25,24 @@ POLL_S = 0.3
 
 
 def _serve_args(host: SimHost, tmp_path: Path, port: int, endpoint: str, *extra: str) -> list[str]:
-    return ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}",
-            "--poll.interval", str(POLL_S), "--state.dir", str(tmp_path / "state"), "--no-watch.netlink",
-            "--no-watch.udev", "--otlp.endpoint", endpoint, "--otlp.interval", "0.3", *extra]
+    return [
+        "serve",
+        "--path.sysfs",
+        str(host.root),
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--poll.interval",
+        str(POLL_S),
+        "--state.dir",
+        str(tmp_path / "state"),
+        "--no-watch.netlink",
+        "--no-watch.udev",
+        "--otlp.endpoint",
+        endpoint,
+        "--otlp.interval",
+        "0.3",
+        *extra,
+    ]
 
 
 def _scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -67,8 +82,11 @@ def test_events_and_metrics_reach_the_collector(tmp_path: Path, protocol: str) -
         args = _serve_args(host, tmp_path, port, rcv.url, "--otlp.protocol", protocol)
         stack.enter_context(exporter(args, ready_url=f"{base}/-/ready", log_path=tmp_path / "exporter.log"))
         got = rcv.received
-        wait_for(lambda: any(p.attrs.get("device") == "mlx5_1" for p in got.latest_points()), timeout=20,
-                 what="the first metrics export")
+        wait_for(
+            lambda: any(p.attrs.get("device") == "mlx5_1" for p in got.latest_points()),
+            timeout=20,
+            what="the first metrics export",
+        )
 
         old, new = host.gid_shift("mlx5_0")
         host.remove_device("mlx5_1")
@@ -76,15 +94,23 @@ def test_events_and_metrics_reach_the_collector(tmp_path: Path, protocol: str) -
 
         def seen() -> dict[str, Record] | None:
             records = {(r.event_name, r.attrs.get("device")): r for r in got.records()}
-            wanted = {k: records.get(k) for k in (("rnic.gid.address_moved", "mlx5_0"),
-                                                  ("rnic.device.disappeared", "mlx5_1"),
-                                                  ("rnic.link.below_rated", "mlx5_2"))}
+            wanted = {
+                k: records.get(k)
+                for k in (
+                    ("rnic.gid.address_moved", "mlx5_0"),
+                    ("rnic.device.disappeared", "mlx5_1"),
+                    ("rnic.link.below_rated", "mlx5_2"),
+                )
+            }
             return {k[0]: r for k, r in wanted.items() if r is not None} if all(wanted.values()) else None
 
         records = wait_for(seen, timeout=30, what="the three incidents as log records")
         # One log record per event: the collector's count per event name equals rnic_events_total's.
-        wait_for(lambda: Counter(r.event_name for r in got.records()) == _events_on_metrics(base), timeout=20,
-                 what="one record per counted event")
+        wait_for(
+            lambda: Counter(r.event_name for r in got.records()) == _events_on_metrics(base),
+            timeout=20,
+            what="one record per counted event",
+        )
         assert set(_events_on_metrics(base)) >= {"rnic.device.discovered", "rnic.gid.address_moved"}
 
         moved = records["rnic.gid.address_moved"]
@@ -104,8 +130,11 @@ def test_events_and_metrics_reach_the_collector(tmp_path: Path, protocol: str) -
 
         def settled() -> list[Point] | None:
             points = got.latest_points()
-            rate = [p.value for p in points if p.metric == "hw.network.bandwidth.limit"
-                    and p.attrs.get("hw.id") == "mlx5_2/1"]
+            rate = [
+                p.value
+                for p in points
+                if p.metric == "hw.network.bandwidth.limit" and p.attrs.get("hw.id") == "mlx5_2/1"
+            ]
             return points if rate == [25e9] else None
 
         points = wait_for(settled, timeout=20, what="mlx5_2's new rate in the export")
@@ -140,10 +169,16 @@ class Watch:
         """Waits for two failures more than `more_than` while polls keep their schedule; returns the count."""
         first = self.scrape()
         started = time.monotonic()
-        count = wait_for(lambda: (f := self.failures(signal)) >= more_than + 2 and f, timeout=30,
-                         what=f"{signal} export failures while the collector is {what}")
-        wait_for(lambda: time.monotonic() - started > 2.0 and self.failures(signal) >= count, timeout=10,
-                 what="two seconds of polls")
+        count = wait_for(
+            lambda: (f := self.failures(signal)) >= more_than + 2 and f,
+            timeout=30,
+            what=f"{signal} export failures while the collector is {what}",
+        )
+        wait_for(
+            lambda: time.monotonic() - started > 2.0 and self.failures(signal) >= count,
+            timeout=10,
+            what="two seconds of polls",
+        )
         last = self.scrape()
         elapsed = time.monotonic() - started
         polls = _value(last, "rnic_exporter_polls_total") - _value(first, "rnic_exporter_polls_total")
@@ -173,12 +208,20 @@ def test_collector_down_hanging_refusing_then_back(tmp_path: Path) -> None:
             refused = watch.phase("answering 503", "metrics", hanging)
             # Exports started while the collector hung can still time out inside this phase and be
             # its first failures: wait until a 503 itself was seen (and logged) before healing.
-            wait_for(lambda: any("HTTP 503" in line for line in _fail_lines(log, "metrics", "OTLP export failing")),
-                     timeout=30, what="an export refused with HTTP 503")
+            wait_for(
+                lambda: any("HTTP 503" in line for line in _fail_lines(log, "metrics", "OTLP export failing")),
+                timeout=30,
+                what="an export refused with HTTP 503",
+            )
             rcv.mode = "ok"
-            wait_for(lambda: any(r.event_name == "rnic.link.below_rated" and r.attrs.get("device") == "mlx5_1"
-                                 for r in rcv.received.records()), timeout=30,
-                     what="the event from the outage, retried")
+            wait_for(
+                lambda: any(
+                    r.event_name == "rnic.link.below_rated" and r.attrs.get("device") == "mlx5_1"
+                    for r in rcv.received.records()
+                ),
+                timeout=30,
+                what="the event from the outage, retried",
+            )
             seen = rcv.received.metric_count()
             wait_for(lambda: rcv.received.metric_count() >= seen + 3, timeout=20, what="metric exports resuming")
             settled = watch.failures("metrics")
@@ -190,8 +233,10 @@ def test_collector_down_hanging_refusing_then_back(tmp_path: Path) -> None:
             # Logged once per change of state, however many exports failed (read before the collector
             # goes away: the daemon's last export at shutdown would fail again).
             failing = _fail_lines(log, "metrics", "OTLP export failing")
-            reasons = [re.search(r'reason=("[^"]*"|\S+)', line)[1].strip('"')  # type: ignore[index]
-                       for line in failing]
+            reasons = [
+                re.search(r'reason=("[^"]*"|\S+)', line)[1].strip('"')  # type: ignore[index]
+                for line in failing
+            ]
             assert reasons == ["unreachable", "timeout", "HTTP 503"], failing
             assert refused >= 2 * len(failing)  # six failed exports or more, three lines
             assert len(_fail_lines(log, "metrics", "OTLP export recovered")) == 1

@@ -21,11 +21,19 @@ from tests.test_otel import HttpReceiver
 SATURATED = (1 << 64) - 1
 
 
-@pytest.mark.parametrize(("value", "want"), [
-    ((1 << 63) - 1, (1 << 63) - 1), (-(1 << 63), -(1 << 63)), (1 << 63, float(1 << 63)),
-    (SATURATED, float(SATURATED)), (4 * SATURATED, float(4 * SATURATED)), (10 ** 400, float("inf")),
-    (1.5, 1.5), (0, 0),
-])
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        ((1 << 63) - 1, (1 << 63) - 1),
+        (-(1 << 63), -(1 << 63)),
+        (1 << 63, float(1 << 63)),
+        (SATURATED, float(SATURATED)),
+        (4 * SATURATED, float(4 * SATURATED)),
+        (10**400, float("inf")),
+        (1.5, 1.5),
+        (0, 0),
+    ],
+)
 def test_otlp_number(value: int | float, want: int | float) -> None:
     got = otlp_number(value)
     assert got == want and type(got) is type(want)
@@ -53,6 +61,9 @@ def test_counters_beyond_int64_do_not_stop_the_batch(tmp_path: Path) -> None:
     assert io[("mlx5_0/1", "receive")] == float(4 * SATURATED)
     assert io[("mlx5_0/1", "transmit")] == float(1 << 63)
     assert isinstance(io[("mlx5_1/1", "receive")], int)  # the other port: exact integers as before
-    errors = [p.value for p in points if p.metric == "hw.errors" and p.attrs.get("error.type") == "symbol_error"
-              and p.attrs["hw.id"] == "mlx5_0/1"]
+    errors = [
+        p.value
+        for p in points
+        if p.metric == "hw.errors" and p.attrs.get("error.type") == "symbol_error" and p.attrs["hw.id"] == "mlx5_0/1"
+    ]
     assert errors == [float(SATURATED)]

@@ -70,8 +70,9 @@ def unit_for_this_machine(tmp_path: Path) -> Path:
 
 def _verify(unit: Path) -> subprocess.CompletedProcess[str]:
     # verify exits 0 on unknown keys and unparseable values; only its output tells.
-    return subprocess.run([require_binary("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [require_binary("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_systemd_unit_verifies_without_a_single_warning(unit_for_this_machine: Path) -> None:
@@ -88,8 +89,12 @@ def test_systemd_verify_would_report_a_misspelt_setting(unit_for_this_machine: P
 
 def test_systemd_security_exposure_is_2_or_better(unit_for_this_machine: Path) -> None:
     # --threshold is on systemd's 0-100 scale: 20 = an exposure of 2.0 as displayed.
-    result = subprocess.run([require_binary("systemd-analyze"), "security", "--offline=yes", "--threshold=20",
-                             str(unit_for_this_machine)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [require_binary("systemd-analyze"), "security", "--offline=yes", "--threshold=20", str(unit_for_this_machine)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     score = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
     assert score is not None and float(score[1]) <= 2.0, result.stdout[-500:]
@@ -146,14 +151,18 @@ def test_every_exporter_flag_in_the_deployment_files_exists() -> None:
 def _instructions(text: str) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     joined = re.sub(r"\\\n", " ", "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#")))
-    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln.strip() else "")
-            for ln in joined.splitlines() if ln.strip()]
+    return [
+        (ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln.strip() else "")
+        for ln in joined.splitlines()
+        if ln.strip()
+    ]
 
 
 def _hadolint(path: Path) -> subprocess.CompletedProcess[str]:
     binary = venv_tool("hadolint")
-    return subprocess.run([binary, "--no-color", "--failure-threshold", "style", str(path)], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [binary, "--no-color", "--failure-threshold", "style", str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_dockerfile_passes_hadolint() -> None:
@@ -173,7 +182,7 @@ def test_dockerfile_is_multi_stage_non_root_and_runs_serve() -> None:
     steps = _instructions(DOCKERFILE.read_text())
     stages = [i for i, (op, _) in enumerate(steps) if op == "FROM"]
     assert len(stages) >= 2
-    final = steps[stages[-1]:]
+    final = steps[stages[-1] :]
     ops = dict(final)  # last of each instruction in the runtime stage
     assert re.fullmatch(r"\d+:\d+", ops["USER"]) and not ops["USER"].startswith("0:")
     assert json.loads(ops["ENTRYPOINT"]) == ["rnic-exporter"]
@@ -204,36 +213,93 @@ SIGNALS: dict[str, dict[str, frozenset[str]]] = {
     "processors": {"memory_limiter": ALL_SIGNALS, "resource": ALL_SIGNALS, "batch": ALL_SIGNALS},
     "exporters": {"prometheusremotewrite": frozenset({"metrics"}), "otlphttp": ALL_SIGNALS, "debug": ALL_SIGNALS},
 }
-_ENDPOINT = {"type": "object", "additionalProperties": False, "required": ["endpoint"],
-             "properties": {"endpoint": {"type": "string", "pattern": r"^[\w.-]*:\d+$"}}}
+_ENDPOINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["endpoint"],
+    "properties": {"endpoint": {"type": "string", "pattern": r"^[\w.-]*:\d+$"}},
+}
 # The settings we use, from each component's config struct; closed, so a misspelt key fails here as it
 # fails `otelcol validate`.
 COMPONENT_SCHEMAS: dict[str, dict[str, Any]] = {
     "health_check": _ENDPOINT,
-    "otlp": {"type": "object", "additionalProperties": False, "required": ["protocols"], "properties": {
-        "protocols": {"type": "object", "additionalProperties": False, "minProperties": 1,
-                      "properties": {"grpc": _ENDPOINT, "http": _ENDPOINT}}}},
-    "memory_limiter": {"type": "object", "additionalProperties": False, "required": ["check_interval"],
-                       "properties": {"check_interval": {"type": "string"},
-                                      "limit_percentage": {"type": "integer", "minimum": 1, "maximum": 100},
-                                      "spike_limit_percentage": {"type": "integer", "minimum": 0, "maximum": 100}}},
-    "resource": {"type": "object", "additionalProperties": False, "required": ["attributes"], "properties": {
-        "attributes": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["key", "action"],
-            "properties": {"key": {"type": "string"}, "value": {}, "from_attribute": {"type": "string"},
-                           "action": {"enum": ["insert", "update", "upsert", "delete", "hash", "extract"]}}}}}},
-    "batch": {"type": "object", "additionalProperties": False, "properties": {
-        "timeout": {"type": "string"}, "send_batch_size": {"type": "integer"},
-        "send_batch_max_size": {"type": "integer"}}},
-    "prometheusremotewrite": {"type": "object", "additionalProperties": False, "required": ["endpoint"],
-                              "properties": {"endpoint": {"type": "string", "pattern": r"^https?://"},
-                                             "resource_to_telemetry_conversion": {
-                                                 "type": "object", "additionalProperties": False,
-                                                 "properties": {"enabled": {"type": "boolean"}}}}},
-    "otlphttp": {"type": "object", "additionalProperties": False, "required": ["endpoint"],
-                 "properties": {"endpoint": {"type": "string", "pattern": r"^https?://"}}},
-    "debug": {"type": "object", "additionalProperties": False,
-              "properties": {"verbosity": {"enum": ["basic", "normal", "detailed"]}}},
+    "otlp": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["protocols"],
+        "properties": {
+            "protocols": {
+                "type": "object",
+                "additionalProperties": False,
+                "minProperties": 1,
+                "properties": {"grpc": _ENDPOINT, "http": _ENDPOINT},
+            }
+        },
+    },
+    "memory_limiter": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["check_interval"],
+        "properties": {
+            "check_interval": {"type": "string"},
+            "limit_percentage": {"type": "integer", "minimum": 1, "maximum": 100},
+            "spike_limit_percentage": {"type": "integer", "minimum": 0, "maximum": 100},
+        },
+    },
+    "resource": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["attributes"],
+        "properties": {
+            "attributes": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["key", "action"],
+                    "properties": {
+                        "key": {"type": "string"},
+                        "value": {},
+                        "from_attribute": {"type": "string"},
+                        "action": {"enum": ["insert", "update", "upsert", "delete", "hash", "extract"]},
+                    },
+                },
+            }
+        },
+    },
+    "batch": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "timeout": {"type": "string"},
+            "send_batch_size": {"type": "integer"},
+            "send_batch_max_size": {"type": "integer"},
+        },
+    },
+    "prometheusremotewrite": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["endpoint"],
+        "properties": {
+            "endpoint": {"type": "string", "pattern": r"^https?://"},
+            "resource_to_telemetry_conversion": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"enabled": {"type": "boolean"}},
+            },
+        },
+    },
+    "otlphttp": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["endpoint"],
+        "properties": {"endpoint": {"type": "string", "pattern": r"^https?://"}},
+    },
+    "debug": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"verbosity": {"enum": ["basic", "normal", "detailed"]}},
+    },
 }
 
 
@@ -274,8 +340,10 @@ def collector_problems(config: dict[str, Any]) -> list[str]:
             if schema is None:
                 problems.append(f"{component_id}: no schema")
                 continue
-            problems.extend(f"{component_id}: {error.message}"
-                            for error in jsonschema.Draft202012Validator(schema).iter_errors(settings or {}))
+            problems.extend(
+                f"{component_id}: {error.message}"
+                for error in jsonschema.Draft202012Validator(schema).iter_errors(settings or {})
+            )
     return problems
 
 
@@ -294,13 +362,16 @@ def test_collector_pipelines_are_wired_from_defined_components() -> None:
     assert all("batch" in p["processors"] for p in pipelines.values())
 
 
-@pytest.mark.parametrize("breakage", [
-    lambda c: c["service"]["pipelines"]["metrics"]["processors"].append("batch/typo"),
-    lambda c: c["service"]["pipelines"]["logs"]["exporters"].append("prometheusremotewrite"),
-    lambda c: c["exporters"].update({"debug/unused": {}}),
-    lambda c: c["processors"]["batch"].update({"send_batch_size_max": 10}),
-    lambda c: c["service"]["pipelines"]["logs"]["processors"].reverse(),
-])
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda c: c["service"]["pipelines"]["metrics"]["processors"].append("batch/typo"),
+        lambda c: c["service"]["pipelines"]["logs"]["exporters"].append("prometheusremotewrite"),
+        lambda c: c["exporters"].update({"debug/unused": {}}),
+        lambda c: c["processors"]["batch"].update({"send_batch_size_max": 10}),
+        lambda c: c["service"]["pipelines"]["logs"]["processors"].reverse(),
+    ],
+)
 def test_collector_check_would_catch_a_broken_pipeline(breakage: Any) -> None:
     config = copy.deepcopy(_otel_config())
     breakage(config)
@@ -321,8 +392,9 @@ def test_documented_otlp_endpoint_reaches_the_collector_receiver() -> None:
     assert f":{grpc_receiver.rsplit(':', 1)[1]}" in OTEL.read_text().split("--otlp.protocol=grpc", 1)[1].split()[0]
 
 
-def test_documented_resource_attributes_are_what_the_exporter_sends(monkeypatch: pytest.MonkeyPatch,
-                                                                      tmp_path: Path) -> None:
+def test_documented_resource_attributes_are_what_the_exporter_sends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from rnic_exporter.sinks.otel import resource
 
     for name in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME"):
@@ -409,10 +481,17 @@ def test_bundle_writes_every_deployment_file_unchanged(tmp_path: Path) -> None:
     for rel in files:
         assert filecmp.cmp(root / rel, tmp_path / "out" / bundle.output_path(rel), shallow=False), rel
     out = tmp_path / "out"
-    for expected in ("systemd/rnic-exporter.service", "systemd/rnic-exporter.default",
-                     "kubernetes/daemonset.yaml", "kubernetes/prometheusrule.yaml", "kubernetes/servicemonitor.yaml",
-                     "otel-collector/config.yaml", "grafana/provisioning/datasources/rnic-exporter.yaml",
-                     "grafana/provisioning/dashboards/rnic-exporter.yaml", "alerts/rnic-exporter.rules.yml"):
+    for expected in (
+        "systemd/rnic-exporter.service",
+        "systemd/rnic-exporter.default",
+        "kubernetes/daemonset.yaml",
+        "kubernetes/prometheusrule.yaml",
+        "kubernetes/servicemonitor.yaml",
+        "otel-collector/config.yaml",
+        "grafana/provisioning/datasources/rnic-exporter.yaml",
+        "grafana/provisioning/dashboards/rnic-exporter.yaml",
+        "alerts/rnic-exporter.rules.yml",
+    ):
         assert (out / expected).is_file(), expected
     assert list((out / "dashboards").glob("*.json")), "no dashboards in the bundle"
     assert list((out / "alertmanager").glob("*.yml")), "no Alertmanager example in the bundle"

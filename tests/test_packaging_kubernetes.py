@@ -28,69 +28,166 @@ KUBERNETES_VERSIONS = ("1.37.0", "1.28.0")  # newest bundled, and the oldest sti
 OPERATOR_GROUP = "monitoring.coreos.com/v1"
 
 # Go duration as the operator's CRDs spell it (`monitoringv1.Duration`).
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
-                                          r"(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+    r"(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
 _METADATA = {
-    "type": "object", "additionalProperties": False, "required": ["name", "namespace"],
-    "properties": {"name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
-                   "namespace": {"type": "string"}, "labels": _STRING_MAP, "annotations": _STRING_MAP},
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "namespace"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+        "namespace": {"type": "string"},
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+    },
 }
 
 
 def _resource(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "additionalProperties": False, "required": ["apiVersion", "kind", "metadata", "spec"],
-            "properties": {"apiVersion": {"const": OPERATOR_GROUP}, "kind": {"const": kind}, "metadata": _METADATA,
-                           "spec": spec}}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": OPERATOR_GROUP},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+    }
 
 
 _RELABEL = {
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "sourceLabels": {"type": "array", "items": {"type": "string", "pattern": r"^[a-zA-Z_][a-zA-Z0-9_]*$"}},
-        "separator": {"type": "string"}, "targetLabel": {"type": "string"}, "regex": {"type": "string"},
-        "modulus": {"type": "integer"}, "replacement": {"type": "string"},
-        "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod", "labelmap",
-                            "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep", "lowercase", "Lowercase",
-                            "uppercase", "Uppercase", "keepequal", "KeepEqual", "dropequal", "DropEqual"]},
+        "separator": {"type": "string"},
+        "targetLabel": {"type": "string"},
+        "regex": {"type": "string"},
+        "modulus": {"type": "integer"},
+        "replacement": {"type": "string"},
+        "action": {
+            "enum": [
+                "replace",
+                "Replace",
+                "keep",
+                "Keep",
+                "drop",
+                "Drop",
+                "hashmod",
+                "HashMod",
+                "labelmap",
+                "LabelMap",
+                "labeldrop",
+                "LabelDrop",
+                "labelkeep",
+                "LabelKeep",
+                "lowercase",
+                "Lowercase",
+                "uppercase",
+                "Uppercase",
+                "keepequal",
+                "KeepEqual",
+                "dropequal",
+                "DropEqual",
+            ]
+        },
     },
 }
-SERVICE_MONITOR = _resource("ServiceMonitor", {
-    "type": "object", "additionalProperties": False, "required": ["selector", "endpoints"],
-    "properties": {
-        "jobLabel": {"type": "string"},
-        "selector": {"type": "object", "additionalProperties": False, "properties": {"matchLabels": _STRING_MAP}},
-        "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
-            "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}},
-        "endpoints": {"type": "array", "minItems": 1, "items": {
-            "type": "object", "additionalProperties": False,
-            "properties": {"port": {"type": "string"}, "path": {"type": "string"},
-                           "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]}, "interval": _DURATION,
-                           "scrapeTimeout": _DURATION, "honorLabels": {"type": "boolean"},
-                           "relabelings": {"type": "array", "items": _RELABEL},
-                           "metricRelabelings": {"type": "array", "items": _RELABEL}}}},
-    },
-})
-PROMETHEUS_RULE = _resource("PrometheusRule", {
-    "type": "object", "additionalProperties": False, "required": ["groups"],
-    "properties": {"groups": {"type": "array", "items": {
-        "type": "object", "additionalProperties": False, "required": ["name", "rules"],
+SERVICE_MONITOR = _resource(
+    "ServiceMonitor",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["selector", "endpoints"],
         "properties": {
-            "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "limit": {"type": "integer"},
-            "rules": {"type": "array", "items": {
-                "type": "object", "additionalProperties": False, "required": ["expr"],
-                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
-                "properties": {"alert": {"type": "string"}, "record": {"type": "string"},
-                               "expr": {"type": ["string", "integer"]}, "for": _DURATION,
-                               "keep_firing_for": _DURATION, "labels": _STRING_MAP, "annotations": _STRING_MAP}}}},
-    }}},
-})
+            "jobLabel": {"type": "string"},
+            "selector": {"type": "object", "additionalProperties": False, "properties": {"matchLabels": _STRING_MAP}},
+            "namespaceSelector": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "any": {"type": "boolean"},
+                    "matchNames": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "endpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "port": {"type": "string"},
+                        "path": {"type": "string"},
+                        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                        "interval": _DURATION,
+                        "scrapeTimeout": _DURATION,
+                        "honorLabels": {"type": "boolean"},
+                        "relabelings": {"type": "array", "items": _RELABEL},
+                        "metricRelabelings": {"type": "array", "items": _RELABEL},
+                    },
+                },
+            },
+        },
+    },
+)
+PROMETHEUS_RULE = _resource(
+    "PrometheusRule",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["groups"],
+        "properties": {
+            "groups": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name", "rules"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": _DURATION,
+                        "limit": {"type": "integer"},
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["expr"],
+                                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                "properties": {
+                                    "alert": {"type": "string"},
+                                    "record": {"type": "string"},
+                                    "expr": {"type": ["string", "integer"]},
+                                    "for": _DURATION,
+                                    "keep_firing_for": _DURATION,
+                                    "labels": _STRING_MAP,
+                                    "annotations": _STRING_MAP,
+                                },
+                            },
+                        },
+                    },
+                },
+            }
+        },
+    },
+)
 CRD_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR, "PrometheusRule": PROMETHEUS_RULE}
 
 
 def _documents() -> list[tuple[Path, dict[str, Any]]]:
-    docs = [(path, doc) for path in sorted(K8S.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())
-            if doc is not None]
+    docs = [
+        (path, doc)
+        for path in sorted(K8S.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc is not None
+    ]
     assert docs, f"no manifests in {K8S}"
     return docs
 
@@ -106,8 +203,12 @@ def _core_files() -> list[Path]:
 
 
 def _kubernetes_validate(files: list[Path], version: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([venv_tool("kubernetes-validate"), "--strict", "-k", version, *map(str, files)],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [venv_tool("kubernetes-validate"), "--strict", "-k", version, *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -138,12 +239,15 @@ def test_every_manifest_is_validated_by_one_of_the_two_checks() -> None:
             assert path in _core_files()
 
 
-@pytest.mark.parametrize(("kind", "breakage"), [
-    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(intervall="15s")),
-    ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 seconds")),
-    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].update(record="also_a_recording_rule")),
-    ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].update(For="5m")),
-])
+@pytest.mark.parametrize(
+    ("kind", "breakage"),
+    [
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(intervall="15s")),
+        ("ServiceMonitor", lambda d: d["spec"]["endpoints"][0].update(interval="15 seconds")),
+        ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].update(record="also_a_recording_rule")),
+        ("PrometheusRule", lambda d: d["spec"]["groups"][0]["rules"][0].update(For="5m")),
+    ],
+)
 def test_crd_schemas_reject_what_the_operator_would(kind: str, breakage: Any) -> None:
     doc = copy.deepcopy(_one(kind))
     breakage(doc)
@@ -157,15 +261,17 @@ def test_prometheus_rule_is_generated_from_the_rule_files(request: pytest.Fixtur
     if request.config.getoption("--update-golden"):
         committed.write_text(expected)
     assert committed.read_text() == expected, (
-        "packaging/kubernetes/prometheusrule.yaml is stale: pytest tests/test_packaging_kubernetes.py --update-golden")
+        "packaging/kubernetes/prometheusrule.yaml is stale: pytest tests/test_packaging_kubernetes.py --update-golden"
+    )
     # Same rules, value for value, as the files Prometheus loads on bare metal...
     groups = yaml.safe_load(committed.read_text())["spec"]["groups"]
     assert groups == bundle.rule_groups(bundle.rule_files(REPO))
     # ...and promtool accepts them as a rule file.
     extracted = tmp_path / "from-prometheusrule.yml"
     extracted.write_text(yaml.safe_dump({"groups": groups}))
-    check = subprocess.run([require_binary("promtool"), "check", "rules", str(extracted)], capture_output=True,
-                           text=True, timeout=60)
+    check = subprocess.run(
+        [require_binary("promtool"), "check", "rules", str(extracted)], capture_output=True, text=True, timeout=60
+    )
     assert check.returncode == 0, check.stdout + check.stderr
 
 
@@ -270,4 +376,3 @@ def test_configmap_config_is_accepted_by_the_config_loader(tmp_path: Path) -> No
         loaded = config.load(path)  # raises ConfigError on any unknown key or bad value
         assert loaded.poll_interval_seconds == 5
         assert loaded.device_include == "^mlx5_"
-

@@ -51,9 +51,12 @@ def test_malformed_rate_costs_only_that_series(tmp_path: Path) -> None:
     assert value(text, rate, device="mlx5_2", port="1") == 50e9
     assert value(text, rate, device="mlx5_1", port="1") is None
     unavailable = [k for k in samples(text) if k[0] == catalog.ATTRIBUTE_UNAVAILABLE.name]
-    assert unavailable == [(catalog.ATTRIBUTE_UNAVAILABLE.name,
-                            frozenset({("device", "mlx5_1"), ("port", "1"), ("attribute", "rate"),
-                                       ("reason", "malformed")}))]
+    assert unavailable == [
+        (
+            catalog.ATTRIBUTE_UNAVAILABLE.name,
+            frozenset({("device", "mlx5_1"), ("port", "1"), ("attribute", "rate"), ("reason", "malformed")}),
+        )
+    ]
     # Everything else is exactly as before: only the rate series went, one unavailable series came.
     before, after = samples(healthy), samples(text)
     gone = set(before) - set(after)
@@ -72,12 +75,39 @@ def test_unreadable_value_is_absent_not_zero(tmp_path: Path) -> None:
     assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="link_downed") is None
     assert value(text, catalog.PORT_PMA.name, device="mlx5_0", port="1", counter="port_rcv_errors") == 0
     # Not provided by the driver from the first read on: listed, never "unavailable" (no alert).
-    assert value(text, catalog.ATTRIBUTE_UNSUPPORTED.name, device="mlx5_0", port="1",
-                 attribute="counters/symbol_error", reason="no_pma") == 1
-    assert value(text, catalog.ATTRIBUTE_UNAVAILABLE.name, device="mlx5_0", port="1",
-                 attribute="counters/symbol_error", reason="no_pma") is None
-    assert value(text, catalog.ATTRIBUTE_UNAVAILABLE.name, device="mlx5_0", port="1",
-                 attribute="counters/link_downed", reason="malformed") == 1
+    assert (
+        value(
+            text,
+            catalog.ATTRIBUTE_UNSUPPORTED.name,
+            device="mlx5_0",
+            port="1",
+            attribute="counters/symbol_error",
+            reason="no_pma",
+        )
+        == 1
+    )
+    assert (
+        value(
+            text,
+            catalog.ATTRIBUTE_UNAVAILABLE.name,
+            device="mlx5_0",
+            port="1",
+            attribute="counters/symbol_error",
+            reason="no_pma",
+        )
+        is None
+    )
+    assert (
+        value(
+            text,
+            catalog.ATTRIBUTE_UNAVAILABLE.name,
+            device="mlx5_0",
+            port="1",
+            attribute="counters/link_downed",
+            reason="malformed",
+        )
+        == 1
+    )
 
 
 def test_every_exposed_name_is_in_the_catalogue(tmp_path: Path) -> None:
@@ -125,7 +155,7 @@ def test_sink_negotiates_format_and_gzip(tmp_path: Path) -> None:
 def test_golden_exposition_of_captured_tree(request: pytest.FixtureRequest, fixture_sys: Path) -> None:
     snap = dataclasses.replace(read(fixture_sys), taken_at=1_700_000_000.0, read_seconds=0.001)
     text = render_text(snap)
-    text = re.sub(r'^rnic_exporter_build_info\{.*\n', "", text, flags=re.M)  # carries the Python version
+    text = re.sub(r"^rnic_exporter_build_info\{.*\n", "", text, flags=re.M)  # carries the Python version
     if request.config.getoption("--update-golden"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(text)
@@ -204,8 +234,21 @@ def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: P
             host.restore_device("mlx5_0")
             overlay.update(host.errno_overlay)
 
-    changes = ["none", "none", "traffic", "speed", "port down", "gid shift", "fault", "none", "mend", "remove",
-               "traffic", "restore", "none"]
+    changes = [
+        "none",
+        "none",
+        "traffic",
+        "speed",
+        "port down",
+        "gid shift",
+        "fault",
+        "none",
+        "mend",
+        "remove",
+        "traffic",
+        "restore",
+        "none",
+    ]
     for polls, change in enumerate(changes, start=1):
         step(change)
         snap = reader.read()
@@ -217,15 +260,27 @@ def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: P
         assert sink.render("application/openmetrics-text; version=1.0.0", None)[0] == want_om, change
 
 
-@pytest.mark.parametrize("accept", [
-    None, "", "*/*", "text/plain", "text/plain;version=0.0.4", "text/plain; version=1.0.0",
-    "text/plain;version=1.0.0;escaping=allow-utf-8", "text/plain;version=1.0.0;escaping=bogus",
-    "application/openmetrics-text", "application/openmetrics-text; version=1.0.0",
-    "application/openmetrics-text;version=0.0.1", "application/openmetrics-text;version=0.0.1,text/plain;q=0.5",
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",  # Prometheus 2.42's
-    "application/openmetrics-text;version=1.0.0;escaping=underscores", "application/json",
-])
+@pytest.mark.parametrize(
+    "accept",
+    [
+        None,
+        "",
+        "*/*",
+        "text/plain",
+        "text/plain;version=0.0.4",
+        "text/plain; version=1.0.0",
+        "text/plain;version=1.0.0;escaping=allow-utf-8",
+        "text/plain;version=1.0.0;escaping=bogus",
+        "application/openmetrics-text",
+        "application/openmetrics-text; version=1.0.0",
+        "application/openmetrics-text;version=0.0.1",
+        "application/openmetrics-text;version=0.0.1,text/plain;q=0.5",
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+        "text/plain;version=0.0.4;q=0.5,*/*;q=0.1",  # Prometheus 2.42's
+        "application/openmetrics-text;version=1.0.0;escaping=underscores",
+        "application/json",
+    ],
+)
 def test_negotiation_is_prometheus_clients(accept: str | None) -> None:
     from prometheus_client.exposition import choose_encoder
 

@@ -92,7 +92,8 @@ def test_a_failed_device_listing_is_a_failed_pass_not_an_empty_host(sim_host: Si
         snap = reader.read()
         assert [d.name for d in snap.devices] == [d.name for d in healthy.devices], code
         assert [(e.device, e.attribute, e.reason) for e in snap.errors] == [
-            ("-", "class/infiniband", errno.errorcode[code])]
+            ("-", "class/infiniband", errno.errorcode[code])
+        ]
         del overlay["class/infiniband"]
     shutil.rmtree(sim_host.root / "class/infiniband")  # gone for real (module unloaded): no devices
     assert reader.read().devices == ()

@@ -81,8 +81,20 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
     # No pip inside the new venv (ensurepip costs more than the rest): this pip installs into it, and
     # nothing but the wheel and its dependencies lands there.
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120)
-    _run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "-q",
-          "--disable-pip-version-check", str(wheel)], timeout=300)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin/python"),
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
+        timeout=300,
+    )
     return Release(context, wheel, sdist, venv)
 
 
@@ -100,17 +112,27 @@ def test_wheel_carries_every_bundle_file_byte_for_byte(release: Release) -> None
         metadata = email.parser.Parser().parsestr(wheel.read(f"{dist_info}/METADATA").decode())
         assert metadata["Version"] == __version__
         assert "rnic-exporter = rnic_exporter.cli:run" in wheel.read(f"{dist_info}/entry_points.txt").decode()
-    assert {"dashboards/rnic-fleet-overview.json", "alerts/rnic-exporter.rules.yml",
-            "packaging/kubernetes/prometheusrule.yaml", "packaging/systemd/rnic-exporter.service"} <= {
-        str(rel) for rel in files}
+    assert {
+        "dashboards/rnic-fleet-overview.json",
+        "alerts/rnic-exporter.rules.yml",
+        "packaging/kubernetes/prometheusrule.yaml",
+        "packaging/systemd/rnic-exporter.service",
+    } <= {str(rel) for rel in files}
 
 
 def test_sdist_carries_the_sources_and_the_deployment_files(release: Release) -> None:
     top = f"rnic_exporter-{__version__}"
     with tarfile.open(release.sdist) as sdist:
         names = {name.removeprefix(f"{top}/") for name in sdist.getnames()}
-    for required in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "CHANGELOG.md",
-                     "rnic_exporter/__init__.py", "rnic_exporter/bundle.py"):
+    for required in (
+        "pyproject.toml",
+        "setup.py",
+        "MANIFEST.in",
+        "README.md",
+        "CHANGELOG.md",
+        "rnic_exporter/__init__.py",
+        "rnic_exporter/bundle.py",
+    ):
         assert required in names, required
     assert {str(rel) for rel in bundle.bundle_files(release.context)} <= names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc") or n.startswith(".venv")]
@@ -119,7 +141,8 @@ def test_sdist_carries_the_sources_and_the_deployment_files(release: Release) ->
 def test_version_comes_from_one_place(release: Release) -> None:
     assert release.wheel.name == f"rnic_exporter-{__version__}-py3-none-any.whl"
     assert _run([release.exe("rnic-exporter"), "--version"], timeout=60).stdout.strip() == (
-        f"rnic-exporter, version {__version__}")
+        f"rnic-exporter, version {__version__}"
+    )
     changelog = (REPO / "CHANGELOG.md").read_text()
     newest = re.search(r"^## \[(\d+\.\d+\.\d+)\]", changelog, flags=re.M)
     assert newest is not None and newest[1] == __version__
@@ -137,13 +160,28 @@ def served(release: Release, sim: SimHost, tmp_path: Path) -> Iterator[str]:
     log = tmp_path / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [release.exe("rnic-exporter"), "serve", "--path.sysfs", str(sim.root), "--web.listen-address",
-             f"127.0.0.1:{port}", "--state.dir", str(tmp_path / "state"), "--path.rootfs", str(tmp_path),
-             "--poll.interval", "0.5"],
-            stdout=out, stderr=out, cwd=tmp_path,
-            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+            [
+                release.exe("rnic-exporter"),
+                "serve",
+                "--path.sysfs",
+                str(sim.root),
+                "--web.listen-address",
+                f"127.0.0.1:{port}",
+                "--state.dir",
+                str(tmp_path / "state"),
+                "--path.rootfs",
+                str(tmp_path),
+                "--poll.interval",
+                "0.5",
+            ],
+            stdout=out,
+            stderr=out,
+            cwd=tmp_path,
+            env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+        )
         base = f"http://127.0.0.1:{port}"
         try:
+
             def ready() -> bool:
                 if proc.poll() is not None:
                     raise AssertionError(f"serve exited with {proc.returncode}: {log.read_text()}")
@@ -165,19 +203,31 @@ def test_fresh_venv_serves_metrics_from_the_installed_package(release: Release, 
     text = wait_for(scrape, timeout=20, what="a scrape with the first poll")
     assert re.search(r"^rnic_devices 3\.0$", text, flags=re.M), text[:2000]
     assert re.search(rf'^rnic_exporter_build_info\{{[^}}]*version="{re.escape(__version__)}"', text, flags=re.M)
-    where = _run([release.exe("python"), "-c", "import rnic_exporter; print(rnic_exporter.__file__)"],
-                 timeout=60, cwd=release.venv).stdout.strip()
+    where = _run(
+        [release.exe("python"), "-c", "import rnic_exporter; print(rnic_exporter.__file__)"],
+        timeout=60,
+        cwd=release.venv,
+    ).stdout.strip()
     assert Path(where).is_relative_to(release.venv)
 
 
-def test_fresh_venv_check_passes_a_healthy_host_and_fails_a_short_one(release: Release, sim: SimHost,
-                                                                     tmp_path: Path) -> None:
-    argv = [release.exe("rnic-exporter"), "check", "--path.sysfs", str(sim.root), "--state.dir",
-            str(tmp_path / "state"), "--path.rootfs", str(tmp_path), "--no-netlink"]
+def test_fresh_venv_check_passes_a_healthy_host_and_fails_a_short_one(
+    release: Release, sim: SimHost, tmp_path: Path
+) -> None:
+    argv = [
+        release.exe("rnic-exporter"),
+        "check",
+        "--path.sysfs",
+        str(sim.root),
+        "--state.dir",
+        str(tmp_path / "state"),
+        "--path.rootfs",
+        str(tmp_path),
+        "--no-netlink",
+    ]
     healthy = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
-    short = subprocess.run([*argv, "--expected-devices", "4"], capture_output=True, text=True, timeout=60,
-                           cwd=tmp_path)
+    short = subprocess.run([*argv, "--expected-devices", "4"], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert short.returncode == 1, short.stdout + short.stderr
     assert "4 expected" in short.stdout
 
@@ -185,8 +235,11 @@ def test_fresh_venv_check_passes_a_healthy_host_and_fails_a_short_one(release: R
 def test_fresh_venv_writes_the_bundle_from_the_wheel(release: Release, tmp_path: Path) -> None:
     out = tmp_path / "bundle"
     _run([release.exe("rnic-exporter"), "bundle", "--out", str(out)], timeout=60, cwd=tmp_path)
-    root = _run([release.exe("python"), "-c", "from rnic_exporter import bundle; print(bundle.bundle_root())"],
-                timeout=60, cwd=tmp_path).stdout.strip()
+    root = _run(
+        [release.exe("python"), "-c", "from rnic_exporter import bundle; print(bundle.bundle_root())"],
+        timeout=60,
+        cwd=tmp_path,
+    ).stdout.strip()
     assert Path(root).is_relative_to(release.venv)  # the wheel's copy, not a checkout
     files = bundle.bundle_files(release.context)
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())

@@ -51,13 +51,19 @@ def _assert_known_values(prom: Prometheus) -> None:
 def test_prometheus_scrapes_plain_http(tmp_path: Path, host: SimHost) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}",
-            "--poll.interval", "0.5"]
+    args = [
+        "serve",
+        "--path.sysfs",
+        str(host.root),
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--poll.interval",
+        "0.5",
+    ]
     with exporter(args, ready_url=f"{base}/-/ready", log_path=tmp_path / "exporter.log"):
         status, headers, body = http_get(f"{base}/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=body,
-                              capture_output=True)
+        lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=body, capture_output=True)
         assert lint.returncode == 0 and lint.stdout == b"" and lint.stderr == b"", lint.stdout + lint.stderr
         with Prometheus(tmp_path / "prom-plain", _scrape_config(f"127.0.0.1:{port}")) as prom:
             _assert_known_values(prom)
@@ -78,25 +84,38 @@ def tls_files(tmp_path: Path) -> Iterator[tuple[Path, Path, Path, str]]:
         f"  cert_file: {cert.name}\n"
         f"  key_file: {key.name}\n"
         "basic_auth_users:\n"
-        f"  prometheus: '{hashed}'\n")
+        f"  prometheus: '{hashed}'\n"
+    )
     yield cert, key, web_config, password
 
 
-def test_prometheus_scrapes_tls_with_basic_auth(tmp_path: Path, host: SimHost,
-                                                tls_files: tuple[Path, Path, Path, str]) -> None:
+def test_prometheus_scrapes_tls_with_basic_auth(
+    tmp_path: Path, host: SimHost, tls_files: tuple[Path, Path, Path, str]
+) -> None:
     cert, _key, web_config, password = tls_files
     port = free_port()
     base = f"https://127.0.0.1:{port}"
     context = ssl.create_default_context(cafile=str(cert))
     auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()}
-    args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}",
-            "--poll.interval", "0.5", "--web.config.file", str(web_config)]
-    with exporter(args, ready_url=f"{base}/-/ready", context=context, headers=auth,
-                  log_path=tmp_path / "exporter.log"):
+    args = [
+        "serve",
+        "--path.sysfs",
+        str(host.root),
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--poll.interval",
+        "0.5",
+        "--web.config.file",
+        str(web_config),
+    ]
+    with exporter(args, ready_url=f"{base}/-/ready", context=context, headers=auth, log_path=tmp_path / "exporter.log"):
         assert http_get(f"{base}/metrics", context=context)[0] == 401
         assert http_get(f"{base}/metrics", context=context, headers=auth)[0] == 200
-        config = _scrape_config(f"127.0.0.1:{port}", scheme="https",
-                                tls_config={"ca_file": str(cert), "server_name": "localhost"},
-                                basic_auth={"username": "prometheus", "password": password})
+        config = _scrape_config(
+            f"127.0.0.1:{port}",
+            scheme="https",
+            tls_config={"ca_file": str(cert), "server_name": "localhost"},
+            basic_auth={"username": "prometheus", "password": password},
+        )
         with Prometheus(tmp_path / "prom-tls", config) as prom:
             _assert_known_values(prom)

@@ -24,11 +24,27 @@ BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 GID = re.compile(r"[0-9a-f]{4}(?::[0-9a-f]{4}){7}")
 # facts §1.5: the extended PortCounters set, 21 files (mlx5 IB and RoCE).
 EXTENDED_PMA = {
-    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors", "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors", "port_xmit_discards", "port_xmit_constraint_errors",
-    "port_rcv_constraint_errors", "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped",
-    "port_xmit_wait", "port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets",
-    "unicast_xmit_packets", "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets",
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+    "port_xmit_wait",
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+    "multicast_xmit_packets",
+    "multicast_rcv_packets",
 }
 # facts §1.6: counters every mlx5 has, whatever its firmware caps.
 MLX5_ALWAYS = {"rx_write_requests", "rx_read_requests", "rx_atomic_requests", "out_of_buffer"}
@@ -62,37 +78,64 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> SimHost:
 # -- GID arithmetic --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("mac", "gid"), [
-    pytest.param("0c:42:a1:41:2d:36", "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36", id="facts-example"),
-    pytest.param("02:00:00:00:00:01", "fe80:0000:0000:0000:0000:00ff:fe00:0001", id="local-bit-set-is-cleared"),
-    pytest.param("ff:ff:ff:ff:ff:ff", "fe80:0000:0000:0000:fdff:ffff:feff:ffff", id="all-ones"),
-])
+@pytest.mark.parametrize(
+    ("mac", "gid"),
+    [
+        pytest.param("0c:42:a1:41:2d:36", "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36", id="facts-example"),
+        pytest.param("02:00:00:00:00:01", "fe80:0000:0000:0000:0000:00ff:fe00:0001", id="local-bit-set-is-cleared"),
+        pytest.param("ff:ff:ff:ff:ff:ff", "fe80:0000:0000:0000:fdff:ffff:feff:ffff", id="all-ones"),
+    ],
+)
 def test_mac_default_gid(mac: str, gid: str) -> None:
     assert mac_default_gid(mac) == gid
 
 
-@pytest.mark.parametrize(("address", "gid"), [
-    pytest.param("192.168.1.100", "0000:0000:0000:0000:0000:ffff:c0a8:0164", id="facts-example"),
-    pytest.param("10.0.0.1", "0000:0000:0000:0000:0000:ffff:0a00:0001", id="show-gids-example"),
-    pytest.param("2001:db8::1", "2001:0db8:0000:0000:0000:0000:0000:0001", id="ipv6-uncompressed"),
-])
+@pytest.mark.parametrize(
+    ("address", "gid"),
+    [
+        pytest.param("192.168.1.100", "0000:0000:0000:0000:0000:ffff:c0a8:0164", id="facts-example"),
+        pytest.param("10.0.0.1", "0000:0000:0000:0000:0000:ffff:0a00:0001", id="show-gids-example"),
+        pytest.param("2001:db8::1", "2001:0db8:0000:0000:0000:0000:0000:0001", id="ipv6-uncompressed"),
+    ],
+)
 def test_address_gid(address: str, gid: str) -> None:
     assert address_gid(address) == gid
 
 
 # -- rate strings (facts §1.3) ---------------------------------------------------------------
 
-LANE_GBPS = {"SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0, "HDR": 50.0,
-             "NDR": 100.0, "XDR": 200.0}
+LANE_GBPS = {
+    "SDR": 2.5,
+    "DDR": 5.0,
+    "QDR": 10.0,
+    "FDR10": 10.0,
+    "FDR": 14.0,
+    "EDR": 25.0,
+    "HDR": 50.0,
+    "NDR": 100.0,
+    "XDR": 200.0,
+}
 
 
-@pytest.mark.parametrize(("lanes", "speed", "text"), [
-    (1, "SDR", "2.5 Gb/sec (1X SDR)"), (4, "SDR", "10 Gb/sec (4X SDR)"), (4, "QDR", "40 Gb/sec (4X QDR)"),
-    (4, "FDR10", "40 Gb/sec (4X FDR10)"), (4, "FDR", "56 Gb/sec (4X FDR)"), (1, "EDR", "25 Gb/sec (1X EDR)"),
-    (4, "EDR", "100 Gb/sec (4X EDR)"), (2, "HDR", "100 Gb/sec (2X HDR)"), (4, "HDR", "200 Gb/sec (4X HDR)"),
-    (4, "NDR", "400 Gb/sec (4X NDR)"), (8, "NDR", "800 Gb/sec (8X NDR)"), (4, "XDR", "800 Gb/sec (4X XDR)"),
-    (8, "XDR", "1600 Gb/sec (8X XDR)"), (12, "EDR", "300 Gb/sec (12X EDR)"),
-])
+@pytest.mark.parametrize(
+    ("lanes", "speed", "text"),
+    [
+        (1, "SDR", "2.5 Gb/sec (1X SDR)"),
+        (4, "SDR", "10 Gb/sec (4X SDR)"),
+        (4, "QDR", "40 Gb/sec (4X QDR)"),
+        (4, "FDR10", "40 Gb/sec (4X FDR10)"),
+        (4, "FDR", "56 Gb/sec (4X FDR)"),
+        (1, "EDR", "25 Gb/sec (1X EDR)"),
+        (4, "EDR", "100 Gb/sec (4X EDR)"),
+        (2, "HDR", "100 Gb/sec (2X HDR)"),
+        (4, "HDR", "200 Gb/sec (4X HDR)"),
+        (4, "NDR", "400 Gb/sec (4X NDR)"),
+        (8, "NDR", "800 Gb/sec (8X NDR)"),
+        (4, "XDR", "800 Gb/sec (4X XDR)"),
+        (8, "XDR", "1600 Gb/sec (8X XDR)"),
+        (12, "EDR", "300 Gb/sec (12X EDR)"),
+    ],
+)
 def test_rate_text(lanes: int, speed: str, text: str) -> None:
     assert rate_text(lanes, speed) == text
 
@@ -103,14 +146,24 @@ def test_rate_text_reads_back(lanes: int, speed: str) -> None:
     assert parse_rate(rate_text(lanes, speed)) == LinkRate(LANE_GBPS[speed] * lanes, lanes, speed)
 
 
-@pytest.mark.parametrize(("gbps", "text"), [
-    # translate_eth_*_proto_oper as facts §1.3 lists it (mlx5 RoCE: Ethernet speed -> IB width/speed)
-    pytest.param(1, "2.5 Gb/sec (1X SDR)", id="1G-shows-2.5"),
-    (5, "5 Gb/sec (1X DDR)"), (10, "10 Gb/sec (1X QDR)"), (25, "25 Gb/sec (1X EDR)"), (40, "40 Gb/sec (4X QDR)"),
-    (50, "50 Gb/sec (2X EDR)"), (56, "56 Gb/sec (4X FDR)"), (100, "100 Gb/sec (4X EDR)"),
-    (200, "200 Gb/sec (4X HDR)"), (400, "400 Gb/sec (4X NDR)"), (800, "800 Gb/sec (8X NDR)"),
-    (1600, "1600 Gb/sec (8X XDR)"),
-])
+@pytest.mark.parametrize(
+    ("gbps", "text"),
+    [
+        # translate_eth_*_proto_oper as facts §1.3 lists it (mlx5 RoCE: Ethernet speed -> IB width/speed)
+        pytest.param(1, "2.5 Gb/sec (1X SDR)", id="1G-shows-2.5"),
+        (5, "5 Gb/sec (1X DDR)"),
+        (10, "10 Gb/sec (1X QDR)"),
+        (25, "25 Gb/sec (1X EDR)"),
+        (40, "40 Gb/sec (4X QDR)"),
+        (50, "50 Gb/sec (2X EDR)"),
+        (56, "56 Gb/sec (4X FDR)"),
+        (100, "100 Gb/sec (4X EDR)"),
+        (200, "200 Gb/sec (4X HDR)"),
+        (400, "400 Gb/sec (4X NDR)"),
+        (800, "800 Gb/sec (8X NDR)"),
+        (1600, "1600 Gb/sec (8X XDR)"),
+    ],
+)
 def test_ethernet_rate_text(gbps: int, text: str) -> None:
     assert ethernet_rate_text(gbps) == text
 
@@ -124,8 +177,9 @@ def test_class_infiniband_links_into_the_pci_function(pristine: SimHost) -> None
         link = pristine.root / "class/infiniband" / dev.name
         assert link.is_symlink() and not os.path.isabs(os.readlink(link))
         ib_dir = os.path.relpath(os.path.realpath(link), mount)
-        assert re.fullmatch(rf"devices/pci[0-9a-f]{{4}}:[0-9a-f]{{2}}/(?:{BDF.pattern}/)+infiniband/{dev.name}",
-                            ib_dir), ib_dir
+        assert re.fullmatch(
+            rf"devices/pci[0-9a-f]{{4}}:[0-9a-f]{{2}}/(?:{BDF.pattern}/)+infiniband/{dev.name}", ib_dir
+        ), ib_dir
         assert not os.path.isabs(os.readlink(link / "device"))
         function = os.path.realpath(link / "device")
         assert BDF.fullmatch(os.path.basename(function)) and os.path.basename(function) == dev.pci_address
@@ -150,8 +204,9 @@ def test_class_net_links_to_the_same_function(pristine: SimHost) -> None:
 
 def test_every_file_holds_one_value_ending_in_one_newline(pristine: SimHost) -> None:
     """Except the stand-ins for attributes a kernel answers with EINVAL: empty, and listed in the overlay."""
-    einval = {os.path.realpath(pristine.root / rel) for rel, code in pristine.errno_overlay.items()
-              if code == errno.EINVAL}
+    einval = {
+        os.path.realpath(pristine.root / rel) for rel, code in pristine.errno_overlay.items() if code == errno.EINVAL
+    }
     checked = 0
     for dirpath, _dirs, files in os.walk(pristine.root):
         for name in files:
@@ -202,7 +257,8 @@ def test_infiniband_gid_is_subnet_prefix_and_port_guid(pristine: SimHost) -> Non
     port = port_dir(dev.name)
     port_guid = int(value(pristine, f"class/infiniband/{dev.name}/node_guid").replace(":", ""), 16) + 1
     assert value(pristine, f"{port}/gids/0") == "fe80:0000:0000:0000:" + ":".join(
-        f"{port_guid:016x}"[i:i + 4] for i in range(0, 16, 4))
+        f"{port_guid:016x}"[i : i + 4] for i in range(0, 16, 4)
+    )
     assert value(pristine, f"{port}/gid_attrs/types/0") == "IB/RoCE v1"
     assert pristine.errno_overlay[f"{port}/gid_attrs/ndevs/0"] == errno.EINVAL  # IB GIDs have no netdev
     assert value(pristine, f"{port}/gids/1") == ZERO_GID
@@ -327,8 +383,9 @@ def test_gid_shift_on_the_tree(sim_host: SimHost) -> None:
 
 def test_port_down_and_up(sim_host: SimHost) -> None:
     port, net = port_dir("mlx5_0"), "class/net/ens1f0np0"
-    before = {f: int(value(sim_host, f"{net}/{f}")) for f in ("carrier_changes", "carrier_down_count",
-                                                               "carrier_up_count")}
+    before = {
+        f: int(value(sim_host, f"{net}/{f}")) for f in ("carrier_changes", "carrier_down_count", "carrier_up_count")
+    }
     link_downed = int(value(sim_host, f"{port}/counters/link_downed"))
     gids = files_under(sim_host.root / port / "gids")
     sim_host.set_port_up("mlx5_0", False)

@@ -42,7 +42,8 @@ def test_without_pma_einval_is_an_overlay(host: SimHost) -> None:
     overlay = host.errno_overlay
     port = "class/infiniband/mlx5_1/ports/1"
     assert {rel for rel, code in overlay.items() if "/counters/" in rel and code == errno.EINVAL} == {
-        f"{port}/counters/{name}" for name in PMA_EXTENDED_COUNTERS}
+        f"{port}/counters/{name}" for name in PMA_EXTENDED_COUNTERS
+    }
     assert (host.root / port / "counters/symbol_error").read_text() == "0\n"  # on disk: the value
 
 
@@ -72,10 +73,25 @@ def test_dropped_gid_table_and_state_file_stay_dropped(host: SimHost) -> None:
 
 def test_demo_shows_the_link_local_pick_and_the_port_without_pma() -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "demo", "--devices", "6",
-                             "--step.seconds", "1", "--poll.interval", "0.2",
-                             "--web.listen-address", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "demo",
+            "--devices",
+            "6",
+            "--step.seconds",
+            "1",
+            "--poll.interval",
+            "0.2",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         seen: set[str] = set()
@@ -84,8 +100,10 @@ def test_demo_shows_the_link_local_pick_and_the_port_without_pma() -> None:
             body = http_get(url, timeout=1)[2].decode()
             if 'rnic_nccl_gid_usable{device="mlx5_0",port="1"} 0.0' in body:
                 seen.add("unusable")
-            if 'rnic_attribute_unsupported_info{attribute="counters/symbol_error",device="mlx5_4",port="1",' \
-               'reason="no_pma"} 1.0' in body:
+            if (
+                'rnic_attribute_unsupported_info{attribute="counters/symbol_error",device="mlx5_4",port="1",'
+                'reason="no_pma"} 1.0' in body
+            ):
                 seen.add("no_pma")
             assert "rnic_attribute_unavailable{" not in body or 'device="mlx5_4"' not in body
             return seen == {"unusable", "no_pma"}

@@ -121,8 +121,11 @@ def test_link_local_equal_to_the_default_gid_adds_nothing(ns: Netns, host: SimHo
     follower = follow(ns, host)
     try:
         eui64 = "fe80::e42:a1ff:fe41:36"  # from MAC 0c:42:a1:41:00:36, the default GID of mlx5_0
-        wait_for(lambda: any(a.address == eui64 for a in follower.watcher.addresses()["ens1f0np0"]), timeout=10,
-                 what="the link-local address")
+        wait_for(
+            lambda: any(a.address == eui64 for a in follower.watcher.addresses()["ens1f0np0"]),
+            timeout=10,
+            what="the link-local address",
+        )
         ns.ip("addr", "add", "2001:db8::1/64", "dev", "ens1f0np0", "nodad")  # a later, real one
         wait_for(lambda: v2_index(host.root, "2001:db8::1"), timeout=5, what="the IPv6 GID")
         assert sorted(table(host.root)) == [0, 1, 2, 3, 4, 5]  # defaults, IPv4 pair, IPv6 pair: no link-local pair
@@ -166,9 +169,24 @@ def test_updates_wait_for_the_work_queue_delay(ns: Netns, host: SimHost) -> None
 
 def test_simulate_command_follows_netlink_until_sigterm(ns: Netns, tmp_path: Path) -> None:
     root = tmp_path / "sim"
-    proc = ns.popen([sys.executable, "-m", "rnic_exporter", "simulate", str(root), "--roce", "2",
-                     "--gid-table-size", "16", "--follow-netlink", "--hold-gids"],
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = ns.popen(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "simulate",
+            str(root),
+            "--roce",
+            "2",
+            "--gid-table-size",
+            "16",
+            "--follow-netlink",
+            "--hold-gids",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: list[str] = []
     assert proc.stdout is not None
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
@@ -185,11 +203,14 @@ def test_simulate_command_follows_netlink_until_sigterm(ns: Netns, tmp_path: Pat
     assert proc.stderr is not None and "Traceback" not in proc.stderr.read()
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--hold-gids"], "--hold-gids needs --follow-netlink"),
-    (["--roce", "0"], "nothing to simulate"),
-    (["--roce", "0", "--infiniband", "1", "--follow-netlink"], "--follow-netlink needs RoCE devices"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hold-gids"], "--hold-gids needs --follow-netlink"),
+        (["--roce", "0"], "nothing to simulate"),
+        (["--roce", "0", "--infiniband", "1", "--follow-netlink"], "--follow-netlink needs RoCE devices"),
+    ],
+)
 def test_simulate_usage_errors_are_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["simulate", str(tmp_path / "sim"), *args])
     assert result.exit_code == 2

@@ -58,11 +58,25 @@ def raw(host: SimHost, rel: str) -> str:
 
 # -- (a) the captured procfs tree --------------------------------------------------------------
 
-BASE_SET = ("VL15_dropped", "excessive_buffer_overrun_errors", "link_downed", "link_error_recovery",
-            "local_link_integrity_errors", "port_rcv_constraint_errors", "port_rcv_data", "port_rcv_errors",
-            "port_rcv_packets", "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors",
-            "port_xmit_constraint_errors", "port_xmit_data", "port_xmit_discards", "port_xmit_packets",
-            "port_xmit_wait", "symbol_error")
+BASE_SET = (
+    "VL15_dropped",
+    "excessive_buffer_overrun_errors",
+    "link_downed",
+    "link_error_recovery",
+    "local_link_integrity_errors",
+    "port_rcv_constraint_errors",
+    "port_rcv_data",
+    "port_rcv_errors",
+    "port_rcv_packets",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_constraint_errors",
+    "port_xmit_data",
+    "port_xmit_discards",
+    "port_xmit_packets",
+    "port_xmit_wait",
+    "symbol_error",
+)
 EXTENDED_ONLY = ("multicast_rcv_packets", "multicast_xmit_packets", "unicast_rcv_packets", "unicast_xmit_packets")
 
 
@@ -75,64 +89,177 @@ def pma(extended: bool, **nonzero: int) -> dict[str, CounterValue]:
 LINK_UP = NumberedState(5, "LinkUp")
 
 
-def ib_port(device: str, number: int, rate: LinkRate, counters: dict[str, CounterValue],
-            phys_state: NumberedState = LINK_UP,
-            hw_counters: Mapping[str, int] | None = None) -> Port:
-    return Port(device=device, number=number, link_layer="InfiniBand", state=NumberedState(4, "ACTIVE"),
-                phys_state=phys_state, rate=rate, lid=None, counters=counters, hw_counters=hw_counters or {},
-                gids=(), gid_table_size=0, netdevs=(), nccl_gid_index=None)
+def ib_port(
+    device: str,
+    number: int,
+    rate: LinkRate,
+    counters: dict[str, CounterValue],
+    phys_state: NumberedState = LINK_UP,
+    hw_counters: Mapping[str, int] | None = None,
+) -> Port:
+    return Port(
+        device=device,
+        number=number,
+        link_layer="InfiniBand",
+        state=NumberedState(4, "ACTIVE"),
+        phys_state=phys_state,
+        rate=rate,
+        lid=None,
+        counters=counters,
+        hw_counters=hw_counters or {},
+        gids=(),
+        gid_table_size=0,
+        netdevs=(),
+        nccl_gid_index=None,
+    )
 
 
-def fixture_device(name: str, ports: tuple[Port, ...], *, fw_ver: str, board_id: str, hca_type: str | None = None,
-                   node_guid: str | None = None) -> Device:
-    return Device(name=name, node_guid=node_guid, sys_image_guid=None, fw_ver=fw_ver, hca_type=hca_type,
-                  board_id=board_id, hw_rev=None, node_type=None, node_desc=None, pci_address=None, ports=ports,
-                  hw_counters={}, netdevs=())
+def fixture_device(
+    name: str,
+    ports: tuple[Port, ...],
+    *,
+    fw_ver: str,
+    board_id: str,
+    hca_type: str | None = None,
+    node_guid: str | None = None,
+) -> Device:
+    return Device(
+        name=name,
+        node_guid=node_guid,
+        sys_image_guid=None,
+        fw_ver=fw_ver,
+        hca_type=hca_type,
+        board_id=board_id,
+        hw_rev=None,
+        node_type=None,
+        node_desc=None,
+        pci_address=None,
+        ports=ports,
+        hw_counters={},
+        netdevs=(),
+    )
 
 
 FIXTURE_DEVICES = (
-    fixture_device("hfi1_0", (
-        ib_port("hfi1_0", 1, LinkRate(100.0, 4, "EDR"), pma(
-            False, port_rcv_data=345091702026 * 4, port_rcv_packets=638036947, port_xmit_data=273558326543 * 4,
-            port_xmit_packets=568318856)),
-    ), fw_ver="1.27.0", board_id="HPE 100Gb 1-port OP101 QSFP28 x16 PCIe Gen3 with Intel Omni-Path Adapter"),
-    fixture_device("mlx4_0", (
-        ib_port("mlx4_0", 1, LinkRate(40.0, 4, "QDR"), pma(
-            False, port_rcv_data=2221223609 * 4, port_rcv_packets=87169372, port_xmit_data=26509113295 * 4,
-            port_xmit_packets=85734114, port_xmit_wait=3599)),
-        ib_port("mlx4_0", 2, LinkRate(40.0, 4, "QDR"), pma(  # link_layer "InfiniBand\n\n" in the capture
-            False, port_rcv_data=2460436784 * 4, port_rcv_packets=89332064, port_xmit_data=26540356890 * 4,
-            port_xmit_packets=88622850, port_xmit_wait=3846)),
-    ), fw_ver="2.31.5050", board_id="SM_1141000001000", hca_type="MT4099"),
-    fixture_device("mlx5_0", (
-        ib_port("mlx5_0", 1, LinkRate(25.0, 1, "EDR"), pma(
-            True, port_rcv_data=18126345378 * 4, port_rcv_packets=541889824, port_xmit_data=2880761508848 * 4,
-            port_xmit_packets=10907922116, unicast_rcv_packets=541889824, unicast_xmit_packets=10907922116),
-            phys_state=NumberedState(4, "ACTIVE"),  # the capture's phys_state is "4: ACTIVE"
-            hw_counters={
-                "duplicate_request": 41, "implied_nak_seq_err": 0, "local_ack_timeout_err": 131,
-                "out_of_buffer": 0, "out_of_sequence": 1, "packet_seq_err": 1, "req_cqe_error": 3481,
-                "req_cqe_flush_error": 80, "req_remote_access_errors": 0, "req_remote_invalid_request": 0,
-                "resp_cqe_error": 8109, "resp_cqe_flush_error": 4708, "resp_local_length_error": 0,
-                "resp_remote_access_errors": 0, "rnr_nak_retry_err": 0, "roce_adp_retrans": 99,
-                "roce_adp_retrans_to": 4, "roce_slow_restart": 0, "roce_slow_restart_cnps": 131,
-                "roce_slow_restart_trans": 0, "rx_atomic_requests": 0, "rx_dct_connect": 0,
-                "rx_read_requests": 175528982, "rx_write_requests": 742114,
-            }),
-    ), fw_ver="14.28.2006", board_id="SM_2001000001034", hca_type="MT4118", node_guid="0a7f:bc12:45ef:d23b"),
+    fixture_device(
+        "hfi1_0",
+        (
+            ib_port(
+                "hfi1_0",
+                1,
+                LinkRate(100.0, 4, "EDR"),
+                pma(
+                    False,
+                    port_rcv_data=345091702026 * 4,
+                    port_rcv_packets=638036947,
+                    port_xmit_data=273558326543 * 4,
+                    port_xmit_packets=568318856,
+                ),
+            ),
+        ),
+        fw_ver="1.27.0",
+        board_id="HPE 100Gb 1-port OP101 QSFP28 x16 PCIe Gen3 with Intel Omni-Path Adapter",
+    ),
+    fixture_device(
+        "mlx4_0",
+        (
+            ib_port(
+                "mlx4_0",
+                1,
+                LinkRate(40.0, 4, "QDR"),
+                pma(
+                    False,
+                    port_rcv_data=2221223609 * 4,
+                    port_rcv_packets=87169372,
+                    port_xmit_data=26509113295 * 4,
+                    port_xmit_packets=85734114,
+                    port_xmit_wait=3599,
+                ),
+            ),
+            ib_port(
+                "mlx4_0",
+                2,
+                LinkRate(40.0, 4, "QDR"),
+                pma(  # link_layer "InfiniBand\n\n" in the capture
+                    False,
+                    port_rcv_data=2460436784 * 4,
+                    port_rcv_packets=89332064,
+                    port_xmit_data=26540356890 * 4,
+                    port_xmit_packets=88622850,
+                    port_xmit_wait=3846,
+                ),
+            ),
+        ),
+        fw_ver="2.31.5050",
+        board_id="SM_1141000001000",
+        hca_type="MT4099",
+    ),
+    fixture_device(
+        "mlx5_0",
+        (
+            ib_port(
+                "mlx5_0",
+                1,
+                LinkRate(25.0, 1, "EDR"),
+                pma(
+                    True,
+                    port_rcv_data=18126345378 * 4,
+                    port_rcv_packets=541889824,
+                    port_xmit_data=2880761508848 * 4,
+                    port_xmit_packets=10907922116,
+                    unicast_rcv_packets=541889824,
+                    unicast_xmit_packets=10907922116,
+                ),
+                phys_state=NumberedState(4, "ACTIVE"),  # the capture's phys_state is "4: ACTIVE"
+                hw_counters={
+                    "duplicate_request": 41,
+                    "implied_nak_seq_err": 0,
+                    "local_ack_timeout_err": 131,
+                    "out_of_buffer": 0,
+                    "out_of_sequence": 1,
+                    "packet_seq_err": 1,
+                    "req_cqe_error": 3481,
+                    "req_cqe_flush_error": 80,
+                    "req_remote_access_errors": 0,
+                    "req_remote_invalid_request": 0,
+                    "resp_cqe_error": 8109,
+                    "resp_cqe_flush_error": 4708,
+                    "resp_local_length_error": 0,
+                    "resp_remote_access_errors": 0,
+                    "rnr_nak_retry_err": 0,
+                    "roce_adp_retrans": 99,
+                    "roce_adp_retrans_to": 4,
+                    "roce_slow_restart": 0,
+                    "roce_slow_restart_cnps": 131,
+                    "roce_slow_restart_trans": 0,
+                    "rx_atomic_requests": 0,
+                    "rx_dct_connect": 0,
+                    "rx_read_requests": 175528982,
+                    "rx_write_requests": 742114,
+                },
+            ),
+        ),
+        fw_ver="14.28.2006",
+        board_id="SM_2001000001034",
+        hca_type="MT4118",
+        node_guid="0a7f:bc12:45ef:d23b",
+    ),
 )
 # The core attributes the capture lacks (sysfs.c guarantees them, so their absence is a fault).
 # The capture leaves out files every kernel has: absent from the first read on, so unsupported.
-FIXTURE_UNSUPPORTED = sorted([
-    ReadError("hfi1_0", None, "node_guid", "absent: ENOENT"),
-    ReadError("hfi1_0", None, "sys_image_guid", "absent: ENOENT"),
-    ReadError("hfi1_0", None, "node_type", "absent: ENOENT"),
-    ReadError("mlx4_0", None, "node_guid", "absent: ENOENT"),
-    ReadError("mlx4_0", None, "sys_image_guid", "absent: ENOENT"),
-    ReadError("mlx4_0", None, "node_type", "absent: ENOENT"),
-    ReadError("mlx5_0", None, "sys_image_guid", "absent: ENOENT"),
-    ReadError("mlx5_0", None, "node_type", "absent: ENOENT"),
-], key=repr)
+FIXTURE_UNSUPPORTED = sorted(
+    [
+        ReadError("hfi1_0", None, "node_guid", "absent: ENOENT"),
+        ReadError("hfi1_0", None, "sys_image_guid", "absent: ENOENT"),
+        ReadError("hfi1_0", None, "node_type", "absent: ENOENT"),
+        ReadError("mlx4_0", None, "node_guid", "absent: ENOENT"),
+        ReadError("mlx4_0", None, "sys_image_guid", "absent: ENOENT"),
+        ReadError("mlx4_0", None, "node_type", "absent: ENOENT"),
+        ReadError("mlx5_0", None, "sys_image_guid", "absent: ENOENT"),
+        ReadError("mlx5_0", None, "node_type", "absent: ENOENT"),
+    ],
+    key=repr,
+)
 
 
 @pytest.mark.parametrize("device", [d.name for d in FIXTURE_DEVICES])
@@ -178,11 +305,22 @@ def test_captured_netdev_with_a_plain_file_for_device(fixture_sys: Path) -> None
     log = ErrorLog(SysfsRoot(fixture_sys))
     assert not (fixture_sys / "class/net/eth0/device").is_symlink()  # the capture's quirk
     netdev = read_netdev(log, "eth0", "mlx5_0", 1)
-    assert netdev == Netdev(name="eth0", ifindex=2, address="01:01:01:01:01:01", mtu=1500, speed_mbps=1000,
-                            operstate="up", carrier=True, carrier_changes=2, carrier_up_count=1,
-                            carrier_down_count=1, pci_address=None)
+    assert netdev == Netdev(
+        name="eth0",
+        ifindex=2,
+        address="01:01:01:01:01:01",
+        mtu=1500,
+        speed_mbps=1000,
+        operstate="up",
+        carrier=True,
+        carrier_changes=2,
+        carrier_up_count=1,
+        carrier_down_count=1,
+        pci_address=None,
+    )
     assert [(e.device, e.port, e.attribute, e.reason.split(":")[0]) for e in log.errors] == [
-        ("mlx5_0", 1, "net/eth0/device", "EINVAL")]
+        ("mlx5_0", 1, "net/eth0/device", "EINVAL")
+    ]
 
 
 # -- (b) the simulator: what it wrote comes back ---------------------------------------------
@@ -195,8 +333,11 @@ def expected_from_sim(host: SimHost) -> Content:
         ib, net = f"class/infiniband/{dev.name}", f"class/net/{dev.netdev}"
         port_dir = f"{ib}/ports/1"
         table = dev.gid_table
-        gids = tuple(GidEntry(i, slot.gid, slot.type, slot.netdev) for i in range(table.size)
-                     if (slot := table.visible(i)) is not None)
+        gids = tuple(
+            GidEntry(i, slot.gid, slot.type, slot.netdev)
+            for i in range(table.size)
+            if (slot := table.visible(i)) is not None
+        )
         if dev.roce:
             lanes, speed = ETH_RATE_NAMES[dev.gbps]
             rate = LinkRate(float(dev.gbps), lanes, speed)
@@ -206,26 +347,62 @@ def expected_from_sim(host: SimHost) -> Content:
             rate = LinkRate(IB_LANE_GBPS[dev.ib_speed] * dev.lanes, dev.lanes, dev.ib_speed)
             nccl = 0
         port = Port(
-            device=dev.name, number=1, link_layer=dev.link_layer, state=NumberedState(4, "ACTIVE"),
-            phys_state=NumberedState(5, "LinkUp"), rate=rate, lid=int(raw(host, f"{port_dir}/lid"), 16),
-            counters={name: CounterValue(value * 4 if name.endswith("_data") else value)
-                      for name, value in dev.counters.items()},
-            hw_counters=dict(dev.hw_counters), gids=gids, gid_table_size=table.size, netdevs=(dev.netdev,),
-            nccl_gid_index=nccl)
-        devices.append(Device(
-            name=dev.name, node_guid=dev.node_guid, sys_image_guid=dev.node_guid, fw_ver=dev.fw_ver,
-            hca_type=dev.hca_type, board_id=dev.board_id, hw_rev=raw(host, f"{ib}/hw_rev"),
-            node_type=NumberedState(1, "CA"), node_desc=raw(host, f"{ib}/node_desc"), pci_address=dev.pci_address,
-            ports=(port,), hw_counters={}, netdevs=(dev.netdev,)))
+            device=dev.name,
+            number=1,
+            link_layer=dev.link_layer,
+            state=NumberedState(4, "ACTIVE"),
+            phys_state=NumberedState(5, "LinkUp"),
+            rate=rate,
+            lid=int(raw(host, f"{port_dir}/lid"), 16),
+            counters={
+                name: CounterValue(value * 4 if name.endswith("_data") else value)
+                for name, value in dev.counters.items()
+            },
+            hw_counters=dict(dev.hw_counters),
+            gids=gids,
+            gid_table_size=table.size,
+            netdevs=(dev.netdev,),
+            nccl_gid_index=nccl,
+        )
+        devices.append(
+            Device(
+                name=dev.name,
+                node_guid=dev.node_guid,
+                sys_image_guid=dev.node_guid,
+                fw_ver=dev.fw_ver,
+                hca_type=dev.hca_type,
+                board_id=dev.board_id,
+                hw_rev=raw(host, f"{ib}/hw_rev"),
+                node_type=NumberedState(1, "CA"),
+                node_desc=raw(host, f"{ib}/node_desc"),
+                pci_address=dev.pci_address,
+                ports=(port,),
+                hw_counters={},
+                netdevs=(dev.netdev,),
+            )
+        )
         netdevs[dev.netdev] = Netdev(
-            name=dev.netdev, ifindex=int(raw(host, f"{net}/ifindex")), address=raw(host, f"{net}/address"),
-            mtu=int(raw(host, f"{net}/mtu")), speed_mbps=dev.gbps * 1000, operstate="up", carrier=True,
-            carrier_changes=dev.carrier_up + dev.carrier_down, carrier_up_count=dev.carrier_up,
-            carrier_down_count=dev.carrier_down, pci_address=dev.pci_address)
+            name=dev.netdev,
+            ifindex=int(raw(host, f"{net}/ifindex")),
+            address=raw(host, f"{net}/address"),
+            mtu=int(raw(host, f"{net}/mtu")),
+            speed_mbps=dev.gbps * 1000,
+            operstate="up",
+            carrier=True,
+            carrier_changes=dev.carrier_up + dev.carrier_down,
+            carrier_up_count=dev.carrier_up,
+            carrier_down_count=dev.carrier_down,
+            pci_address=dev.pci_address,
+        )
         pcie[dev.pci_address] = PcieLink(
-            pci_address=dev.pci_address, current_speed_gts=dev.pcie_current[0], max_speed_gts=dev.pcie_max[0],
-            current_width=dev.pcie_current[1], max_width=dev.pcie_max[1], upstream_max_speed_gts=dev.pcie_max[0],
-            upstream_max_width=dev.pcie_max[1])
+            pci_address=dev.pci_address,
+            current_speed_gts=dev.pcie_current[0],
+            max_speed_gts=dev.pcie_max[0],
+            current_width=dev.pcie_current[1],
+            max_width=dev.pcie_max[1],
+            upstream_max_speed_gts=dev.pcie_max[0],
+            upstream_max_width=dev.pcie_max[1],
+        )
     return tuple(devices), netdevs, pcie
 
 
@@ -237,13 +414,15 @@ def test_simulator_values_come_back(sim_host: SimHost, read_sim: Callable[[SimHo
     for name in ("mlx5_0", "mlx5_1"):
         port = snap.port(name, 1)
         assert port is not None and port.nccl_gid_index == 3 and port.gid_table_size == 16
-        assert port.gid(3) == GidEntry(3, address_gid(sim_host.device(name).addresses[0]), ROCE_V2,
-                                       sim_host.device(name).netdev)
+        assert port.gid(3) == GidEntry(
+            3, address_gid(sim_host.device(name).addresses[0]), ROCE_V2, sim_host.device(name).netdev
+        )
     assert snap.pcie["0000:19:00.0"].current_width == 8
 
 
 def test_empty_gid_slots_read_as_empty_through_einval_and_as_empty_files(
-        sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]) -> None:
+    sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]
+) -> None:
     """The kernel's EINVAL for types/ndevs of an empty slot (overlay) and the simulator's on-disk
     stand-in (an empty file, what an out-of-process reader of the tree sees) mean the same: no error."""
     sim_host.gid_shift("mlx5_0")  # also leaves a pending-delete slot (3) that reads as the zero GID
@@ -271,8 +450,7 @@ VFUNC = "devices/pci0000:18/0000:18:00.0/0000:19:00.0"
 
 
 def edit_device(snap: Snapshot, **changes: Any) -> Snapshot:
-    devices = tuple(dataclasses.replace(d, **changes) if d.name == VICTIM else d
-                    for d in snap.devices)
+    devices = tuple(dataclasses.replace(d, **changes) if d.name == VICTIM else d for d in snap.devices)
     return dataclasses.replace(snap, devices=devices)
 
 
@@ -292,20 +470,22 @@ def drop_key(field: str, key: str) -> Callable[[Snapshot], Snapshot]:
         del values[key]
         changes: dict[str, Any] = {field: values}
         return dataclasses.replace(port, **changes)
+
     return lambda snap: edit_port(snap, edit)
 
 
 def edit_gid(index: int, **changes: Any) -> Callable[[Port], Port]:
     def edit(port: Port) -> Port:
-        gids = tuple(dataclasses.replace(g, **changes) if g.index == index else g
-                     for g in port.gids)
+        gids = tuple(dataclasses.replace(g, **changes) if g.index == index else g for g in port.gids)
         return dataclasses.replace(port, gids=gids)
+
     return edit
 
 
 def drop_gid(index: int) -> Callable[[Snapshot], Snapshot]:
-    return lambda snap: edit_port(snap, lambda p: dataclasses.replace(
-        p, gids=tuple(g for g in p.gids if g.index != index)))
+    return lambda snap: edit_port(
+        snap, lambda p: dataclasses.replace(p, gids=tuple(g for g in p.gids if g.index != index))
+    )
 
 
 def set_netdev(**changes: Any) -> Callable[[Snapshot], Snapshot]:
@@ -313,6 +493,7 @@ def set_netdev(**changes: Any) -> Callable[[Snapshot], Snapshot]:
         netdevs = dict(snap.netdevs)
         netdevs[VICTIM_NETDEV] = dataclasses.replace(netdevs[VICTIM_NETDEV], **changes)
         return dataclasses.replace(snap, netdevs=netdevs)
+
     return edit
 
 
@@ -321,6 +502,7 @@ def set_pcie(**changes: Any) -> Callable[[Snapshot], Snapshot]:
         pcie = dict(snap.pcie)
         pcie[VICTIM_BDF] = dataclasses.replace(pcie[VICTIM_BDF], **changes)
         return dataclasses.replace(snap, pcie=pcie)
+
     return edit
 
 
@@ -352,55 +534,139 @@ def rate_fault(**kwargs: Any) -> Fault:
 
 
 FAULTS = [
-    pytest.param(rate_fault(delete=True, error=(VICTIM, 1, "rate", "ENOENT"), unsupported="absent: ENOENT"),
-                 id="rate-ENOENT-deleted"),
-    pytest.param(rate_fault(errno=errno.EINVAL, error=(VICTIM, 1, "rate", "EINVAL"),
-                            unsupported="not_supported: EINVAL"), id="rate-EINVAL"),
+    pytest.param(
+        rate_fault(delete=True, error=(VICTIM, 1, "rate", "ENOENT"), unsupported="absent: ENOENT"),
+        id="rate-ENOENT-deleted",
+    ),
+    pytest.param(
+        rate_fault(errno=errno.EINVAL, error=(VICTIM, 1, "rate", "EINVAL"), unsupported="not_supported: EINVAL"),
+        id="rate-EINVAL",
+    ),
     pytest.param(rate_fault(errno=errno.ENODEV, error=(VICTIM, 1, "rate", "ENODEV")), id="rate-ENODEV"),
     pytest.param(rate_fault(errno=errno.EIO, error=(VICTIM, 1, "rate", "EIO")), id="rate-EIO"),
     pytest.param(rate_fault(errno=errno.EACCES, error=(VICTIM, 1, "rate", "EACCES")), id="rate-EACCES"),
     pytest.param(rate_fault(directory=True, error=(VICTIM, 1, "rate", "EISDIR")), id="rate-EISDIR-directory"),
     pytest.param(rate_fault(content=b"", error=(VICTIM, 1, "rate", "malformed:")), id="rate-empty-file"),
     pytest.param(rate_fault(content=b"fast\n", error=(VICTIM, 1, "rate", "malformed:")), id="rate-garbage"),
-    pytest.param(Fault(f"{VPORT}/state", set_port(state=None), (VICTIM, 1, "state", "EIO"), errno=errno.EIO),
-                 id="state-EIO"),
-    pytest.param(Fault(f"{VPORT}/counters/symbol_error", drop_key("counters", "symbol_error"),
-                       (VICTIM, 1, "counters/symbol_error", "no_pma: N/A (no PMA)"), content=b"N/A (no PMA)\n",
-                       unsupported="no_pma: N/A (no PMA)"), id="counter-N/A-no-PMA"),
-    pytest.param(Fault(f"{VPORT}/counters/port_xmit_data", drop_key("counters", "port_xmit_data"),
-                       (VICTIM, 1, "counters/port_xmit_data", "EIO"), errno=errno.EIO), id="counter-EIO"),
-    pytest.param(Fault(f"{VPORT}/hw_counters/out_of_buffer", drop_key("hw_counters", "out_of_buffer"),
-                       (VICTIM, 1, "hw_counters/out_of_buffer", "ENODEV"), errno=errno.ENODEV),
-                 id="hw-counter-ENODEV"),
-    pytest.param(Fault(f"class/infiniband/{VICTIM}/fw_ver", set_device(fw_ver=None),
-                       (VICTIM, None, "fw_ver", "EACCES"), errno=errno.EACCES, static=True), id="fw-ver-EACCES"),
-    pytest.param(Fault(f"class/infiniband/{VICTIM}/node_guid", set_device(node_guid=None),
-                       (VICTIM, None, "node_guid", "malformed:"), content=b"not-a-guid\n", static=True),
-                 id="node-guid-garbage"),
-    pytest.param(Fault(f"class/infiniband/{VICTIM}/hca_type", set_device(hca_type=None), None, delete=True,
-                       static=True), id="optional-hca-type-absent-is-no-error"),
-    pytest.param(Fault(f"class/net/{VICTIM_NETDEV}/speed", set_netdev(speed_mbps=None),
-                       (VICTIM, 1, f"net/{VICTIM_NETDEV}/speed", "EIO"), errno=errno.EIO), id="netdev-speed-EIO"),
-    pytest.param(Fault(f"class/net/{VICTIM_NETDEV}/speed", set_netdev(speed_mbps=None), None, errno=errno.EINVAL),
-                 id="netdev-speed-EINVAL-is-admin-down-no-error"),
-    pytest.param(Fault(f"{VFUNC}/current_link_width", set_pcie(current_width=None),
-                       (VICTIM, None, "device/current_link_width", "EIO"), errno=errno.EIO), id="pcie-width-EIO"),
-    pytest.param(Fault("devices/pci0000:18/0000:18:00.0/max_link_speed", set_pcie(upstream_max_speed_gts=None),
-                       (VICTIM, None, "device/../max_link_speed", "EIO"), errno=errno.EIO),
-                 id="upstream-speed-EIO"),
+    pytest.param(
+        Fault(f"{VPORT}/state", set_port(state=None), (VICTIM, 1, "state", "EIO"), errno=errno.EIO), id="state-EIO"
+    ),
+    pytest.param(
+        Fault(
+            f"{VPORT}/counters/symbol_error",
+            drop_key("counters", "symbol_error"),
+            (VICTIM, 1, "counters/symbol_error", "no_pma: N/A (no PMA)"),
+            content=b"N/A (no PMA)\n",
+            unsupported="no_pma: N/A (no PMA)",
+        ),
+        id="counter-N/A-no-PMA",
+    ),
+    pytest.param(
+        Fault(
+            f"{VPORT}/counters/port_xmit_data",
+            drop_key("counters", "port_xmit_data"),
+            (VICTIM, 1, "counters/port_xmit_data", "EIO"),
+            errno=errno.EIO,
+        ),
+        id="counter-EIO",
+    ),
+    pytest.param(
+        Fault(
+            f"{VPORT}/hw_counters/out_of_buffer",
+            drop_key("hw_counters", "out_of_buffer"),
+            (VICTIM, 1, "hw_counters/out_of_buffer", "ENODEV"),
+            errno=errno.ENODEV,
+        ),
+        id="hw-counter-ENODEV",
+    ),
+    pytest.param(
+        Fault(
+            f"class/infiniband/{VICTIM}/fw_ver",
+            set_device(fw_ver=None),
+            (VICTIM, None, "fw_ver", "EACCES"),
+            errno=errno.EACCES,
+            static=True,
+        ),
+        id="fw-ver-EACCES",
+    ),
+    pytest.param(
+        Fault(
+            f"class/infiniband/{VICTIM}/node_guid",
+            set_device(node_guid=None),
+            (VICTIM, None, "node_guid", "malformed:"),
+            content=b"not-a-guid\n",
+            static=True,
+        ),
+        id="node-guid-garbage",
+    ),
+    pytest.param(
+        Fault(f"class/infiniband/{VICTIM}/hca_type", set_device(hca_type=None), None, delete=True, static=True),
+        id="optional-hca-type-absent-is-no-error",
+    ),
+    pytest.param(
+        Fault(
+            f"class/net/{VICTIM_NETDEV}/speed",
+            set_netdev(speed_mbps=None),
+            (VICTIM, 1, f"net/{VICTIM_NETDEV}/speed", "EIO"),
+            errno=errno.EIO,
+        ),
+        id="netdev-speed-EIO",
+    ),
+    pytest.param(
+        Fault(f"class/net/{VICTIM_NETDEV}/speed", set_netdev(speed_mbps=None), None, errno=errno.EINVAL),
+        id="netdev-speed-EINVAL-is-admin-down-no-error",
+    ),
+    pytest.param(
+        Fault(
+            f"{VFUNC}/current_link_width",
+            set_pcie(current_width=None),
+            (VICTIM, None, "device/current_link_width", "EIO"),
+            errno=errno.EIO,
+        ),
+        id="pcie-width-EIO",
+    ),
+    pytest.param(
+        Fault(
+            "devices/pci0000:18/0000:18:00.0/max_link_speed",
+            set_pcie(upstream_max_speed_gts=None),
+            (VICTIM, None, "device/../max_link_speed", "EIO"),
+            errno=errno.EIO,
+        ),
+        id="upstream-speed-EIO",
+    ),
     # GID slots. The GID itself is the entry's key: without it there is no entry. Type and netdev
     # are attributes of it (GidEntry: "None when unreadable"); NCCL's own pick fails with
     # ncclSystemError when it cannot read a type it compares, so there is no index it "would pick".
-    pytest.param(Fault(f"{VPORT}/gids/2", drop_gid(2), (VICTIM, 1, "gids/2", "EIO"), errno=errno.EIO,
-                       kept_by_a_reader_that_read_it=True), id="gid-EIO"),
-    pytest.param(Fault(f"{VPORT}/gid_attrs/types/3",
-                       lambda s: edit_port(s, lambda p: dataclasses.replace(edit_gid(3, type=None)(p),
-                                                                            nccl_gid_index=None)),
-                       (VICTIM, 1, "gid_attrs/types/3", "EIO"), errno=errno.EIO, kept_by_a_reader_that_read_it=True),
-                 id="gid-type-EIO"),
-    pytest.param(Fault(f"{VPORT}/gid_attrs/ndevs/3", lambda s: edit_port(s, edit_gid(3, netdev=None)),
-                       (VICTIM, 1, "gid_attrs/ndevs/3", "EIO"), errno=errno.EIO, kept_by_a_reader_that_read_it=True),
-                 id="gid-ndev-EIO"),
+    pytest.param(
+        Fault(
+            f"{VPORT}/gids/2",
+            drop_gid(2),
+            (VICTIM, 1, "gids/2", "EIO"),
+            errno=errno.EIO,
+            kept_by_a_reader_that_read_it=True,
+        ),
+        id="gid-EIO",
+    ),
+    pytest.param(
+        Fault(
+            f"{VPORT}/gid_attrs/types/3",
+            lambda s: edit_port(s, lambda p: dataclasses.replace(edit_gid(3, type=None)(p), nccl_gid_index=None)),
+            (VICTIM, 1, "gid_attrs/types/3", "EIO"),
+            errno=errno.EIO,
+            kept_by_a_reader_that_read_it=True,
+        ),
+        id="gid-type-EIO",
+    ),
+    pytest.param(
+        Fault(
+            f"{VPORT}/gid_attrs/ndevs/3",
+            lambda s: edit_port(s, edit_gid(3, netdev=None)),
+            (VICTIM, 1, "gid_attrs/ndevs/3", "EIO"),
+            errno=errno.EIO,
+            kept_by_a_reader_that_read_it=True,
+        ),
+        id="gid-ndev-EIO",
+    ),
 ]
 
 
@@ -443,8 +709,10 @@ def injected(host: SimHost, fault: Fault, overlay: dict[str, int]) -> Iterator[N
 
 
 def error_rows(snap: Snapshot) -> list[tuple[str, int | None, str, str]]:
-    return [(e.device, e.port, e.attribute, "malformed:" if e.reason.startswith("malformed:") else e.reason)
-            for e in snap.errors]
+    return [
+        (e.device, e.port, e.attribute, "malformed:" if e.reason.startswith("malformed:") else e.reason)
+        for e in snap.errors
+    ]
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -469,13 +737,15 @@ def test_one_fault_costs_one_attribute(two_nics: SimHost, healthy: Snapshot, fau
     if fault.unsupported is not None:
         assert fault.error is not None
         assert [(e.device, e.port, e.attribute, e.reason) for e in first.unsupported] == [
-            (*fault.error[:3], fault.unsupported)]
+            (*fault.error[:3], fault.unsupported)
+        ]
     else:
         assert first.unsupported == ()
     if not fault.static:
         want_later = healthy if fault.kept_by_a_reader_that_read_it else want
-        assert (content(later), error_rows(later)) == (content(want_later), errors), \
+        assert (content(later), error_rows(later)) == (content(want_later), errors), (
             "poll of a reader that polled before"
+        )
 
 
 class RemovingRoot(SysfsRoot):
@@ -501,8 +771,10 @@ def assert_partial_port(got: Port, want: Port) -> None:
         elif f.name == "gids":
             for entry in have:
                 expected = want.gid(entry.index)
-                assert expected is not None and (entry.gid, entry.type) in ((expected.gid, expected.type),
-                                                                             (expected.gid, None))
+                assert expected is not None and (entry.gid, entry.type) in (
+                    (expected.gid, expected.type),
+                    (expected.gid, None),
+                )
                 assert entry.netdev in (expected.netdev, None)
         elif f.name == "netdevs":
             assert set(have) <= set(full)
@@ -536,8 +808,12 @@ def test_device_removed_mid_read(sim_host: SimHost) -> None:
     recorder = RemovingRoot(sim_host, VICTIM, -1)
     HostReader(recorder).read()
     dev = sim_host.device(VICTIM)
-    mine = (f"class/infiniband/{VICTIM}/", dev.function_dir + "/", os.path.dirname(dev.function_dir) + "/",
-            f"class/net/{dev.netdev}/")
+    mine = (
+        f"class/infiniband/{VICTIM}/",
+        dev.function_dir + "/",
+        os.path.dirname(dev.function_dir) + "/",
+        f"class/net/{dev.netdev}/",
+    )
     reads = [i for i, rel in enumerate(recorder.trail) if rel.startswith(mine)]
     first, last = reads[0], reads[-1]
     assert last - first > 50 and last < len(recorder.trail) - 50  # mlx5_2 is read after the victim
@@ -605,8 +881,7 @@ def change_firmware(host: SimHost, name: str) -> None:
         dev.counters[counter] = 7
 
 
-def test_held_fds_reopen_after_remove_and_restore(sim_host: SimHost,
-                                                  read_sim: Callable[[SimHost], Snapshot]) -> None:
+def test_held_fds_reopen_after_remove_and_restore(sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]) -> None:
     """`gone` polls while the NIC is off the bus; `quick` does not see it go (re-registered between polls)."""
     gone, quick = held_reader(sim_host), held_reader(sim_host)
     poll(gone, sim_host)
@@ -734,8 +1009,9 @@ def test_new_settings_recompute_the_nccl_pick(tmp_path: Path) -> None:
 # -- (f) what a poll reuses, and what it must not -----------------------------------------------
 
 
-def test_unchanged_bytes_keep_their_objects_and_changed_ones_are_seen(sim_host: SimHost,
-                                                                      read_sim: Callable[[SimHost], Snapshot]) -> None:
+def test_unchanged_bytes_keep_their_objects_and_changed_ones_are_seen(
+    sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]
+) -> None:
     """Objects are reused only while every byte behind them is the same; the sinks rely on that."""
     reader = held_reader(sim_host)
     poll(reader, sim_host)
@@ -765,10 +1041,12 @@ def test_unchanged_bytes_keep_their_objects_and_changed_ones_are_seen(sim_host: 
 def test_a_fault_is_reported_on_every_poll_while_it_lasts(two_nics: SimHost, healthy: Snapshot) -> None:
     """A reader that keeps polling reports the fault each time, not only when it appears, and
     forgets it once the attribute reads again (gauges like rnic_attribute_unavailable must not flap)."""
-    for rel, error in ((f"{VPORT}/rate", (VICTIM, 1, "rate", "EIO")),
-                       (f"{VPORT}/gids/2", (VICTIM, 1, "gids/2", "EIO")),
-                       (f"{VPORT}/gid_attrs/ndevs/3", (VICTIM, 1, "gid_attrs/ndevs/3", "EIO")),
-                       (f"class/net/{VICTIM_NETDEV}/mtu", (VICTIM, 1, f"net/{VICTIM_NETDEV}/mtu", "EIO"))):
+    for rel, error in (
+        (f"{VPORT}/rate", (VICTIM, 1, "rate", "EIO")),
+        (f"{VPORT}/gids/2", (VICTIM, 1, "gids/2", "EIO")),
+        (f"{VPORT}/gid_attrs/ndevs/3", (VICTIM, 1, "gid_attrs/ndevs/3", "EIO")),
+        (f"class/net/{VICTIM_NETDEV}/mtu", (VICTIM, 1, f"net/{VICTIM_NETDEV}/mtu", "EIO")),
+    ):
         overlay = dict(two_nics.errno_overlay)
         reader = HostReader(SysfsRoot(two_nics.root, hold_fds=True, errno_overlay=overlay))
         assert content(reader.read()) == content(healthy)

@@ -21,8 +21,9 @@ from rnic_exporter import events as ev  # noqa: E402
 
 @pytest.mark.soak
 def test_two_minute_soak_sees_every_event_once_and_does_not_grow(tmp_path: Path) -> None:
-    config = soak.SoakConfig(seconds=120, devices=4, gid_slots=32, poll_s=1.0, sample_s=10, warmup_s=30,
-                             ours=Ours(src=ROOT))
+    config = soak.SoakConfig(
+        seconds=120, devices=4, gid_slots=32, poll_s=1.0, sample_s=10, warmup_s=30, ours=Ours(src=ROOT)
+    )
     lines: list[str] = []
     result = soak.run_soak(config, lines.append, work=tmp_path)
     soak.report(result, lines.append)

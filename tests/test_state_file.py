@@ -32,8 +32,11 @@ from tests.support.processes import exporter, free_port
 
 def _good() -> dict[str, Any]:
     state = State(
-        devices={"0000:11:00.0": KnownDevice("mlx5_0", "0000:11:00.0", "0c42:a103:0065:c7a8", "MT4129",
-                                             "MT_0000000838", 1.0e9, 1.7e9)},
+        devices={
+            "0000:11:00.0": KnownDevice(
+                "mlx5_0", "0000:11:00.0", "0c42:a103:0065:c7a8", "MT4129", "MT_0000000838", 1.0e9, 1.7e9
+            )
+        },
         baselines={"mlx5_0/1": Baseline(50e9, 4)},
         addresses={"mlx5_0/1": {"10.0.0.1": KnownAddress("ens1f0np0", 1.7e9, 3)}},
     )
@@ -62,30 +65,39 @@ def _with(path: tuple[str, ...], value: Any) -> bytes:
     return json.dumps(data, allow_nan=True).encode()
 
 
-@pytest.mark.parametrize("content", [
-    pytest.param(b'{"format": "rnic-exporter-state", "\xff": 1}', id="not-utf8"),
-    pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-100000"),
-    pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), "fast"), id="string-rate"),
-    pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), float("nan")), id="nan-rate"),
-    pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), float("inf")), id="inf-rate"),
-    pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), 1e300), id="1e300-rate"),
-    pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), 0), id="zero-rate"),
-    pytest.param(_with(("baselines", "mlx5_0/1", "lanes"), 4.0), id="float-lanes"),
-    pytest.param(_with(("baselines", "mlx5_0/1", "lanes"), True), id="bool-lanes"),
-    pytest.param(_with(("addresses", "mlx5_0/1", "10.0.0.1", "last_seen"), None), id="null-last-seen"),
-    pytest.param(_with(("addresses", "mlx5_0/1", "10.0.0.1", "v2_index"), "3"), id="string-v2-index"),
-    pytest.param(_with(("addresses", "mlx5_0/1", "10.0.0.1", "v2_index"), -1), id="negative-v2-index"),
-    pytest.param(_with(("addresses", "mlx5_0/1"), []), id="list-of-addresses"),
-    pytest.param(_with(("devices", "0000:11:00.0", "name"), 7), id="int-name"),
-    pytest.param(_with(("devices", "0000:11:00.0", "first_seen"), 10**400), id="huge-int-time"),
-    pytest.param(_with(("devices", "0000:11:00.0", "colour"), "red"), id="unknown-field"),
-    pytest.param(_with(("devices",), None), id="null-devices"),
-    pytest.param(b'{"format": "rnic-exporter-state", "version": 1, "devices": {}, "baselines": {}, '
-                 b'"addresses": {}, "x": 1e999}', id="1e999"),
-    pytest.param(b'{"format": "rnic-exporter-state", "version": 1, "devices": {}, "baselines": {}, '
-                 b'"addresses": {}, "x": NaN}', id="bare-NaN"),
-    pytest.param(b'{"format": "rnic-exporter-state", "version": 1, "n": ' + b"9" * 5000 + b"}", id="5000-digits"),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b'{"format": "rnic-exporter-state", "\xff": 1}', id="not-utf8"),
+        pytest.param(b"[" * 100_000 + b"]" * 100_000, id="nested-100000"),
+        pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), "fast"), id="string-rate"),
+        pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), float("nan")), id="nan-rate"),
+        pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), float("inf")), id="inf-rate"),
+        pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), 1e300), id="1e300-rate"),
+        pytest.param(_with(("baselines", "mlx5_0/1", "rate_bytes_per_second"), 0), id="zero-rate"),
+        pytest.param(_with(("baselines", "mlx5_0/1", "lanes"), 4.0), id="float-lanes"),
+        pytest.param(_with(("baselines", "mlx5_0/1", "lanes"), True), id="bool-lanes"),
+        pytest.param(_with(("addresses", "mlx5_0/1", "10.0.0.1", "last_seen"), None), id="null-last-seen"),
+        pytest.param(_with(("addresses", "mlx5_0/1", "10.0.0.1", "v2_index"), "3"), id="string-v2-index"),
+        pytest.param(_with(("addresses", "mlx5_0/1", "10.0.0.1", "v2_index"), -1), id="negative-v2-index"),
+        pytest.param(_with(("addresses", "mlx5_0/1"), []), id="list-of-addresses"),
+        pytest.param(_with(("devices", "0000:11:00.0", "name"), 7), id="int-name"),
+        pytest.param(_with(("devices", "0000:11:00.0", "first_seen"), 10**400), id="huge-int-time"),
+        pytest.param(_with(("devices", "0000:11:00.0", "colour"), "red"), id="unknown-field"),
+        pytest.param(_with(("devices",), None), id="null-devices"),
+        pytest.param(
+            b'{"format": "rnic-exporter-state", "version": 1, "devices": {}, "baselines": {}, '
+            b'"addresses": {}, "x": 1e999}',
+            id="1e999",
+        ),
+        pytest.param(
+            b'{"format": "rnic-exporter-state", "version": 1, "devices": {}, "baselines": {}, '
+            b'"addresses": {}, "x": NaN}',
+            id="bare-NaN",
+        ),
+        pytest.param(b'{"format": "rnic-exporter-state", "version": 1, "n": ' + b"9" * 5000 + b"}", id="5000-digits"),
+    ],
+)
 def test_a_bad_file_is_moved_aside_and_rebuilt(tmp_path: Path, content: bytes) -> None:
     store = _store(tmp_path, content)
     loaded = store.load()
@@ -106,8 +118,10 @@ def test_the_detector_counts_a_rebuilt_file(tmp_path: Path) -> None:
 def test_check_with_a_non_utf8_state_file_reports_instead_of_crashing(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
     _store(tmp_path, b'{"\xfe": 1}')
-    result = CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--state.dir",
-                                       str(tmp_path / "state"), "--no-netlink", "--json"])
+    result = CliRunner().invoke(
+        main,
+        ["check", "--path.sysfs", str(host.root), "--state.dir", str(tmp_path / "state"), "--no-netlink", "--json"],
+    )
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert result.exit_code in (0, 1)
     assert "corrupt" in json.dumps(json.loads(result.output))
@@ -150,13 +164,25 @@ def test_a_second_daemon_on_one_state_dir_exits_2_in_one_line(tmp_path: Path) ->
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=0, gid_table_size=16)
     state = tmp_path / "shared-state"
     port = free_port()
-    args = ["serve", "--path.sysfs", str(host.root), "--state.dir", str(state), "--no-watch.netlink",
-            "--no-watch.udev", "--no-collector.ethtool"]
-    with exporter([*args, "--web.listen-address", f"127.0.0.1:{port}"],
-                  ready_url=f"http://127.0.0.1:{port}/-/ready") as first:
-        second = subprocess.run([sys.executable, "-m", "rnic_exporter", *args,
-                                 "--web.listen-address", f"127.0.0.1:{free_port()}"],
-                                capture_output=True, text=True, timeout=30)
+    args = [
+        "serve",
+        "--path.sysfs",
+        str(host.root),
+        "--state.dir",
+        str(state),
+        "--no-watch.netlink",
+        "--no-watch.udev",
+        "--no-collector.ethtool",
+    ]
+    with exporter(
+        [*args, "--web.listen-address", f"127.0.0.1:{port}"], ready_url=f"http://127.0.0.1:{port}/-/ready"
+    ) as first:
+        second = subprocess.run(
+            [sys.executable, "-m", "rnic_exporter", *args, "--web.listen-address", f"127.0.0.1:{free_port()}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert second.returncode == 2
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1, second.stderr

@@ -72,13 +72,19 @@ def test_add_move_remove_of_a_netdev(ns: Netns) -> None:
     with watching(ns, recorder) as watcher:
         assert watcher.healthy and watcher.errors == 0
         ns.ip("link", "add", "rnxu0", "type", "veth", "peer", "name", "rnxu1")
-        wait_for(lambda: recorder.saw("net", "add", "rnxu0") and recorder.saw("net", "add", "rnxu1"), timeout=5,
-                 what="add uevents of both veth ends")
+        wait_for(
+            lambda: recorder.saw("net", "add", "rnxu0") and recorder.saw("net", "add", "rnxu1"),
+            timeout=5,
+            what="add uevents of both veth ends",
+        )
         ns.ip("link", "set", "rnxu0", "name", "rnxu2")
         wait_for(lambda: recorder.saw("net", "move", "rnxu2"), timeout=5, what="the rename's move uevent")
         ns.ip("link", "del", "rnxu2")
-        wait_for(lambda: recorder.saw("net", "remove", "rnxu2") and recorder.saw("net", "remove", "rnxu1"),
-                 timeout=5, what="remove uevents of both ends")
+        wait_for(
+            lambda: recorder.saw("net", "remove", "rnxu2") and recorder.saw("net", "remove", "rnxu1"),
+            timeout=5,
+            what="remove uevents of both ends",
+        )
         with recorder.lock:
             assert {c[0] for c in recorder.calls} == {"net"}
 

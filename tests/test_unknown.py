@@ -45,15 +45,18 @@ def test_show_and_gids_say_unknown(host: SimHost) -> None:
     assert ports["mlx5_1"]["up"] is None and ports["mlx5_1"]["state"] is None
     assert ports["mlx5_1"]["phys_state"] == {"number": 5, "name": "LinkUp"}
     assert ports["mlx5_0"]["up"] is True
-    assert (ports["mlx5_0"]["gid_table_size"], ports["mlx5_0"]["gid_table_hash"], ports["mlx5_0"]["nccl_gid_index"]) \
-        == (None, None, None)
+    assert (
+        ports["mlx5_0"]["gid_table_size"],
+        ports["mlx5_0"]["gid_table_hash"],
+        ports["mlx5_0"]["nccl_gid_index"],
+    ) == (None, None, None)
     assert ports["mlx5_1"]["nccl_gid_index"] == 3
     code, out, _ = run("show", "--path.sysfs", str(host.root))
     rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.startswith("mlx5_")}
     assert "?/LinkUp" in rows["mlx5_1"] and "(state unknown)" in rows["mlx5_1"] and "(not up)" not in rows["mlx5_1"]
     header = out.splitlines()[0]
     at = header.index("NCCL_GID")
-    assert rows["mlx5_0"][at:at + 2] == "? "  # NCCL's index: unknown, not "-" (none)
+    assert rows["mlx5_0"][at : at + 2] == "? "  # NCCL's index: unknown, not "-" (none)
     code, out, err = run("gids", "--path.sysfs", str(host.root), "--json")
     table = {p["device"]: p for p in json.loads(out)["ports"]}
     assert table["mlx5_0"]["gid_table_size"] is None and table["mlx5_1"]["gid_table_size"] == 16
@@ -65,7 +68,8 @@ def test_check_does_not_call_unknown_down(host: SimHost) -> None:
     code, out, _ = run("check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--json")
     report = json.loads(out)
     assert [(p["code"], p["where"]) for p in report["problems"]] == [
-        ("gid_table_unreadable", "mlx5_0 port 1 (ens1f0np0)")]
+        ("gid_table_unreadable", "mlx5_0 port 1 (ens1f0np0)")
+    ]
     assert code == Exit.OK  # an info problem: the tree has no gids/, nothing failed
     assert any("mlx5_1 port 1: state: absent" in note for note in report["notes"])
 

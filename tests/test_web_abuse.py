@@ -33,8 +33,10 @@ from tests.test_web import (  # noqa: F401  (fixtures, found by their names)
 
 def users_yaml(users: dict[str, tuple[str, int]]) -> str:
     """basic_auth_users with each user's bcrypt cost chosen."""
-    lines = [f"  {user}: '{bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=cost)).decode()}'\n"
-             for user, (pw, cost) in users.items()]
+    lines = [
+        f"  {user}: '{bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=cost)).decode()}'\n"
+        for user, (pw, cost) in users.items()
+    ]
     return "basic_auth_users:\n" + "".join(lines)
 
 
@@ -122,8 +124,9 @@ def test_silent_connections_cost_no_thread(serve: ServerFactory, sockets: list[s
 # -- connection cap -------------------------------------------------------------------------------
 
 
-def test_at_the_cap_the_longest_waiting_connection_makes_room(serve: ServerFactory,
-                                                               sockets: list[socket.socket]) -> None:
+def test_at_the_cap_the_longest_waiting_connection_makes_room(
+    serve: ServerFactory, sockets: list[socket.socket]
+) -> None:
     server = serve(max_connections=3, evict_after=0.1)
     silent = [connect(server.bound[0], sockets) for _ in range(3)]
     wait_for(lambda: server.open_connections == 3, timeout=DEADLINE, what="3 open connections")
@@ -206,8 +209,10 @@ def test_bcrypt_waits_do_not_hold_workers(serve: ServerFactory, tmp_path: Path, 
     assert request(server, headers=basic("alice", "a")).status == 200  # alice is cached now
     checkpw.gate = threading.Event()
     checkpw.entered.clear()
-    guesses = [threading.Thread(target=request, args=(server,), kwargs={"headers": basic("bob", f"guess{n}"),
-                                                                        "timeout": 10}) for n in range(12)]
+    guesses = [
+        threading.Thread(target=request, args=(server,), kwargs={"headers": basic("bob", f"guess{n}"), "timeout": 10})
+        for n in range(12)
+    ]
     for guess in guesses:
         guess.start()
     try:
@@ -286,8 +291,10 @@ def test_failed_checks_are_cached_briefly(checkpw: RecordingCheckpw) -> None:
 
 
 def test_unknown_users_take_the_same_path_at_the_costs_of_real_users(checkpw: RecordingCheckpw) -> None:
-    users = {"alice": bcrypt.hashpw(b"a", bcrypt.gensalt(rounds=4)),
-             "bob": bcrypt.hashpw(b"b", bcrypt.gensalt(rounds=5))}
+    users = {
+        "alice": bcrypt.hashpw(b"a", bcrypt.gensalt(rounds=4)),
+        "bob": bcrypt.hashpw(b"b", bcrypt.gensalt(rounds=5)),
+    }
     auth = BasicAuth(users)
     assert not auth.check("alice", "wrong")
     assert checkpw.hashes == [users["alice"]]  # a real user: one check against their own hash

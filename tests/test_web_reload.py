@@ -64,8 +64,15 @@ def with_auth(serve: ServerFactory, tmp_path: Path) -> tuple[object, Path]:
         (users_config({"alice": "pw"}).replace("'", "")[:-20], "bcrypt"),  # ... an unquoted one
         (DEEP_LIST, "nested more than"),
     ],
-    ids=["empty", "comments-only", "truncated-after-key", "auth-removed", "truncated-in-quoted-hash",
-         "truncated-in-hash", "deep-nesting"],
+    ids=[
+        "empty",
+        "comments-only",
+        "truncated-after-key",
+        "auth-removed",
+        "truncated-in-quoted-hash",
+        "truncated-in-hash",
+        "deep-nesting",
+    ],
 )
 def test_a_reload_that_would_drop_or_garble_auth_keeps_the_running_config(
     serve: ServerFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture, content: str, reason: str
@@ -84,8 +91,9 @@ def test_a_reload_that_would_drop_or_garble_auth_keeps_the_running_config(
     assert str(path) in errors[0]
 
 
-def test_a_non_utf8_byte_is_an_error_that_keeps_serving(serve: ServerFactory, tmp_path: Path,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_a_non_utf8_byte_is_an_error_that_keeps_serving(
+    serve: ServerFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = write_config(tmp_path, users_config({"alice": "pw"}))
     server = serve(path, reload_interval=0.0)
     path.write_bytes(NON_UTF8)
@@ -146,8 +154,13 @@ def test_turning_tls_off_is_refused_and_reported(serve: ServerFactory, confdir: 
     ids=["mtls-off", "mtls-optional", "sans-removed"],
 )
 def test_weakening_client_certificate_checks_is_refused(
-    serve: ServerFactory, confdir: Path, certs: Certs, caplog: pytest.LogCaptureFixture,
-    before: str, after: str, reason: str,
+    serve: ServerFactory,
+    confdir: Path,
+    certs: Certs,
+    caplog: pytest.LogCaptureFixture,
+    before: str,
+    after: str,
+    reason: str,
 ) -> None:
     server = serve(write_config(confdir, tls_config(extra_tls=before)))
     write_config(confdir, tls_config(extra_tls=after))
@@ -178,7 +191,7 @@ def test_non_atomic_rewrites_never_let_an_anonymous_scrape_through(with_auth: tu
                 rewrite.flush()
                 rewrite.write(content[: len(content) // 2])
                 rewrite.flush()
-                rewrite.write(content[len(content) // 2:])
+                rewrite.write(content[len(content) // 2 :])
     finally:
         stop.set()
         for scraper in scrapers:
@@ -186,8 +199,7 @@ def test_non_atomic_rewrites_never_let_an_anonymous_scrape_through(with_auth: tu
     assert statuses and set(statuses) == {401}
 
 
-def test_a_change_is_applied_only_once_it_reads_the_same_twice(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_change_is_applied_only_once_it_reads_the_same_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]
     monkeypatch.setattr(reload, "_clock", lambda: now[0])
     path = write_config(tmp_path, users_config({"alice": "pw", "bob": "pw2"}))
@@ -210,11 +222,33 @@ def test_a_change_is_applied_only_once_it_reads_the_same_twice(tmp_path: Path,
 def test_serve_reports_a_refused_web_config_reload_in_its_metric(sim_host: SimHost, tmp_path: Path) -> None:
     web_config = write_config(tmp_path, users_config({"alice": "pw"}))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(sim_host.root),
-                             "--web.config.file", str(web_config), "--web.listen-address", f"127.0.0.1:{port}",
-                             "--web.max-connections", "8", "--web.max-requests", "2", "--poll.interval", "0.2",
-                             "--state.dir", "", "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rnic_exporter",
+            "serve",
+            "--path.sysfs",
+            str(sim_host.root),
+            "--web.config.file",
+            str(web_config),
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--web.max-connections",
+            "8",
+            "--web.max-requests",
+            "2",
+            "--poll.interval",
+            "0.2",
+            "--state.dir",
+            "",
+            "--no-watch.netlink",
+            "--no-watch.udev",
+            "--no-collector.ethtool",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         alice = basic("alice", "pw")

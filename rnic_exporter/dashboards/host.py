@@ -36,8 +36,11 @@ PORT_SEL = 'instance=~"$instance", device=~"$device", port=~"$port"'
 DEVICE_SEL = 'instance=~"$instance", device=~"$device"'
 CONGESTION_COUNTERS = "np_cnp_sent|rp_cnp_handled|rp_cnp_ignored|np_ecn_marked_roce_packets"
 ANNOTATIONS: tuple[tuple[str, str, tuple[e.EventSpec, ...]], ...] = (
-    ("GID change", "red", (e.GID_TABLE_CHANGED, e.GID_ADDRESS_MOVED, e.NCCL_GID_INDEX_CHANGED,
-                           e.NCCL_GID_INDEX_INVALID)),
+    (
+        "GID change",
+        "red",
+        (e.GID_TABLE_CHANGED, e.GID_ADDRESS_MOVED, e.NCCL_GID_INDEX_CHANGED, e.NCCL_GID_INDEX_INVALID),
+    ),
     ("Port flap", "orange", (e.PORT_DOWN, e.PORT_FLAPPING)),
     ("Address loss", "purple", (e.ADDRESS_LOST, e.ADDRESS_RESTORED)),
     ("Device and link", "yellow", (e.DEVICE_DISAPPEARED, e.DEVICE_REAPPEARED, e.LINK_BELOW_RATED)),
@@ -54,8 +57,10 @@ def event_expr(specs: Sequence[e.EventSpec]) -> str:
     its series appears at 1, which `changes()` cannot see."""
     sel = f'{event_matcher(specs)}, instance=~"$instance", device=~"$device"'
     counter = name(c.EVENTS)
-    return (f"sum by (event, device, port) (changes({counter}{{{sel}}}[1m]) > 0 "
-            f"or ({counter}{{{sel}}} > 0 unless {counter}{{{sel}}} offset 1m))")
+    return (
+        f"sum by (event, device, port) (changes({counter}{{{sel}}}[1m]) > 0 "
+        f"or ({counter}{{{sel}}} > 0 unless {counter}{{{sel}}} offset 1m))"
+    )
 
 
 def build() -> Dashboard:
@@ -65,20 +70,30 @@ def build() -> Dashboard:
     _errors(lay)
     _gids(lay)
     return dashboard(
-        "RNIC host detail", UID,
+        "RNIC host detail",
+        UID,
         "One node's RDMA NICs per device and port: link state and speed against rated, PCIe, "
         "traffic, errors, RoCE congestion and retransmissions, the GID table and NCCL's index, "
         "with detection events as annotations (rnic-exporter).",
-        time_from="now-3h", refresh="30s", include_vars=True,
+        time_from="now-3h",
+        refresh="30s",
+        include_vars=True,
         annotations=[annotation(title, event_expr(specs), color) for title, color, specs in ANNOTATIONS],
         variables=[
             datasource_variable(),
-            query_variable("instance", "Node", f"label_values({name(c.BUILD_INFO)}, instance)", multi=False,
-                           include_all=False),
-            query_variable("device", "Device", f'label_values({name(c.DEVICE_INFO)}{{instance=~"$instance"}}, '
-                           "device)", multi=True, include_all=True),
-            query_variable("port", "Port", f"label_values({name(c.PORT_INFO)}{{{DEVICE_SEL}}}, port)",
-                           multi=True, include_all=True),
+            query_variable(
+                "instance", "Node", f"label_values({name(c.BUILD_INFO)}, instance)", multi=False, include_all=False
+            ),
+            query_variable(
+                "device",
+                "Device",
+                f'label_values({name(c.DEVICE_INFO)}{{instance=~"$instance"}}, device)',
+                multi=True,
+                include_all=True,
+            ),
+            query_variable(
+                "port", "Port", f"label_values({name(c.PORT_INFO)}{{{DEVICE_SEL}}}, port)", multi=True, include_all=True
+            ),
         ],
         panels=lay.panels,
     )
@@ -86,96 +101,253 @@ def build() -> Dashboard:
 
 def _link(lay: Layout) -> None:
     lay.row("Link")
-    lay.add(state_timeline("Port up", "ACTIVE and LinkUp (rnic_port_up) per port.",
-                           [target(f"{name(c.PORT_UP)}{{{PORT_SEL}}}", "{{device}}/{{port}}")], UP_DOWN_MAPPINGS,
-                           thresholds=BAD_OK), w=12, h=6)
-    lay.add(state_timeline("Below rated", "1 while the IB port, the netdev or the PCIe link runs below its rated "
-                           "speed or width.",
-                           [target(f"{name(c.LINK_BELOW_RATED)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{link}}")],
-                           YES_NO_MAPPINGS), w=12, h=6)
-    lay.add(timeseries("Active vs rated rate", "Active IB port rate and netdev speed against the rated rate by "
-                       "source (config, ethtool, baseline). A 400G port at 200G halves every collective over it.",
-                       targets((f"{name(c.PORT_ACTIVE_RATE)}{{{PORT_SEL}}}", "{{device}}/{{port}} active"),
-                               (f"{name(c.NETDEV_SPEED)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{netdev}}"),
-                               (f"{name(c.PORT_RATED_RATE)}{{{PORT_SEL}}}", "{{device}}/{{port}} rated {{source}}")),
-                       "Bps", step=True), w=12, h=8)
-    lay.add(timeseries("Active vs rated width", "Active lane count of the port against the rated one.",
-                       targets((f"{name(c.PORT_ACTIVE_WIDTH)}{{{PORT_SEL}}}", "{{device}}/{{port}} active"),
-                               (f"{name(c.PORT_RATED_WIDTH)}{{{PORT_SEL}}}", "{{device}}/{{port}} rated {{source}}")),
-                       "none", step=True), w=12, h=8)
-    lay.add(timeseries("PCIe speed: current vs max", "PCIe link speed of the device (GT/s): current, the "
-                       "card's max and the slot's max. Current below both is a downtrained link.",
-                       [target(f"{name(c.PCIE_LINK_SPEED)}{{{DEVICE_SEL}}} / 1e9", "{{device}} {{link}}")],
-                       "suffix: GT/s", step=True), w=12, h=8)
-    lay.add(timeseries("PCIe width: current vs max", "PCIe link width of the device (lanes): current, the "
-                       "card's max and the slot's max.",
-                       [target(f"{name(c.PCIE_LINK_WIDTH)}{{{DEVICE_SEL}}}", "{{device}} {{link}}")],
-                       "none", step=True), w=12, h=8)
+    lay.add(
+        state_timeline(
+            "Port up",
+            "ACTIVE and LinkUp (rnic_port_up) per port.",
+            [target(f"{name(c.PORT_UP)}{{{PORT_SEL}}}", "{{device}}/{{port}}")],
+            UP_DOWN_MAPPINGS,
+            thresholds=BAD_OK,
+        ),
+        w=12,
+        h=6,
+    )
+    lay.add(
+        state_timeline(
+            "Below rated",
+            "1 while the IB port, the netdev or the PCIe link runs below its rated speed or width.",
+            [target(f"{name(c.LINK_BELOW_RATED)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{link}}")],
+            YES_NO_MAPPINGS,
+        ),
+        w=12,
+        h=6,
+    )
+    lay.add(
+        timeseries(
+            "Active vs rated rate",
+            "Active IB port rate and netdev speed against the rated rate by "
+            "source (config, ethtool, baseline). A 400G port at 200G halves every collective over it.",
+            targets(
+                (f"{name(c.PORT_ACTIVE_RATE)}{{{PORT_SEL}}}", "{{device}}/{{port}} active"),
+                (f"{name(c.NETDEV_SPEED)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{netdev}}"),
+                (f"{name(c.PORT_RATED_RATE)}{{{PORT_SEL}}}", "{{device}}/{{port}} rated {{source}}"),
+            ),
+            "Bps",
+            step=True,
+        ),
+        w=12,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Active vs rated width",
+            "Active lane count of the port against the rated one.",
+            targets(
+                (f"{name(c.PORT_ACTIVE_WIDTH)}{{{PORT_SEL}}}", "{{device}}/{{port}} active"),
+                (f"{name(c.PORT_RATED_WIDTH)}{{{PORT_SEL}}}", "{{device}}/{{port}} rated {{source}}"),
+            ),
+            "none",
+            step=True,
+        ),
+        w=12,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "PCIe speed: current vs max",
+            "PCIe link speed of the device (GT/s): current, the "
+            "card's max and the slot's max. Current below both is a downtrained link.",
+            [target(f"{name(c.PCIE_LINK_SPEED)}{{{DEVICE_SEL}}} / 1e9", "{{device}} {{link}}")],
+            "suffix: GT/s",
+            step=True,
+        ),
+        w=12,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "PCIe width: current vs max",
+            "PCIe link width of the device (lanes): current, the card's max and the slot's max.",
+            [target(f"{name(c.PCIE_LINK_WIDTH)}{{{DEVICE_SEL}}}", "{{device}} {{link}}")],
+            "none",
+            step=True,
+        ),
+        w=12,
+        h=8,
+    )
 
 
 def _traffic(lay: Layout) -> None:
     lay.row("Traffic")
-    lay.add(timeseries("Throughput in and out", "RDMA bytes per second per port (on mlx5 RoCE: RDMA traffic "
-                       "only; the netdev counts the rest).",
-                       targets((f"rate({name(c.PORT_DATA_RECEIVED)}{{{PORT_SEL}}}[$__rate_interval])",
-                                "{{device}}/{{port}} in"),
-                               (f"rate({name(c.PORT_DATA_TRANSMITTED)}{{{PORT_SEL}}}[$__rate_interval])",
-                                "{{device}}/{{port}} out")),
-                       "Bps", thresholds=NEUTRAL), w=12, h=8)
-    lay.add(timeseries("Packets in and out", "Packets per second per port.",
-                       targets((f"rate({name(c.PORT_PACKETS_RECEIVED)}{{{PORT_SEL}}}[$__rate_interval])",
-                                "{{device}}/{{port}} in"),
-                               (f"rate({name(c.PORT_PACKETS_TRANSMITTED)}{{{PORT_SEL}}}[$__rate_interval])",
-                                "{{device}}/{{port}} out")),
-                       "pps", thresholds=NEUTRAL), w=12, h=8)
+    lay.add(
+        timeseries(
+            "Throughput in and out",
+            "RDMA bytes per second per port (on mlx5 RoCE: RDMA traffic only; the netdev counts the rest).",
+            targets(
+                (f"rate({name(c.PORT_DATA_RECEIVED)}{{{PORT_SEL}}}[$__rate_interval])", "{{device}}/{{port}} in"),
+                (f"rate({name(c.PORT_DATA_TRANSMITTED)}{{{PORT_SEL}}}[$__rate_interval])", "{{device}}/{{port}} out"),
+            ),
+            "Bps",
+            thresholds=NEUTRAL,
+        ),
+        w=12,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Packets in and out",
+            "Packets per second per port.",
+            targets(
+                (f"rate({name(c.PORT_PACKETS_RECEIVED)}{{{PORT_SEL}}}[$__rate_interval])", "{{device}}/{{port}} in"),
+                (
+                    f"rate({name(c.PORT_PACKETS_TRANSMITTED)}{{{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} out",
+                ),
+            ),
+            "pps",
+            thresholds=NEUTRAL,
+        ),
+        w=12,
+        h=8,
+    )
 
 
 def _errors(lay: Layout) -> None:
     lay.row("Errors, congestion and retransmissions")
-    lay.add(timeseries("Error counters", "PMA error counters per second: symbol errors and link error "
-                       "recovery point at the cable or transceiver, discards at congestion.",
-                       [target(f"rate({name(c.PORT_PMA)}{{counter=~\"{ERROR_COUNTERS}\", {PORT_SEL}}}"
-                               "[$__rate_interval])", "{{device}}/{{port}} {{counter}}")],
-                       "cps", thresholds=OK_BAD), w=8, h=8)
-    lay.add(timeseries("RoCE congestion (CNP, ECN)", "Congestion notification packets sent and handled and "
-                       "ECN-marked packets per second: DCQCN at work. Sustained CNPs mean a congested fabric.",
-                       [target(f"rate({name(c.PORT_HW_STAT)}{{counter=~\"{CONGESTION_COUNTERS}\", {PORT_SEL}}}"
-                               "[$__rate_interval])", "{{device}}/{{port}} {{counter}}")],
-                       "cps", thresholds=NEUTRAL), w=8, h=8)
-    lay.add(timeseries("Retransmissions (out of sequence, ACK timeouts)", "RoCE retransmission counters per "
-                       "second. Out-of-sequence and ACK timeouts mean lost packets: a lossy fabric or a bad link.",
-                       [target(f"rate({name(c.PORT_HW_STAT)}{{counter=~\"{RETRANSMISSION_COUNTERS}\", "
-                               f"{PORT_SEL}}}[$__rate_interval])", "{{device}}/{{port}} {{counter}}")],
-                       "cps", thresholds=OK_BAD), w=8, h=8)
+    lay.add(
+        timeseries(
+            "Error counters",
+            "PMA error counters per second: symbol errors and link error "
+            "recovery point at the cable or transceiver, discards at congestion.",
+            [
+                target(
+                    f'rate({name(c.PORT_PMA)}{{counter=~"{ERROR_COUNTERS}", {PORT_SEL}}}[$__rate_interval])',
+                    "{{device}}/{{port}} {{counter}}",
+                )
+            ],
+            "cps",
+            thresholds=OK_BAD,
+        ),
+        w=8,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "RoCE congestion (CNP, ECN)",
+            "Congestion notification packets sent and handled and "
+            "ECN-marked packets per second: DCQCN at work. Sustained CNPs mean a congested fabric.",
+            [
+                target(
+                    f'rate({name(c.PORT_HW_STAT)}{{counter=~"{CONGESTION_COUNTERS}", {PORT_SEL}}}[$__rate_interval])',
+                    "{{device}}/{{port}} {{counter}}",
+                )
+            ],
+            "cps",
+            thresholds=NEUTRAL,
+        ),
+        w=8,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Retransmissions (out of sequence, ACK timeouts)",
+            "RoCE retransmission counters per "
+            "second. Out-of-sequence and ACK timeouts mean lost packets: a lossy fabric or a bad link.",
+            [
+                target(
+                    f'rate({name(c.PORT_HW_STAT)}{{counter=~"{RETRANSMISSION_COUNTERS}", '
+                    f"{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} {{counter}}",
+                )
+            ],
+            "cps",
+            thresholds=OK_BAD,
+        ),
+        w=8,
+        h=8,
+    )
 
 
 def _gids(lay: Layout) -> None:
     lay.row("GIDs, NCCL and addresses")
-    lay.add(table("GID table", "Populated GID slots, like show_gids. NCCL wants the RoCE v2 IPv4 row.",
-                  [target(f"{name(c.GID_ENTRY_INFO)}{{{PORT_SEL}}}", instant=True, table=True)],
-                  hide=("Value", "instance"), rename={"ipv4": "IPv4", "gid": "GID"}), w=24, h=8)
-    lay.add(timeseries("NCCL auto-selected GID index", "The GID index NCCL's auto-selection would pick now "
-                       "(-1: none). A step is a move: jobs started before it use the old index.",
-                       [target(f"{name(c.NCCL_GID_INDEX)}{{{PORT_SEL}}}", "{{device}}/{{port}}")],
-                       "none", step=True, min_zero=False), w=8, h=8)
-    lay.add(timeseries("RoCE v2 GID index per address", "GID index of each IPv4 address's RoCE v2 GID. A step "
-                       "is the GID shift of incident 1.",
-                       [target(f"{name(c.GID_V2_IPV4_INDEX)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{address}}")],
-                       "none", step=True), w=8, h=8)
-    lay.add(stat("Configured NCCL_IB_GID_INDEX", "Whether the configured NCCL_IB_GID_INDEX points at a RoCE v2 "
-                 "IPv4 GID on each port (absent without one).",
-                 [target(f"{name(c.NCCL_CONFIGURED_GID_INDEX_VALID)}{{{PORT_SEL}}}", "{{device}}/{{port}}")],
-                 thresholds=BAD_OK,
-                 mappings=[{"type": "value", "options": {"0": {"text": "invalid", "color": "red", "index": 0},
-                                                         "1": {"text": "valid", "color": "green", "index": 1}}}]),
-            w=8, h=8)
-    lay.add(state_timeline("Address presence", "Expected addresses on each RNIC netdev (rtnetlink). A gap is an "
-                           "address loss; with NetworkManager it comes back at a new GID index.",
-                           [target(f"{name(c.NETDEV_ADDRESS_PRESENT)}{{{PORT_SEL}}}",
-                                   "{{netdev}} {{address}}")], PRESENT_MISSING_MAPPINGS,
-                           thresholds=BAD_OK), w=12, h=6)
-    lay.add(state_timeline("Flapping and address-loss risk", "Port flapping, and netdevs whose addresses a flap "
-                           "may remove (NetworkManager, IPv6 keep_addr_on_down off).",
-                           targets((f"{name(c.PORT_FLAPPING)}{{{PORT_SEL}}}", "{{device}}/{{port}} flapping"),
-                                   (f"{name(c.NETDEV_ADDRESS_LOSS_RISK)}{{{PORT_SEL}}}",
-                                    "{{netdev}} risk {{reason}}")), YES_NO_MAPPINGS, thresholds=OK_WARN), w=12, h=6)
+    lay.add(
+        table(
+            "GID table",
+            "Populated GID slots, like show_gids. NCCL wants the RoCE v2 IPv4 row.",
+            [target(f"{name(c.GID_ENTRY_INFO)}{{{PORT_SEL}}}", instant=True, table=True)],
+            hide=("Value", "instance"),
+            rename={"ipv4": "IPv4", "gid": "GID"},
+        ),
+        w=24,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "NCCL auto-selected GID index",
+            "The GID index NCCL's auto-selection would pick now "
+            "(-1: none). A step is a move: jobs started before it use the old index.",
+            [target(f"{name(c.NCCL_GID_INDEX)}{{{PORT_SEL}}}", "{{device}}/{{port}}")],
+            "none",
+            step=True,
+            min_zero=False,
+        ),
+        w=8,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "RoCE v2 GID index per address",
+            "GID index of each IPv4 address's RoCE v2 GID. A step is the GID shift of incident 1.",
+            [target(f"{name(c.GID_V2_IPV4_INDEX)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{address}}")],
+            "none",
+            step=True,
+        ),
+        w=8,
+        h=8,
+    )
+    lay.add(
+        stat(
+            "Configured NCCL_IB_GID_INDEX",
+            "Whether the configured NCCL_IB_GID_INDEX points at a RoCE v2 IPv4 GID on each port (absent without one).",
+            [target(f"{name(c.NCCL_CONFIGURED_GID_INDEX_VALID)}{{{PORT_SEL}}}", "{{device}}/{{port}}")],
+            thresholds=BAD_OK,
+            mappings=[
+                {
+                    "type": "value",
+                    "options": {
+                        "0": {"text": "invalid", "color": "red", "index": 0},
+                        "1": {"text": "valid", "color": "green", "index": 1},
+                    },
+                }
+            ],
+        ),
+        w=8,
+        h=8,
+    )
+    lay.add(
+        state_timeline(
+            "Address presence",
+            "Expected addresses on each RNIC netdev (rtnetlink). A gap is an "
+            "address loss; with NetworkManager it comes back at a new GID index.",
+            [target(f"{name(c.NETDEV_ADDRESS_PRESENT)}{{{PORT_SEL}}}", "{{netdev}} {{address}}")],
+            PRESENT_MISSING_MAPPINGS,
+            thresholds=BAD_OK,
+        ),
+        w=12,
+        h=6,
+    )
+    lay.add(
+        state_timeline(
+            "Flapping and address-loss risk",
+            "Port flapping, and netdevs whose addresses a flap "
+            "may remove (NetworkManager, IPv6 keep_addr_on_down off).",
+            targets(
+                (f"{name(c.PORT_FLAPPING)}{{{PORT_SEL}}}", "{{device}}/{{port}} flapping"),
+                (f"{name(c.NETDEV_ADDRESS_LOSS_RISK)}{{{PORT_SEL}}}", "{{netdev}} risk {{reason}}"),
+            ),
+            YES_NO_MAPPINGS,
+            thresholds=OK_WARN,
+        ),
+        w=12,
+        h=6,
+    )

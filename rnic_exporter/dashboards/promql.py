@@ -9,23 +9,95 @@ from __future__ import annotations
 
 import re
 
-FUNCTIONS = frozenset({
-    "abs", "absent", "absent_over_time", "avg_over_time", "ceil", "changes", "clamp", "clamp_max", "clamp_min",
-    "count_over_time", "day_of_month", "day_of_week", "day_of_year", "days_in_month", "delta", "deriv", "exp",
-    "floor", "histogram_quantile", "holt_winters", "hour", "idelta", "increase", "irate", "label_join",
-    "label_replace", "last_over_time", "ln", "log10", "log2", "max_over_time", "min_over_time", "minute",
-    "month", "predict_linear", "present_over_time", "quantile_over_time", "rate", "resets", "round",
-    "scalar", "sgn", "sort", "sort_desc", "sqrt", "stddev_over_time", "stdvar_over_time", "sum_over_time",
-    "time", "timestamp", "vector", "year",
-})
-AGGREGATIONS = frozenset({
-    "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
-    "quantile",
-})
-KEYWORDS = frozenset({
-    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool",
-    "inf", "nan",
-})
+FUNCTIONS = frozenset(
+    {
+        "abs",
+        "absent",
+        "absent_over_time",
+        "avg_over_time",
+        "ceil",
+        "changes",
+        "clamp",
+        "clamp_max",
+        "clamp_min",
+        "count_over_time",
+        "day_of_month",
+        "day_of_week",
+        "day_of_year",
+        "days_in_month",
+        "delta",
+        "deriv",
+        "exp",
+        "floor",
+        "histogram_quantile",
+        "holt_winters",
+        "hour",
+        "idelta",
+        "increase",
+        "irate",
+        "label_join",
+        "label_replace",
+        "last_over_time",
+        "ln",
+        "log10",
+        "log2",
+        "max_over_time",
+        "min_over_time",
+        "minute",
+        "month",
+        "predict_linear",
+        "present_over_time",
+        "quantile_over_time",
+        "rate",
+        "resets",
+        "round",
+        "scalar",
+        "sgn",
+        "sort",
+        "sort_desc",
+        "sqrt",
+        "stddev_over_time",
+        "stdvar_over_time",
+        "sum_over_time",
+        "time",
+        "timestamp",
+        "vector",
+        "year",
+    }
+)
+AGGREGATIONS = frozenset(
+    {
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "group",
+        "stddev",
+        "stdvar",
+        "count",
+        "count_values",
+        "bottomk",
+        "topk",
+        "quantile",
+    }
+)
+KEYWORDS = frozenset(
+    {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "and",
+        "or",
+        "unless",
+        "offset",
+        "bool",
+        "inf",
+        "nan",
+    }
+)
 
 _VARIABLE = re.compile(r"\$\{[^}]*\}|\$\w+")
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
@@ -49,7 +121,7 @@ def metric_names(expr: str) -> set[str]:
         word = match.group()
         if word in KEYWORDS:
             continue
-        rest = text[match.end():].lstrip()
+        rest = text[match.end() :].lstrip()
         if rest.startswith("(") and (word in FUNCTIONS or word in AGGREGATIONS):
             continue
         names.add(word)

@@ -145,8 +145,9 @@ def _describe(rate: float | None, lanes: int | None) -> str:
     return " ".join(p for p in parts if p) or "unknown"
 
 
-def port_ratings(port: Port, expectation: RatedExpectation | None, advertised: AdvertisedLink | None,
-                 state: State) -> tuple[Rated, ...]:
+def port_ratings(
+    port: Port, expectation: RatedExpectation | None, advertised: AdvertisedLink | None, state: State
+) -> tuple[Rated, ...]:
     """Every rating known for the port, best source first."""
     out = []
     if expectation is not None and (expectation.port_rate_gbps is not None or expectation.port_width is not None):
@@ -177,14 +178,21 @@ def judge_port_link(port: Port, ratings: tuple[Rated, ...]) -> LinkJudgement | N
     if rate is None and lanes is None:
         return None
     below = (rate is not None and port.rate.bytes_per_second < rate * _TOLERANCE) or (
-        lanes is not None and port.rate.lanes < lanes)
+        lanes is not None and port.rate.lanes < lanes
+    )
     source = rate_source or lanes_source
-    return LinkJudgement(PORT, below, _describe(port.rate.bytes_per_second, port.rate.lanes),
-                         f"{_describe(rate, int(lanes) if lanes else None)} ({source})", source)
+    return LinkJudgement(
+        PORT,
+        below,
+        _describe(port.rate.bytes_per_second, port.rate.lanes),
+        f"{_describe(rate, int(lanes) if lanes else None)} ({source})",
+        source,
+    )
 
 
-def judge_netdev_link(port: Port, snap: Snapshot, expectation: RatedExpectation | None,
-                      ratings: tuple[Rated, ...]) -> LinkJudgement | None:
+def judge_netdev_link(
+    port: Port, snap: Snapshot, expectation: RatedExpectation | None, ratings: tuple[Rated, ...]
+) -> LinkJudgement | None:
     if port.link_layer != "Ethernet" or port.netdev is None:
         return None  # an IPoIB netdev's speed says nothing about the IB link
     netdev = snap.netdevs.get(port.netdev)
@@ -215,8 +223,9 @@ def judge_pcie(link: PcieLink | None, expectation: RatedExpectation | None) -> L
         return None
     below = (speed is not None and link.current_speed_gts < speed) or (width is not None and link.current_width < width)
     rated = " ".join(p for p in (f"{speed:g} GT/s" if speed else "", f"x{width}" if width else "") if p)
-    return LinkJudgement(PCIE, below, f"{link.current_speed_gts:g} GT/s x{link.current_width}",
-                         f"{rated} ({source})", source)
+    return LinkJudgement(
+        PCIE, below, f"{link.current_speed_gts:g} GT/s x{link.current_width}", f"{rated} ({source})", source
+    )
 
 
 # GID tables rarely change between polls; parsing their addresses each poll would cost more than
@@ -258,8 +267,11 @@ GIDS_MISSING = "gids/ (missing or empty)"
 
 def gid_table_problem(port: Port, errors: tuple[ReadError, ...]) -> str | None:
     """What of a RoCE port's GID table could not be read, None when all of it was."""
-    failed = [e for e in errors if e.device == port.device and e.port == port.number
-              and e.attribute.startswith(NCCL_GID_FILES)]
+    failed = [
+        e
+        for e in errors
+        if e.device == port.device and e.port == port.number and e.attribute.startswith(NCCL_GID_FILES)
+    ]
     if failed:
         shown = ", ".join(f"{e.attribute} ({e.kind})" for e in failed[:3])
         return shown + (f" and {len(failed) - 3} more" if len(failed) > 3 else "")
@@ -294,11 +306,16 @@ def is_expected_candidate(address: str) -> bool:
     return not (ip.is_link_local or ip.is_loopback or ip.is_multicast)
 
 
-def judge(snap: Snapshot, state: State, settings: DetectionSettings, *,
-          addresses: Mapping[str, tuple[AddressLike, ...]] | None = None,
-          advertised: Mapping[str, AdvertisedLink] | None = None,
-          risks: Mapping[str, frozenset[str]] | None = None,
-          flapping: Mapping[tuple[str, int], bool] | None = None) -> HostConditions:
+def judge(
+    snap: Snapshot,
+    state: State,
+    settings: DetectionSettings,
+    *,
+    addresses: Mapping[str, tuple[AddressLike, ...]] | None = None,
+    advertised: Mapping[str, AdvertisedLink] | None = None,
+    risks: Mapping[str, frozenset[str]] | None = None,
+    flapping: Mapping[tuple[str, int], bool] | None = None,
+) -> HostConditions:
     """Judge `snap` against the state and settings. `addresses`: netlink's view by netdev, or None."""
     ports: dict[tuple[str, int], PortView] = {}
     devices: dict[str, DeviceView] = {}
@@ -310,28 +327,54 @@ def judge(snap: Snapshot, state: State, settings: DetectionSettings, *,
         pcie = judge_pcie(snap.pcie.get(dev.pci_address) if dev.pci_address else None, expectation)
         for port in dev.ports:
             ports[(dev.name, port.number)] = _port_view(
-                dev, port, snap, state, expectation, pcie, configured, addresses, advertised or {}, risks or {},
-                flapping or {}, settings.nccl)
+                dev,
+                port,
+                snap,
+                state,
+                expectation,
+                pcie,
+                configured,
+                addresses,
+                advertised or {},
+                risks or {},
+                flapping or {},
+                settings.nccl,
+            )
     for key, known in state.devices.items():
         if key not in devices:
             devices[key] = DeviceView(key, known.name, known.pci_address, False, True)
     return HostConditions(snap.taken_at, ports, devices, settings.expected_devices)
 
 
-def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectation: RatedExpectation | None,
-               pcie: LinkJudgement | None, configured: int | None,
-               addresses: Mapping[str, tuple[AddressLike, ...]] | None, advertised: Mapping[str, AdvertisedLink],
-               risks: Mapping[str, frozenset[str]], flapping: Mapping[tuple[str, int], bool],
-               nccl: NcclSettings) -> PortView:
+def _port_view(
+    dev: Device,
+    port: Port,
+    snap: Snapshot,
+    state: State,
+    expectation: RatedExpectation | None,
+    pcie: LinkJudgement | None,
+    configured: int | None,
+    addresses: Mapping[str, tuple[AddressLike, ...]] | None,
+    advertised: Mapping[str, AdvertisedLink],
+    risks: Mapping[str, frozenset[str]],
+    flapping: Mapping[tuple[str, int], bool],
+    nccl: NcclSettings,
+) -> PortView:
     pk = port_key(dev.name, port.number)
     netdev = port.netdev
     ratings = port_ratings(port, expectation, advertised.get(netdev) if netdev else None, state)
-    links = tuple(j for j in (judge_port_link(port, ratings), judge_netdev_link(port, snap, expectation, ratings),
-                              pcie) if j is not None)
+    links = tuple(
+        j
+        for j in (judge_port_link(port, ratings), judge_netdev_link(port, snap, expectation, ratings), pcie)
+        if j is not None
+    )
     indices = v2_ipv4_indices(port)
     remembered = state.addresses.get(pk, {})
-    moved = {a: (known.v2_index, indices[a]) for a, known in remembered.items()
-             if known.v2_index is not None and a in indices and indices[a] != known.v2_index}
+    moved = {
+        a: (known.v2_index, indices[a])
+        for a, known in remembered.items()
+        if known.v2_index is not None and a in indices and indices[a] != known.v2_index
+    }
     transient: frozenset[str] = frozenset()
     if addresses is not None and netdev is not None and netdev in addresses:
         current: Mapping[str, str] | None = {a.address: a.family for a in addresses[netdev]}
@@ -344,22 +387,42 @@ def _port_view(dev: Device, port: Port, snap: Snapshot, state: State, expectatio
     # Expected: what the netdev carried before (remembered) and what it carries now (remembered
     # from this poll on), so the gauge exists from the first poll.
     # Bounded, and only what NCCL and the GID table care about (detect/expected.py).
-    expected = bound_expected(remembered, current, [a for a in current if is_expected_candidate(a)
-                                                    and a not in transient],
-                              gid_table_addresses(port) if port.link_layer == "Ethernet" else None,
-                              indices) if current is not None else {}
+    expected = (
+        bound_expected(
+            remembered,
+            current,
+            [a for a in current if is_expected_candidate(a) and a not in transient],
+            gid_table_addresses(port) if port.link_layer == "Ethernet" else None,
+            indices,
+        )
+        if current is not None
+        else {}
+    )
     valid, content = _configured_index(port, configured, nccl)
     unreadable = gid_table_problem(port, snap.errors) if uses_roce(dev, port) else None
     pick = judge_pick(port, nccl, configured) if uses_roce(dev, port) and unreadable is None else None
     return PortView(
-        device=dev.name, port=port.number, pci_address=dev.pci_address, netdev=netdev, link_layer=port.link_layer,
+        device=dev.name,
+        port=port.number,
+        pci_address=dev.pci_address,
+        netdev=netdev,
+        link_layer=port.link_layer,
         up=port.up,
         gid_hash=port.gid_hash if port.gid_table_size else None,
-        v2_ipv4_index=indices, moved={a: (int(o), n) for a, (o, n) in moved.items()},
-        nccl_index=port.nccl_gid_index, configured_index=configured if valid is not None else None,
-        configured_index_valid=valid, configured_index_content=content,
-        addresses=current, addresses_from=source, expected=expected, rated=ratings, links=links,
+        v2_ipv4_index=indices,
+        moved={a: (int(o), n) for a, (o, n) in moved.items()},
+        nccl_index=port.nccl_gid_index,
+        configured_index=configured if valid is not None else None,
+        configured_index_valid=valid,
+        configured_index_content=content,
+        addresses=current,
+        addresses_from=source,
+        expected=expected,
+        rated=ratings,
+        links=links,
         flapping=flapping.get((dev.name, port.number), False),
         risks=risks.get(netdev, frozenset()) if netdev else frozenset(),
-        nccl_pick=pick, gid_table_unreadable=unreadable,
-        state_text=f"{port.state or '?'} / {port.phys_state or '?'}")
+        nccl_pick=pick,
+        gid_table_unreadable=unreadable,
+        state_text=f"{port.state or '?'} / {port.phys_state or '?'}",
+    )

@@ -49,12 +49,17 @@ class Detector:
     def observe(self, snap: Snapshot, inputs: Inputs | None = None) -> list[Event]:
         inputs = inputs or Inputs()
         now = snap.taken_at
-        flapping = {(p.device, p.number): self.flaps.observe(
-            (p.device, p.number), p.up, now)
-            for p in snap.ports}
+        flapping = {(p.device, p.number): self.flaps.observe((p.device, p.number), p.up, now) for p in snap.ports}
         self.flaps.forget(set(flapping))
-        cur = judge(snap, self.state, self.settings, addresses=inputs.addresses, advertised=inputs.advertised,
-                    risks=inputs.risks, flapping=flapping)
+        cur = judge(
+            snap,
+            self.state,
+            self.settings,
+            addresses=inputs.addresses,
+            advertised=inputs.advertised,
+            risks=inputs.risks,
+            flapping=flapping,
+        )
         events = diff(self.last, cur)
         for event in events:
             self.events[(event.name, event.device, "" if event.port is None else str(event.port))] += 1
@@ -79,11 +84,11 @@ class Detector:
     def _fingerprint(self) -> tuple[object, ...]:
         """Cheap summary of everything _learn_into may change (counts, sums, times, indices)."""
         state = self.state
-        devices = tuple((k, d.name, d.last_seen, d.node_guid, d.hca_type, d.board_id)
-                        for k, d in state.devices.items())
+        devices = tuple((k, d.name, d.last_seen, d.node_guid, d.hca_type, d.board_id) for k, d in state.devices.items())
         baselines = tuple((k, b.rate_bytes_per_second, b.lanes) for k, b in state.baselines.items())
-        addresses = tuple((k, a, s.netdev, s.last_seen, s.v2_index)
-                          for k, v in state.addresses.items() for a, s in v.items())
+        addresses = tuple(
+            (k, a, s.netdev, s.last_seen, s.v2_index) for k, v in state.addresses.items() for a, s in v.items()
+        )
         return devices, baselines, addresses
 
     def _learn_into(self, snap: Snapshot, cur: HostConditions) -> None:
@@ -93,8 +98,9 @@ class Detector:
             key = device_key(dev)
             known = state.devices.get(key)
             if known is None:
-                state.devices[key] = KnownDevice(dev.name, dev.pci_address, dev.node_guid, dev.hca_type, dev.board_id,
-                                                 first_seen=now, last_seen=now)
+                state.devices[key] = KnownDevice(
+                    dev.name, dev.pci_address, dev.node_guid, dev.hca_type, dev.board_id, first_seen=now, last_seen=now
+                )
             else:
                 known.name, known.node_guid = dev.name, dev.node_guid or known.node_guid
                 known.hca_type, known.board_id = dev.hca_type or known.hca_type, dev.board_id or known.board_id
@@ -105,7 +111,9 @@ class Detector:
                 if port.is_up and port.rate is not None:
                     best = state.baselines.get(pk)
                     if best is None or (port.rate.bytes_per_second, port.rate.lanes) > (
-                            best.rate_bytes_per_second, best.lanes):
+                        best.rate_bytes_per_second,
+                        best.lanes,
+                    ):
                         state.baselines[pk] = Baseline(port.rate.bytes_per_second, port.rate.lanes)
         for view in cur.ports.values():
             if view.addresses is None or view.netdev is None:
@@ -124,10 +132,15 @@ class Detector:
                     known_address.v2_index = index
                 if now - known_address.last_seen >= _SEEN_GRANULARITY_S or known_address.netdev != view.netdev:
                     known_address.last_seen, known_address.netdev = now, view.netdev
-            for address in [a for a, k in remembered.items() if a not in view.addresses
-                            and now - k.last_seen > self.settings.address_forget_after_s]:
-                log.info("forgetting an address missing too long", extra={"fields": {
-                    "device": view.device, "port": view.port, "address": address}})
+            for address in [
+                a
+                for a, k in remembered.items()
+                if a not in view.addresses and now - k.last_seen > self.settings.address_forget_after_s
+            ]:
+                log.info(
+                    "forgetting an address missing too long",
+                    extra={"fields": {"device": view.device, "port": view.port, "address": address}},
+                )
                 del remembered[address]
             if not remembered:
                 del state.addresses[pk]
@@ -139,10 +152,19 @@ class Detector:
         except OSError as exc:
             self.state_errors["unwritable"] += 1
             if self.state_errors["unwritable"] == 1 or self.state_errors["unwritable"] % 100 == 0:
-                log.error("cannot write the state file; the inventory will not survive a restart",
-                          extra={"fields": {"path": str(self.store.path), "err": exc.strerror or str(exc)}})
+                log.error(
+                    "cannot write the state file; the inventory will not survive a restart",
+                    extra={"fields": {"path": str(self.store.path), "err": exc.strerror or str(exc)}},
+                )
 
     def families(self, source_errors: Mapping[str, int], wakeups: Mapping[str, int]) -> Iterator[Family]:
-        return detection_families(self.last, self.gid_changes, self.events, {
-            catalog.STATE_ERRORS: self.state_errors, catalog.EVENT_SOURCE_ERRORS: source_errors,
-            catalog.WAKEUPS: wakeups})
+        return detection_families(
+            self.last,
+            self.gid_changes,
+            self.events,
+            {
+                catalog.STATE_ERRORS: self.state_errors,
+                catalog.EVENT_SOURCE_ERRORS: source_errors,
+                catalog.WAKEUPS: wakeups,
+            },
+        )

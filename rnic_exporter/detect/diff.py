@@ -30,45 +30,112 @@ def _devices(prev: HostConditions | None, cur: HostConditions, out: list[Event])
         before = prev.devices.get(key) if prev else None
         where = f"{dev.name} ({dev.pci_address or 'no PCI address'})"
         if not dev.present and (before is None or before.present):
-            out.append(Event(ev.DEVICE_DISAPPEARED, f"RDMA device {where} disappeared", dev.name,
-                             pci_address=dev.pci_address, before="present", after="absent"))
+            out.append(
+                Event(
+                    ev.DEVICE_DISAPPEARED,
+                    f"RDMA device {where} disappeared",
+                    dev.name,
+                    pci_address=dev.pci_address,
+                    before="present",
+                    after="absent",
+                )
+            )
         elif dev.present and before is not None and not before.present:
-            out.append(Event(ev.DEVICE_REAPPEARED, f"RDMA device {where} is back", dev.name,
-                             pci_address=dev.pci_address, before="absent", after="present"))
+            out.append(
+                Event(
+                    ev.DEVICE_REAPPEARED,
+                    f"RDMA device {where} is back",
+                    dev.name,
+                    pci_address=dev.pci_address,
+                    before="absent",
+                    after="present",
+                )
+            )
         elif dev.present and not dev.known and before is None:
-            out.append(Event(ev.DEVICE_DISCOVERED, f"RDMA device {where} added to the inventory", dev.name,
-                             pci_address=dev.pci_address))
+            out.append(
+                Event(
+                    ev.DEVICE_DISCOVERED,
+                    f"RDMA device {where} added to the inventory",
+                    dev.name,
+                    pci_address=dev.pci_address,
+                )
+            )
 
 
-def _on(port: PortView, spec: ev.EventSpec, message: str, *, before: str | None = None, after: str | None = None,
-        attributes: dict[str, str] | None = None, severity: ev.Severity | None = None) -> Event:
-    return Event(spec, message, port.device, port=port.port, netdev=port.netdev, pci_address=port.pci_address,
-                 before=before, after=after, attributes=attributes or {}, severity_override=severity)
+def _on(
+    port: PortView,
+    spec: ev.EventSpec,
+    message: str,
+    *,
+    before: str | None = None,
+    after: str | None = None,
+    attributes: dict[str, str] | None = None,
+    severity: ev.Severity | None = None,
+) -> Event:
+    return Event(
+        spec,
+        message,
+        port.device,
+        port=port.port,
+        netdev=port.netdev,
+        pci_address=port.pci_address,
+        before=before,
+        after=after,
+        attributes=attributes or {},
+        severity_override=severity,
+    )
 
 
 def _port(p: PortView | None, c: PortView, out: list[Event]) -> None:
     where = c.where
     if p is not None and p.gid_hash is not None and c.gid_hash is not None and p.gid_hash != c.gid_hash:
-        out.append(_on(c, ev.GID_TABLE_CHANGED, f"GID table of {where} changed", before=str(p.gid_hash),
-                         after=str(c.gid_hash)))
+        out.append(
+            _on(c, ev.GID_TABLE_CHANGED, f"GID table of {where} changed", before=str(p.gid_hash), after=str(c.gid_hash))
+        )
     for address, (old, new) in sorted(c.moved.items()):
-        out.append(_on(c, ev.GID_ADDRESS_MOVED,
-                         f"RoCE v2 GID of {address} on {where} moved from index {old} to {new}; NCCL jobs "
-                         f"using index {old} will fail", before=str(old), after=str(new),
-                         attributes={"address": address}))
+        out.append(
+            _on(
+                c,
+                ev.GID_ADDRESS_MOVED,
+                f"RoCE v2 GID of {address} on {where} moved from index {old} to {new}; NCCL jobs "
+                f"using index {old} will fail",
+                before=str(old),
+                after=str(new),
+                attributes={"address": address},
+            )
+        )
     if p is not None and p.nccl_index != c.nccl_index:
         old_text, new_text = _index(p.nccl_index), _index(c.nccl_index)
-        out.append(_on(c, ev.NCCL_GID_INDEX_CHANGED,
-                         f"NCCL would now auto-select GID index {new_text} on {where} (was {old_text})",
-                         before=old_text, after=new_text))
+        out.append(
+            _on(
+                c,
+                ev.NCCL_GID_INDEX_CHANGED,
+                f"NCCL would now auto-select GID index {new_text} on {where} (was {old_text})",
+                before=old_text,
+                after=new_text,
+            )
+        )
     if c.configured_index_valid is False and (p is None or p.configured_index_valid is not False):
-        out.append(_on(c, ev.NCCL_GID_INDEX_INVALID,
-                         f"NCCL_IB_GID_INDEX={c.configured_index} is not a RoCE v2 IPv4 GID on {where}: "
-                         f"{c.configured_index_content}", after=c.configured_index_content,
-                         attributes={"gid_index": str(c.configured_index)}))
+        out.append(
+            _on(
+                c,
+                ev.NCCL_GID_INDEX_INVALID,
+                f"NCCL_IB_GID_INDEX={c.configured_index} is not a RoCE v2 IPv4 GID on {where}: "
+                f"{c.configured_index_content}",
+                after=c.configured_index_content,
+                attributes={"gid_index": str(c.configured_index)},
+            )
+        )
     elif c.configured_index_valid is True and p is not None and p.configured_index_valid is False:
-        out.append(_on(c, ev.NCCL_GID_INDEX_VALID, f"NCCL_IB_GID_INDEX={c.configured_index} is valid again on {where}",
-                         after=c.configured_index_content, attributes={"gid_index": str(c.configured_index)}))
+        out.append(
+            _on(
+                c,
+                ev.NCCL_GID_INDEX_VALID,
+                f"NCCL_IB_GID_INDEX={c.configured_index} is valid again on {where}",
+                after=c.configured_index_content,
+                attributes={"gid_index": str(c.configured_index)},
+            )
+        )
     _nccl_pick(p, c, where, out)
     _addresses(p, c, where, out)
     if p is not None and p.up is True and c.up is False:
@@ -82,8 +149,14 @@ def _port(p: PortView | None, c: PortView, out: list[Event]) -> None:
     for judgement in c.links:
         _link(p.link(judgement.link) if p else None, c, judgement, where, out)
     for risk in sorted(c.risks - (p.risks if p is not None else frozenset())):
-        out.append(_on(c, ev.RISK_ADDRESS_LOSS, f"addresses of {where} can vanish on a port flap: {RISK_TEXT[risk]}",
-                         attributes={"reason": risk}))
+        out.append(
+            _on(
+                c,
+                ev.RISK_ADDRESS_LOSS,
+                f"addresses of {where} can vanish on a port flap: {RISK_TEXT[risk]}",
+                attributes={"reason": risk},
+            )
+        )
 
 
 RISK_TEXT = {
@@ -103,12 +176,28 @@ def _nccl_pick(p: PortView | None, c: PortView, where: str, out: list[Event]) ->
     attributes = {"gid_index": _index(pick.index)}
     if not pick.usable and (before is None or before.usable):
         attributes["reason"] = pick.problem or ""
-        out.append(_on(c, ev.NCCL_GID_UNUSABLE, f"{how} on {where} uses {pick.content}: "
-                       f"{(pick.problem or '').replace('_', ' ')}, NCCL connections across nodes fail",
-                       before=None if before is None else before.content, after=pick.content, attributes=attributes))
+        out.append(
+            _on(
+                c,
+                ev.NCCL_GID_UNUSABLE,
+                f"{how} on {where} uses {pick.content}: "
+                f"{(pick.problem or '').replace('_', ' ')}, NCCL connections across nodes fail",
+                before=None if before is None else before.content,
+                after=pick.content,
+                attributes=attributes,
+            )
+        )
     elif pick.usable and before is not None and not before.usable:
-        out.append(_on(c, ev.NCCL_GID_USABLE, f"{how} on {where} uses {pick.content} again",
-                       before=before.content, after=pick.content, attributes=attributes))
+        out.append(
+            _on(
+                c,
+                ev.NCCL_GID_USABLE,
+                f"{how} on {where} uses {pick.content} again",
+                before=before.content,
+                after=pick.content,
+                attributes=attributes,
+            )
+        )
 
 
 def _index(value: int | None) -> str:
@@ -121,19 +210,50 @@ def _addresses(p: PortView | None, c: PortView, where: str, out: list[Event]) ->
         family = "ipv6" if ":" in address else "ipv4"
         if not present and before is not False:
             state = "up" if c.up else "down" if c.up is False else "unknown"
-            out.append(_on(c, ev.ADDRESS_LOST, f"{address} left {where} while the port was {state}",
-                             before="present", after="absent",
-                             attributes={"address": address, "family": family, "port_state": state},
-                             severity="critical" if c.up else "warning"))
+            out.append(
+                _on(
+                    c,
+                    ev.ADDRESS_LOST,
+                    f"{address} left {where} while the port was {state}",
+                    before="present",
+                    after="absent",
+                    attributes={"address": address, "family": family, "port_state": state},
+                    severity="critical" if c.up else "warning",
+                )
+            )
         elif present and before is False:
-            out.append(_on(c, ev.ADDRESS_RESTORED, f"{address} is back on {where}", before="absent", after="present",
-                             attributes={"address": address, "family": family}))
+            out.append(
+                _on(
+                    c,
+                    ev.ADDRESS_RESTORED,
+                    f"{address} is back on {where}",
+                    before="absent",
+                    after="present",
+                    attributes={"address": address, "family": family},
+                )
+            )
 
 
 def _link(p: LinkJudgement | None, port: PortView, c: LinkJudgement, where: str, out: list[Event]) -> None:
     if c.below and (p is None or not p.below):
-        out.append(_on(port, ev.LINK_BELOW_RATED, f"{c.link} link of {where} runs at {c.active}, rated {c.rated}",
-                         before=c.rated, after=c.active, attributes={"link": c.link, "source": c.source}))
+        out.append(
+            _on(
+                port,
+                ev.LINK_BELOW_RATED,
+                f"{c.link} link of {where} runs at {c.active}, rated {c.rated}",
+                before=c.rated,
+                after=c.active,
+                attributes={"link": c.link, "source": c.source},
+            )
+        )
     elif not c.below and p is not None and p.below:
-        out.append(_on(port, ev.LINK_RESTORED, f"{c.link} link of {where} is back at {c.active}", before=p.active,
-                         after=c.active, attributes={"link": c.link, "source": c.source}))
+        out.append(
+            _on(
+                port,
+                ev.LINK_RESTORED,
+                f"{c.link} link of {where} is back at {c.active}",
+                before=p.active,
+                after=c.active,
+                attributes={"link": c.link, "source": c.source},
+            )
+        )

@@ -17,13 +17,19 @@ from rnic_exporter.detect.state import KnownAddress
 MAX_EXPECTED_PER_PORT = 32
 
 
-def bound_expected(remembered: Mapping[str, KnownAddress], current: Mapping[str, str], candidates: Iterable[str],
-                   in_gid_table: Mapping[str, str] | None, v2_indices: Mapping[str, int]) -> dict[str, bool]:
+def bound_expected(
+    remembered: Mapping[str, KnownAddress],
+    current: Mapping[str, str],
+    candidates: Iterable[str],
+    in_gid_table: Mapping[str, str] | None,
+    v2_indices: Mapping[str, int],
+) -> dict[str, bool]:
     """Expected address -> present now. `candidates`: present addresses worth remembering;
     `in_gid_table`: the addresses the port's GID table holds for its netdev, None when the port has
     no such table (InfiniBand: IPoIB addresses have no GIDs)."""
     wanted = [*remembered, *(a for a in candidates if a not in remembered)]
     if len(wanted) > MAX_EXPECTED_PER_PORT:
+
         def rank(address: str) -> tuple[bool, bool, str]:
             known = remembered.get(address)
             nccl = address in v2_indices or (known is not None and known.v2_index is not None)

@@ -35,8 +35,11 @@ class FlapTracker:
             history.transitions.popleft()
         if len(history.transitions) >= self.settings.transitions:
             history.flapping = True
-        elif history.flapping and history.last_transition is not None and (
-                now - history.last_transition >= self.settings.clear_after_s):
+        elif (
+            history.flapping
+            and history.last_transition is not None
+            and (now - history.last_transition >= self.settings.clear_after_s)
+        ):
             history.flapping = False
         return history.flapping
 

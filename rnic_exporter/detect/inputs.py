@@ -28,8 +28,12 @@ def host_risks(paths: HostPaths) -> RiskLookup:
     return lookup
 
 
-def gather_inputs(snap: Snapshot, risks: RiskLookup, addresses: Mapping[str, tuple[AddressLike, ...]] | None,
-                  advertised: Callable[[str], AdvertisedLink | None]) -> Inputs:
+def gather_inputs(
+    snap: Snapshot,
+    risks: RiskLookup,
+    addresses: Mapping[str, tuple[AddressLike, ...]] | None,
+    advertised: Callable[[str], AdvertisedLink | None],
+) -> Inputs:
     """Advertised link modes and address-loss risks of every RoCE netdev in `snap`."""
     best_modes: dict[str, AdvertisedLink] = {}
     found: dict[str, frozenset[str]] = {}
@@ -42,6 +46,7 @@ def gather_inputs(snap: Snapshot, risks: RiskLookup, addresses: Mapping[str, tup
             best_modes[netdev] = best
         info = snap.netdevs.get(netdev)
         has_v6 = addresses is not None and any(
-            a.family == "ipv6" and is_expected_candidate(a.address) for a in addresses.get(netdev, ()))
+            a.family == "ipv6" and is_expected_candidate(a.address) for a in addresses.get(netdev, ())
+        )
         found[netdev] = risks(netdev, info.ifindex if info else None, has_v6)
     return Inputs(addresses, best_modes, found)

@@ -16,9 +16,12 @@ DEVICE_EVENTS = tuple(s.name for s in EVENT_SPECS if s.name.startswith("rnic.dev
 PORT_EVENTS = tuple(s.name for s in EVENT_SPECS if not s.name.startswith("rnic.device."))
 
 
-def detection_families(cur: HostConditions | None, gid_changes: Mapping[tuple[str, int], int],
-                       events: Mapping[tuple[str, str, str], int],
-                       source_counters: Mapping[MetricSpec, Mapping[str, int]]) -> Iterator[Family]:
+def detection_families(
+    cur: HostConditions | None,
+    gid_changes: Mapping[tuple[str, int], int],
+    events: Mapping[tuple[str, str, str], int],
+    source_counters: Mapping[MetricSpec, Mapping[str, int]],
+) -> Iterator[Family]:
     """`events` is keyed (event, device, port-as-text); every known port's and device's series start at 0,
     so an alert's increase() sees the first event (a counter born at 1 hides it)."""
     out = FamilyBuilder()

@@ -43,26 +43,41 @@ def fails(problems: tuple[Problem, ...] | list[Problem], fail_on: str) -> bool:
     return any(SEVERITY_ORDER[p.severity] <= limit for p in problems)
 
 
-_FIX_ADDRESS = ("configure the address with a method that keeps it on link loss (ifupdown's networking service, "
-                "or systemd-networkd with KeepConfiguration=), then restart jobs that use this port")
+_FIX_ADDRESS = (
+    "configure the address with a method that keeps it on link loss (ifupdown's networking service, "
+    "or systemd-networkd with KeepConfiguration=), then restart jobs that use this port"
+)
 _FIX_SPEED = "check the cable and transceiver (ethtool, ibstat); reseat or replace them, then confirm the rate"
 
 
-def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = (),
-                  nccl: NcclSettings | None = None) -> list[Problem]:
+def find_problems(
+    cur: HostConditions, errors: tuple[ReadError, ...] = (), nccl: NcclSettings | None = None
+) -> list[Problem]:
     out: list[Problem] = []
     for dev in sorted(cur.devices.values(), key=lambda d: d.name):
         if not dev.present:
-            out.append(Problem("device_missing", "critical", f"{dev.name} ({dev.pci_address or '-'})",
-                               "a device of the inventory is not present",
-                               "jobs scheduled on this node with all RNICs will fail or run without this one",
-                               "look for PCIe or firmware errors (dmesg, lspci -vv); reseat or replace the NIC; "
-                               "delete the state file only if the device was removed on purpose"))
+            out.append(
+                Problem(
+                    "device_missing",
+                    "critical",
+                    f"{dev.name} ({dev.pci_address or '-'})",
+                    "a device of the inventory is not present",
+                    "jobs scheduled on this node with all RNICs will fail or run without this one",
+                    "look for PCIe or firmware errors (dmesg, lspci -vv); reseat or replace the NIC; "
+                    "delete the state file only if the device was removed on purpose",
+                )
+            )
     if cur.expected_devices is not None and cur.present_devices < cur.expected_devices:
-        out.append(Problem("device_count", "critical", "host",
-                           f"{cur.present_devices} RDMA devices present, {cur.expected_devices} expected",
-                           "a NIC is missing: collectives across this node fail or slow down",
-                           "look for PCIe or driver errors (dmesg, lspci -vv); reseat or replace the NIC"))
+        out.append(
+            Problem(
+                "device_count",
+                "critical",
+                "host",
+                f"{cur.present_devices} RDMA devices present, {cur.expected_devices} expected",
+                "a NIC is missing: collectives across this node fail or slow down",
+                "look for PCIe or driver errors (dmesg, lspci -vv); reseat or replace the NIC",
+            )
+        )
     for view in sorted(cur.ports.values(), key=lambda v: v.key):
         out.extend(_port_problems(view, nccl or NcclSettings()))
     # A port whose GID table could not be read has that one problem, not one per file as well.
@@ -71,10 +86,17 @@ def find_problems(cur: HostConditions, errors: tuple[ReadError, ...] = (),
         if err.port is not None and (err.device, err.port) in told and err.attribute.startswith(NCCL_GID_FILES):
             continue
         where = err.device if err.port is None else f"{err.device} port {err.port}"
-        out.append(Problem("attribute_unreadable", "warning", where, f"{err.attribute}: {err.reason}",
-                           "this value is not monitored until it can be read again",
-                           "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
-                           err.kind))
+        out.append(
+            Problem(
+                "attribute_unreadable",
+                "warning",
+                where,
+                f"{err.attribute}: {err.reason}",
+                "this value is not monitored until it can be read again",
+                "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
+                err.kind,
+            )
+        )
     out.sort(key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code))
     return out
 
@@ -83,47 +105,88 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
     where = view.where
     out = []
     if view.up is False:
-        out.append(Problem("port_down", "warning", where, f"port is not ACTIVE/LinkUp ({view.state_text})",
-                           "no RDMA traffic can use this port", "check the cable, the switch port and ibstat",
-                           "port_down"))
+        out.append(
+            Problem(
+                "port_down",
+                "warning",
+                where,
+                f"port is not ACTIVE/LinkUp ({view.state_text})",
+                "no RDMA traffic can use this port",
+                "check the cable, the switch port and ibstat",
+                "port_down",
+            )
+        )
     for judgement in view.links:
         if judgement.below:
-            out.append(Problem(f"{judgement.link}_below_rated", "warning", where,
-                               f"{judgement.link} link runs at {judgement.active}, rated {judgement.rated}",
-                               "collectives run at the speed of the slowest link",
-                               "reseat the NIC or move it to a full-width slot (lspci -vv)" if judgement.link == "pcie"
-                               else _FIX_SPEED))
+            out.append(
+                Problem(
+                    f"{judgement.link}_below_rated",
+                    "warning",
+                    where,
+                    f"{judgement.link} link runs at {judgement.active}, rated {judgement.rated}",
+                    "collectives run at the speed of the slowest link",
+                    "reseat the NIC or move it to a full-width slot (lspci -vv)"
+                    if judgement.link == "pcie"
+                    else _FIX_SPEED,
+                )
+            )
     if view.configured_index_valid is False:
         wanted = f"RoCE v{nccl.roce_version} {'IPv4' if nccl.family_name == 'AF_INET' else 'routable IPv6'} GID"
-        out.append(Problem("nccl_gid_index_invalid", "critical", where,
-                           f"NCCL_IB_GID_INDEX={view.configured_index} is not a {wanted} "
-                           f"({view.configured_index_content})",
-                           "NCCL init hangs or fails with 'Got completion with error 4'",
-                           "set NCCL_IB_GID_INDEX to the RoCE v2 IPv4 index shown by `rnic-exporter gids` "
-                           f"({_v2_hint(view)}) or unset it to let NCCL auto-select"))
+        out.append(
+            Problem(
+                "nccl_gid_index_invalid",
+                "critical",
+                where,
+                f"NCCL_IB_GID_INDEX={view.configured_index} is not a {wanted} ({view.configured_index_content})",
+                "NCCL init hangs or fails with 'Got completion with error 4'",
+                "set NCCL_IB_GID_INDEX to the RoCE v2 IPv4 index shown by `rnic-exporter gids` "
+                f"({_v2_hint(view)}) or unset it to let NCCL auto-select",
+            )
+        )
     if view.gid_table_unreadable is not None:
         # Failed reads are a warning; a tree without gids/ at all (nothing failed: a partial capture,
         # a masked sysfs) cannot be checked either, but that is information, not a fault of the host.
         missing = view.gid_table_unreadable == GIDS_MISSING
-        out.append(Problem("gid_table_unreadable", "info" if missing else "warning", where,
-                           f"the GID table could not be read: {view.gid_table_unreadable}",
-                           "which GID NCCL would use on this port is unknown, so it cannot be checked",
-                           "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
-                           "compare with show_gids or `rdma link show`",
-                           "gids_missing" if missing else "unreadable"))
+        out.append(
+            Problem(
+                "gid_table_unreadable",
+                "info" if missing else "warning",
+                where,
+                f"the GID table could not be read: {view.gid_table_unreadable}",
+                "which GID NCCL would use on this port is unknown, so it cannot be checked",
+                "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
+                "compare with show_gids or `rdma link show`",
+                "gids_missing" if missing else "unreadable",
+            )
+        )
     pick = view.judged_pick
     if pick is not None and not pick.usable:
         out.append(_unusable_pick(view, pick.problem or NO_GID, pick.index, pick.configured, pick.content, nccl))
     for address, present in sorted(view.expected.items()):
         if not present:
-            out.append(Problem("address_missing", "critical", where, f"expected address {address} is missing",
-                               "its GIDs are gone; when it returns its RoCE v2 GID may sit at a higher index",
-                               _FIX_ADDRESS))
+            out.append(
+                Problem(
+                    "address_missing",
+                    "critical",
+                    where,
+                    f"expected address {address} is missing",
+                    "its GIDs are gone; when it returns its RoCE v2 GID may sit at a higher index",
+                    _FIX_ADDRESS,
+                )
+            )
     for risk in sorted(view.risks):
-        out.append(Problem(f"risk_{risk}", "warning", where, RISK_TEXT[risk],
-                           "a port flap can remove the address and shift the GID index under running jobs",
-                           _FIX_ADDRESS if risk == "networkmanager"
-                           else "sysctl -w net.ipv6.conf.<netdev>.keep_addr_on_down=1 (persist it in sysctl.d)"))
+        out.append(
+            Problem(
+                f"risk_{risk}",
+                "warning",
+                where,
+                RISK_TEXT[risk],
+                "a port flap can remove the address and shift the GID index under running jobs",
+                _FIX_ADDRESS
+                if risk == "networkmanager"
+                else "sysctl -w net.ipv6.conf.<netdev>.keep_addr_on_down=1 (persist it in sysctl.d)",
+            )
+        )
     return out
 
 
@@ -133,26 +196,38 @@ def _v2_hint(view: PortView) -> str:
     return ", ".join(f"{a} at {i}" for a, i in sorted(view.v2_ipv4_index.items()))
 
 
-def _unusable_pick(view: PortView, problem: str, index: int | None, configured: bool, content: str,
-                   nccl: NcclSettings) -> Problem:
+def _unusable_pick(
+    view: PortView, problem: str, index: int | None, configured: bool, content: str, nccl: NcclSettings
+) -> Problem:
     how = f"NCCL_IB_GID_INDEX={index}" if configured else "NCCL's auto-selection"
     what = f"{how} uses {PICK_PROBLEMS[problem]} ({content})"
     netdev = view.netdev or "the port's netdev"
     if configured:
-        fix = (f"point NCCL_IB_GID_INDEX at the RoCE v2 GID of the address jobs use (`rnic-exporter gids`: "
-               f"{_v2_hint(view)}), or unset it to let NCCL auto-select")
+        fix = (
+            f"point NCCL_IB_GID_INDEX at the RoCE v2 GID of the address jobs use (`rnic-exporter gids`: "
+            f"{_v2_hint(view)}), or unset it to let NCCL auto-select"
+        )
     elif problem == OUT_OF_RANGE:
-        fix = (f"give {netdev} an address inside NCCL_IB_ADDR_RANGE={nccl.address_range}, or correct "
-               "NCCL_IB_ADDR_RANGE")
+        fix = f"give {netdev} an address inside NCCL_IB_ADDR_RANGE={nccl.address_range}, or correct NCCL_IB_ADDR_RANGE"
     elif problem == WRONG_ROCE_VERSION:
-        fix = (f"the fabric needs RoCE v{nccl.roce_version}: check that {netdev}'s address has its RoCE "
-               f"v{nccl.roce_version} GID (`rnic-exporter gids`), or set NCCL_IB_ROCE_VERSION_NUM to what the "
-               "fabric runs")
+        fix = (
+            f"the fabric needs RoCE v{nccl.roce_version}: check that {netdev}'s address has its RoCE "
+            f"v{nccl.roce_version} GID (`rnic-exporter gids`), or set NCCL_IB_ROCE_VERSION_NUM to what the "
+            "fabric runs"
+        )
     elif nccl.family_name == "AF_INET" and problem in (LINK_LOCAL, NO_GID):
-        fix = (f"give {netdev} its IPv4 address back (ip addr add <address>/<prefix> dev {netdev}, or restart its "
-               "address manager), or set NCCL_IB_ADDR_FAMILY=AF_INET6 if the fabric routes IPv6")
+        fix = (
+            f"give {netdev} its IPv4 address back (ip addr add <address>/<prefix> dev {netdev}, or restart its "
+            "address manager), or set NCCL_IB_ADDR_FAMILY=AF_INET6 if the fabric routes IPv6"
+        )
     else:
         fix = f"give {netdev} a routable {nccl.family_name} address, or set NCCL_IB_ADDR_FAMILY to the family it has"
-    return Problem("nccl_gid_unusable", "critical", view.where, what,
-                   "NCCL connections across nodes over this port fail (the job hangs at init or times out)", fix,
-                   problem)
+    return Problem(
+        "nccl_gid_unusable",
+        "critical",
+        view.where,
+        what,
+        "NCCL connections across nodes over this port fail (the job hangs at init or times out)",
+        fix,
+        problem,
+    )

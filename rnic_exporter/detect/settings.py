@@ -22,8 +22,12 @@ class RatedExpectation:
     pcie_width: int | None = None
 
     def matches(self, device: Device) -> bool:
-        values = {"device": device.name, "pci_address": device.pci_address, "hca_type": device.hca_type,
-                  "board_id": device.board_id}
+        values = {
+            "device": device.name,
+            "pci_address": device.pci_address,
+            "hca_type": device.hca_type,
+            "board_id": device.board_id,
+        }
         return all(values[key] == want for key, want in self.match)
 
 

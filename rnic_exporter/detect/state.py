@@ -76,11 +76,13 @@ class State:
     addresses: dict[str, dict[str, KnownAddress]] = field(default_factory=dict)  # port_key -> address -> seen
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, "version": STATE_VERSION,
-                "devices": {k: asdict(v) for k, v in sorted(self.devices.items())},
-                "baselines": {k: asdict(v) for k, v in sorted(self.baselines.items())},
-                "addresses": {k: {a: asdict(s) for a, s in sorted(v.items())}
-                              for k, v in sorted(self.addresses.items())}}
+        return {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "devices": {k: asdict(v) for k, v in sorted(self.devices.items())},
+            "baselines": {k: asdict(v) for k, v in sorted(self.baselines.items())},
+            "addresses": {k: {a: asdict(s) for a, s in sorted(v.items())} for k, v in sorted(self.addresses.items())},
+        }
 
     @classmethod
     def from_json(cls, data: Any) -> State:
@@ -95,13 +97,21 @@ class State:
         if unknown:
             raise ValueError(f"unknown top-level key {unknown[0][:40]!r}")
         return cls(
-            devices={k: KnownDevice(**_record(f"devices.{k}", v, _DEVICE_FIELDS))
-                     for k, v in _table("devices", data.get("devices")).items()},
-            baselines={k: Baseline(**_record(f"baselines.{k}", v, _BASELINE_FIELDS))
-                       for k, v in _table("baselines", data.get("baselines")).items()},
-            addresses={k: {a: KnownAddress(**_record(f"addresses.{k}.{a}", r, _ADDRESS_FIELDS))
-                           for a, r in _table(f"addresses.{k}", v).items()}
-                       for k, v in _table("addresses", data.get("addresses")).items()},
+            devices={
+                k: KnownDevice(**_record(f"devices.{k}", v, _DEVICE_FIELDS))
+                for k, v in _table("devices", data.get("devices")).items()
+            },
+            baselines={
+                k: Baseline(**_record(f"baselines.{k}", v, _BASELINE_FIELDS))
+                for k, v in _table("baselines", data.get("baselines")).items()
+            },
+            addresses={
+                k: {
+                    a: KnownAddress(**_record(f"addresses.{k}.{a}", r, _ADDRESS_FIELDS))
+                    for a, r in _table(f"addresses.{k}", v).items()
+                }
+                for k, v in _table("addresses", data.get("addresses")).items()
+            },
         )
 
 
@@ -179,15 +189,22 @@ def _kind(value: Any) -> str:
 _TOP_LEVEL = frozenset({"format", "version", "devices", "baselines", "addresses"})
 # field -> (checker, required)
 _DEVICE_FIELDS: Mapping[str, tuple[Check, bool]] = {
-    "name": (_text, True), "pci_address": (_optional_text, True), "node_guid": (_optional_text, False),
-    "hca_type": (_optional_text, False), "board_id": (_optional_text, False),
-    "first_seen": (_time, False), "last_seen": (_time, False),
+    "name": (_text, True),
+    "pci_address": (_optional_text, True),
+    "node_guid": (_optional_text, False),
+    "hca_type": (_optional_text, False),
+    "board_id": (_optional_text, False),
+    "first_seen": (_time, False),
+    "last_seen": (_time, False),
 }
 _BASELINE_FIELDS: Mapping[str, tuple[Check, bool]] = {
-    "rate_bytes_per_second": (_rate, True), "lanes": (_lanes, True),
+    "rate_bytes_per_second": (_rate, True),
+    "lanes": (_lanes, True),
 }
 _ADDRESS_FIELDS: Mapping[str, tuple[Check, bool]] = {
-    "netdev": (_text, True), "last_seen": (_time, True), "v2_index": (_gid_index, False),
+    "netdev": (_text, True),
+    "last_seen": (_time, True),
+    "v2_index": (_gid_index, False),
 }
 
 
@@ -267,8 +284,9 @@ class StateStore:
         except FileNotFoundError:
             return LoadResult(State())
         except OSError as exc:
-            return LoadResult(State(), f"cannot read {path}: {exc.strerror}; starting with an empty inventory",
-                              "unreadable")
+            return LoadResult(
+                State(), f"cannot read {path}: {exc.strerror}; starting with an empty inventory", "unreadable"
+            )
         try:
             state = decode_state(raw)
         except StateFileError as exc:
@@ -342,8 +360,10 @@ class StateLock:
             holder = _holder(fd)
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ConfigError(f"--state.dir {directory} is in use by another rnic-exporter ({holder}); "
-                                  "give each daemon its own state directory") from None
+                raise ConfigError(
+                    f"--state.dir {directory} is in use by another rnic-exporter ({holder}); "
+                    "give each daemon its own state directory"
+                ) from None
             log.warning("state directory not locked", extra={"fields": {"path": str(path), "err": exc.strerror}})
             return cls(None)
         os.ftruncate(fd, 0)

@@ -50,8 +50,9 @@ class NetlinkFollower:
         self.host = host
         self.delay_s = delay_s
         self.hold_gids = hold_gids
-        self.devices: dict[str, str] = {dev.netdev: dev.name for dev in host.devices.values()
-                                        if dev.roce and dev.name not in host.removed}
+        self.devices: dict[str, str] = {
+            dev.netdev: dev.name for dev in host.devices.values() if dev.roce and dev.name not in host.removed
+        }
         self.held: dict[str, list[int]] = {}  # RoCE v2 GID indices held since start (hold_gids)
         self.watcher = NetlinkWatcher(on_event=self._arrived)
         self._pending: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
@@ -117,8 +118,10 @@ class NetlinkFollower:
             for name in self.devices.values():
                 dev = self.host.device(name)
                 for address in dev.addresses:
-                    if (ipaddress.ip_address(address).version == 4
-                            and dev.gid_table.index_of(address, ROCE_V2) is not None):
+                    if (
+                        ipaddress.ip_address(address).version == 4
+                        and dev.gid_table.index_of(address, ROCE_V2) is not None
+                    ):
                         held.setdefault(name, []).append(self.host.hold_gid(name, address))
         return held
 
@@ -178,8 +181,17 @@ def _is_default_gid(dev: SimDevice, addr: IpAddress) -> bool:
     return addr.family == "ipv6" and address_gid(addr.address) == mac_default_gid(dev.mac)
 
 
-def run_simulator(directory: Path, *, roce: int, infiniband: int, gid_table_size: int, follow: bool,
-                  delay_s: float, hold_gids: bool, echo: Callable[[str], None]) -> int:
+def run_simulator(
+    directory: Path,
+    *,
+    roce: int,
+    infiniband: int,
+    gid_table_size: int,
+    follow: bool,
+    delay_s: float,
+    hold_gids: bool,
+    echo: Callable[[str], None],
+) -> int:
     """`rnic-exporter simulate`: write the tree; with `follow`, follow netlink until SIGTERM/SIGINT.
 
     An existing tree is rewritten in place (same files), so an exporter reading it keeps working.
@@ -190,8 +202,9 @@ def run_simulator(directory: Path, *, roce: int, infiniband: int, gid_table_size
         raise ConfigError("--follow-netlink needs RoCE devices (--roce N): InfiniBand ports have no netdev addresses")
     if hold_gids and not follow:
         raise ConfigError("--hold-gids needs --follow-netlink: without it no address ever comes and goes")
-    if directory.exists() and (not directory.is_dir() or (any(directory.iterdir())
-                                                          and not (directory / "class/infiniband").is_dir())):
+    if directory.exists() and (
+        not directory.is_dir() or (any(directory.iterdir()) and not (directory / "class/infiniband").is_dir())
+    ):
         raise ConfigError(f"{directory} exists and is not a simulated sysfs tree: give an empty or new directory")
     host = SimHost.build(directory, roce=roce, infiniband=infiniband, gid_table_size=gid_table_size)
     if not follow:
@@ -207,9 +220,11 @@ def run_simulator(directory: Path, *, roce: int, infiniband: int, gid_table_size
             follower.start()
         except OSError as exc:
             raise ConfigError(f"cannot follow netlink: {exc}") from exc
-        echo(f"simulating {roce + infiniband} RNIC(s) under {directory}; following netlink for "
-             f"{', '.join(follower.devices)} (GID updates {delay_s * 1000:g} ms after each event)"
-             + "".join(f"; {name} holds GID {indices}" for name, indices in follower.held.items()))
+        echo(
+            f"simulating {roce + infiniband} RNIC(s) under {directory}; following netlink for "
+            f"{', '.join(follower.devices)} (GID updates {delay_s * 1000:g} ms after each event)"
+            + "".join(f"; {name} holds GID {indices}" for name, indices in follower.held.items())
+        )
         stop.wait()
     finally:
         follower.close()

@@ -18,7 +18,7 @@ from rnic_exporter.model import ROCE_V1, ROCE_V2, ZERO_GID
 def format_gid(raw: bytes) -> str:
     """16 bytes -> `%pI6`: eight 4-digit lowercase groups, never compressed."""
     h = raw.hex()
-    return ":".join(h[i:i + 4] for i in range(0, 32, 4))
+    return ":".join(h[i : i + 4] for i in range(0, 32, 4))
 
 
 def mac_default_gid(mac: str) -> str:
@@ -70,8 +70,11 @@ class GidTable:
         gid = address_gid(address)
         placed = []
         for gid_type in (ROCE_V1, ROCE_V2):
-            existing = [i for i, s in self.slots.items()
-                        if s.gid == gid and s.type == gid_type and s.netdev == netdev and not s.pending_delete]
+            existing = [
+                i
+                for i, s in self.slots.items()
+                if s.gid == gid and s.type == gid_type and s.netdev == netdev and not s.pending_delete
+            ]
             if existing:
                 placed.append(existing[0])
                 continue

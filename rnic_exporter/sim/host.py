@@ -34,27 +34,74 @@ from rnic_exporter.sim.gid_table import GidTable, format_gid, mac_default_gid
 from rnic_exporter.sources.infiniband import LANE_GBPS
 
 MLX5_HW_COUNTERS = (
-    "rx_write_requests", "rx_read_requests", "rx_atomic_requests", "rx_dct_connect", "out_of_buffer",
-    "out_of_sequence", "duplicate_request", "rnr_nak_retry_err", "packet_seq_err",
-    "implied_nak_seq_err", "local_ack_timeout_err", "resp_local_length_error", "resp_cqe_error",
-    "req_cqe_error", "req_remote_invalid_request", "req_remote_access_errors",
-    "resp_remote_access_errors", "resp_cqe_flush_error", "req_cqe_flush_error", "roce_adp_retrans",
-    "roce_adp_retrans_to", "roce_slow_restart", "roce_slow_restart_cnps", "roce_slow_restart_trans",
-    "rp_cnp_ignored", "rp_cnp_handled", "np_ecn_marked_roce_packets", "np_cnp_sent",
+    "rx_write_requests",
+    "rx_read_requests",
+    "rx_atomic_requests",
+    "rx_dct_connect",
+    "out_of_buffer",
+    "out_of_sequence",
+    "duplicate_request",
+    "rnr_nak_retry_err",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "resp_local_length_error",
+    "resp_cqe_error",
+    "req_cqe_error",
+    "req_remote_invalid_request",
+    "req_remote_access_errors",
+    "resp_remote_access_errors",
+    "resp_cqe_flush_error",
+    "req_cqe_flush_error",
+    "roce_adp_retrans",
+    "roce_adp_retrans_to",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+    "rp_cnp_ignored",
+    "rp_cnp_handled",
+    "np_ecn_marked_roce_packets",
+    "np_cnp_sent",
 )
 PMA_EXTENDED_COUNTERS = (
-    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
-    "port_rcv_remote_physical_errors", "port_rcv_switch_relay_errors", "port_xmit_discards",
-    "port_xmit_constraint_errors", "port_rcv_constraint_errors", "local_link_integrity_errors",
-    "excessive_buffer_overrun_errors", "VL15_dropped", "port_xmit_wait", "port_xmit_data",
-    "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "unicast_xmit_packets",
-    "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets",
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+    "port_xmit_wait",
+    "port_xmit_data",
+    "port_rcv_data",
+    "port_xmit_packets",
+    "port_rcv_packets",
+    "unicast_xmit_packets",
+    "unicast_rcv_packets",
+    "multicast_xmit_packets",
+    "multicast_rcv_packets",
 )
 
 # Ethernet speed (Gb/s) -> the IB width/speed mlx5 reports for it (translate_eth_*_proto_oper).
-ETH_RATE_NAMES = {1: (1, "SDR"), 5: (1, "DDR"), 10: (1, "QDR"), 25: (1, "EDR"), 40: (4, "QDR"),
-                  50: (2, "EDR"), 56: (4, "FDR"), 100: (4, "EDR"), 200: (4, "HDR"), 400: (4, "NDR"),
-                  800: (8, "NDR"), 1600: (8, "XDR")}
+ETH_RATE_NAMES = {
+    1: (1, "SDR"),
+    5: (1, "DDR"),
+    10: (1, "QDR"),
+    25: (1, "EDR"),
+    40: (4, "QDR"),
+    50: (2, "EDR"),
+    56: (4, "FDR"),
+    100: (4, "EDR"),
+    200: (4, "HDR"),
+    400: (4, "NDR"),
+    800: (8, "NDR"),
+    1600: (8, "XDR"),
+}
 # Per-lane Gb/s of each IB speed name: the reader's table, so writer and parser cannot disagree.
 IB_LANE_GBPS = LANE_GBPS
 
@@ -125,7 +172,7 @@ class SimDevice:
     @property
     def node_guid(self) -> str:
         h = f"0c42a10300{self.number:02x}c7a8"
-        return ":".join(h[i:i + 4] for i in range(0, 16, 4))
+        return ":".join(h[i : i + 4] for i in range(0, 16, 4))
 
     @property
     def port_gid(self) -> str:
@@ -162,9 +209,18 @@ class SimHost:
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, root: Path, *, roce: int = 4, infiniband: int = 0, gid_table_size: int = 255,
-              ethernet_gbps: int = 400, ib_speed: str = "NDR", ib_lanes: int = 4,
-              name_prefix: str = "mlx5_") -> SimHost:
+    def build(
+        cls,
+        root: Path,
+        *,
+        roce: int = 4,
+        infiniband: int = 0,
+        gid_table_size: int = 255,
+        ethernet_gbps: int = 400,
+        ib_speed: str = "NDR",
+        ib_lanes: int = 4,
+        name_prefix: str = "mlx5_",
+    ) -> SimHost:
         host = cls(root)
         for n in range(roce + infiniband):
             is_roce = n < roce

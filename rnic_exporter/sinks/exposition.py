@@ -52,7 +52,7 @@ def go_float(value: float) -> str:
     s = repr(d)
     dot = s.find(".")
     if d > 0 and dot > 6:  # Go switches to exponents sooner than Python
-        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
         return f"{mantissa}e+{dot - 1:02d}"
     return s
 
@@ -121,7 +121,7 @@ class Fragment:
             line = cached[1]
         else:  # a moved counter: keep the escaped name and labels, print the new value
             old = cached[1]
-            line = f"{old[:old.rfind(' ') + 1]}{go_float(value)}\n"
+            line = f"{old[: old.rfind(' ') + 1]}{go_float(value)}\n"
         self.lines[key] = (value, line)
         entry = self._by_metric.get(spec.name)
         if entry is None:
@@ -173,8 +173,11 @@ class Assembler:
                 text_head, om_head = headers(spec)
                 head = self._headers[name] = (text_head.encode(), om_head.encode())
             before = previous.get(name)
-            if before is not None and len(before[0]) == len(chunks) and all(
-                    a is b for a, b in zip(before[0], chunks, strict=True)):
+            if (
+                before is not None
+                and len(before[0]) == len(chunks)
+                and all(a is b for a, b in zip(before[0], chunks, strict=True))
+            ):
                 body = before[1]
             else:
                 body = "".join(chunks).encode()

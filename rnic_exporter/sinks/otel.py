@@ -70,7 +70,9 @@ CARDINALITY_LIMIT = 50_000
 def resource(machine_id_files: Sequence[Path] = MACHINE_ID_FILES) -> Resource:
     """service.*, host.*, process.runtime.*; OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME win over ours."""
     attrs: dict[str, str] = {
-        "service.name": "rnic-exporter", "service.version": __version__, "host.name": socket.gethostname(),
+        "service.name": "rnic-exporter",
+        "service.version": __version__,
+        "host.name": socket.gethostname(),
         "process.runtime.name": platform.python_implementation(),
         "process.runtime.version": platform.python_version(),
     }
@@ -140,8 +142,13 @@ def _error_kind(error: BaseException) -> str:
     if isinstance(cause, BaseException):
         error = cause
     names = {cls.__name__ for cls in type(error).__mro__}
-    if names & {"NewConnectionError", "NameResolutionError", "ConnectionRefusedError", "ProtocolError",
-                "ConnectionError"}:
+    if names & {
+        "NewConnectionError",
+        "NameResolutionError",
+        "ConnectionRefusedError",
+        "ProtocolError",
+        "ConnectionError",
+    }:
         return "unreachable"
     if names & {"TimeoutError", "Timeout"}:
         return "timeout"
@@ -202,14 +209,26 @@ class _Health:
         with self.lock:
             if ok:
                 if self.failing is not None:
-                    log.info("OTLP export recovered", extra={"fields": {
-                        "signal": self.signal, "endpoint": self.endpoint, "failures_total": self.failures}})
+                    log.info(
+                        "OTLP export recovered",
+                        extra={
+                            "fields": {
+                                "signal": self.signal,
+                                "endpoint": self.endpoint,
+                                "failures_total": self.failures,
+                            }
+                        },
+                    )
                 self.failing = None
                 return
             self.failures += 1
             if self.failing != kind:
-                log.warning("OTLP export failing; retrying with backoff", extra={"fields": {
-                    "signal": self.signal, "endpoint": self.endpoint, "reason": kind, "detail": detail}})
+                log.warning(
+                    "OTLP export failing; retrying with backoff",
+                    extra={
+                        "fields": {"signal": self.signal, "endpoint": self.endpoint, "reason": kind, "detail": detail}
+                    },
+                )
             self.failing = kind
 
     def drop(self, count: int = 1) -> None:
@@ -232,14 +251,16 @@ class _TrackedMetricExporter(MetricExporter):
     """Wraps the OTLP metric exporter to count failures and log state changes."""
 
     def __init__(self, inner: MetricExporter, health: _Health) -> None:
-        super().__init__(preferred_temporality=inner._preferred_temporality,
-                         preferred_aggregation=inner._preferred_aggregation)
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality, preferred_aggregation=inner._preferred_aggregation
+        )
         self._inner = inner
         self._health = health
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        ok = self._health.attempt(lambda: self._inner.export(metrics_data, timeout_millis=timeout_millis),
-                                  MetricExportResult.SUCCESS)
+        ok = self._health.attempt(
+            lambda: self._inner.export(metrics_data, timeout_millis=timeout_millis), MetricExportResult.SUCCESS
+        )
         return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -289,8 +310,9 @@ class _Observer:
                 self._built_for = (state, generation)
             return self._observations
 
-    def _build(self, state: Published, stats: ExporterStats,
-               groups: list[tuple[str, CounterGroup]]) -> dict[str, list[Observation]]:
+    def _build(
+        self, state: Published, stats: ExporterStats, groups: list[tuple[str, CounterGroup]]
+    ) -> dict[str, list[Observation]]:
         out: dict[str, list[Observation]] = {}
         attrs_cache: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
         families = [*snapshot_families(state.snapshot, stats), *counter_families(groups), *state.families]
@@ -313,8 +335,9 @@ class _Observer:
 class _LogShipper:
     """Bounded event queue and the thread that exports it as log records, retrying with backoff."""
 
-    def __init__(self, exporter: LogRecordExporter, res: Resource, health: _Health, limit: int,
-                 max_backoff_s: float) -> None:
+    def __init__(
+        self, exporter: LogRecordExporter, res: Resource, health: _Health, limit: int, max_backoff_s: float
+    ) -> None:
         self._exporter = exporter
         self._resource = res
         self._scope = InstrumentationScope(f"{SCOPE}.events", __version__)
@@ -344,15 +367,22 @@ class _LogShipper:
         now = time.time_ns()
         return ReadableLogRecord(
             log_record=LogRecord(
-                timestamp=int(event.time * 1e9) if event.time else now, observed_timestamp=now,
+                timestamp=int(event.time * 1e9) if event.time else now,
+                observed_timestamp=now,
                 severity_number=SeverityNumber(OTEL_SEVERITY_NUMBER[event.severity]),
-                severity_text=OTEL_SEVERITY_TEXT[event.severity], body=label_value(event.message),
-                attributes=attributes, event_name=event.name),
-            resource=self._resource, instrumentation_scope=self._scope)
+                severity_text=OTEL_SEVERITY_TEXT[event.severity],
+                body=label_value(event.message),
+                attributes=attributes,
+                event_name=event.name,
+            ),
+            resource=self._resource,
+            instrumentation_scope=self._scope,
+        )
 
     def _export(self, batch: list[tuple[int, Event]]) -> bool:
-        return self._health.attempt(lambda: self._exporter.export([self.record(e) for _, e in batch]),
-                                    LogRecordExportResult.SUCCESS)
+        return self._health.attempt(
+            lambda: self._exporter.export([self.record(e) for _, e in batch]), LogRecordExportResult.SUCCESS
+        )
 
     def _run(self) -> None:
         backoff = 0.0
@@ -400,13 +430,20 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
             raise ConfigError("--otlp.protocol grpc needs the grpc extra: pip install 'rnic-exporter[grpc]'") from None
         credentials = None
         if not settings.insecure:
+
             def read(path: Path | None) -> bytes | None:
                 return path.read_bytes() if path else None
-            credentials = grpc.ssl_channel_credentials(read(settings.certificate), read(settings.client_key),
-                                                       read(settings.client_certificate))
-        common: dict[str, Any] = {"endpoint": settings.endpoint, "insecure": settings.insecure,
-                                  "credentials": credentials, "headers": dict(settings.headers),
-                                  "timeout": settings.timeout_s}
+
+            credentials = grpc.ssl_channel_credentials(
+                read(settings.certificate), read(settings.client_key), read(settings.client_certificate)
+            )
+        common: dict[str, Any] = {
+            "endpoint": settings.endpoint,
+            "insecure": settings.insecure,
+            "credentials": credentials,
+            "headers": dict(settings.headers),
+            "timeout": settings.timeout_s,
+        }
         return GrpcMetrics(**common), GrpcLogs(**common)
     try:
         from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
@@ -419,8 +456,10 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
         # urllib3 instead of the default requests session: requests alone costs ~6 MB of RSS, and
         # the exporter's `_transport` hook (pinned SDK) takes the same TLS settings.
         client = settings.client_certificate, settings.client_key
-        return Urllib3HTTPTransport(verify=str(settings.certificate) if settings.certificate else True,
-                                    cert=(str(client[0]), str(client[1])) if client[0] and client[1] else None)
+        return Urllib3HTTPTransport(
+            verify=str(settings.certificate) if settings.certificate else True,
+            cert=(str(client[0]), str(client[1])) if client[0] and client[1] else None,
+        )
 
     shared: dict[str, Any] = {"headers": dict(settings.headers), "timeout": settings.timeout_s}
     metrics = HttpMetrics(endpoint=settings.signal_url("metrics"), _transport=transport(), **shared)
@@ -433,8 +472,13 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
 class OtelSink:
     """An `agent.EventSink`: `publish` costs the poller a reference swap and a queue append."""
 
-    def __init__(self, settings: OtlpSettings, counters: CounterSource | None = None, *,
-                 machine_id_files: Sequence[Path] = MACHINE_ID_FILES) -> None:
+    def __init__(
+        self,
+        settings: OtlpSettings,
+        counters: CounterSource | None = None,
+        *,
+        machine_id_files: Sequence[Path] = MACHINE_ID_FILES,
+    ) -> None:
         _install_reasons()
         self.settings = settings
         metric_exporter, log_exporter = _exporters(settings)
@@ -445,22 +489,44 @@ class OtelSink:
         self._observer = _Observer(counters)
         self._reader = PeriodicExportingMetricReader(
             _TrackedMetricExporter(metric_exporter, self.metrics_health),
-            export_interval_millis=settings.interval_s * 1000, export_timeout_millis=settings.timeout_s * 1000)
+            export_interval_millis=settings.interval_s * 1000,
+            export_timeout_millis=settings.timeout_s * 1000,
+        )
         self._provider = MeterProvider(
-            resource=self.resource, metric_readers=[self._reader], shutdown_on_exit=False,
-            views=[View(instrument_name="*", aggregation_cardinality_limit=CARDINALITY_LIMIT)])
+            resource=self.resource,
+            metric_readers=[self._reader],
+            shutdown_on_exit=False,
+            views=[View(instrument_name="*", aggregation_cardinality_limit=CARDINALITY_LIMIT)],
+        )
         meter = self._provider.get_meter(SCOPE, __version__)
-        create = {"counter": meter.create_observable_counter, "gauge": meter.create_observable_gauge,
-                  "updowncounter": meter.create_observable_up_down_counter}
+        create = {
+            "counter": meter.create_observable_counter,
+            "gauge": meter.create_observable_gauge,
+            "updowncounter": meter.create_observable_up_down_counter,
+        }
         for inst in otel_metrics.instruments():
-            create[inst.kind](inst.name, callbacks=[self._observer.callback(inst.name)], unit=inst.unit,
-                              description=inst.description)
+            create[inst.kind](
+                inst.name, callbacks=[self._observer.callback(inst.name)], unit=inst.unit, description=inst.description
+            )
         # Events retry at most a metric interval apart (a minute by default), so they arrive no
         # later than the metrics once the collector is back.
-        self._logs = _LogShipper(log_exporter, self.resource, self.logs_health, settings.queue_size,
-                                 min(BACKOFF_MAX_S, max(settings.interval_s, BACKOFF_MIN_S)))
-        log.info("exporting over OTLP", extra={"fields": {
-            "endpoint": settings.endpoint, "protocol": settings.protocol, "interval_s": settings.interval_s}})
+        self._logs = _LogShipper(
+            log_exporter,
+            self.resource,
+            self.logs_health,
+            settings.queue_size,
+            min(BACKOFF_MAX_S, max(settings.interval_s, BACKOFF_MIN_S)),
+        )
+        log.info(
+            "exporting over OTLP",
+            extra={
+                "fields": {
+                    "endpoint": settings.endpoint,
+                    "protocol": settings.protocol,
+                    "interval_s": settings.interval_s,
+                }
+            },
+        )
 
     def publish(self, record: Published) -> None:
         self._observer.state = record

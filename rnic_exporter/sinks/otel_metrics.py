@@ -90,12 +90,21 @@ def _one(spec: MetricSpec, name: str, kind: InstrumentKind, unit: str) -> Metric
 
 
 # Shared by two catalogue metrics each (receive/transmit), told apart by network.io.direction.
-HW_NETWORK_IO = _i("hw.network.io", "counter", "By",
-                   description="Bytes received and transmitted by the RDMA port (port_rcv_data/port_xmit_data x 4).")
-HW_NETWORK_PACKETS = _i("hw.network.packets", "counter", "{packet}",
-                        description="Packets received and transmitted by the RDMA port.")
-HW_ERRORS = _i("hw.errors", "counter", "{error}",
-               description="Error counters of the port's PMA PortCounters; error.type is the kernel file name.")
+HW_NETWORK_IO = _i(
+    "hw.network.io",
+    "counter",
+    "By",
+    description="Bytes received and transmitted by the RDMA port (port_rcv_data/port_xmit_data x 4).",
+)
+HW_NETWORK_PACKETS = _i(
+    "hw.network.packets", "counter", "{packet}", description="Packets received and transmitted by the RDMA port."
+)
+HW_ERRORS = _i(
+    "hw.errors",
+    "counter",
+    "{error}",
+    description="Error counters of the port's PMA PortCounters; error.type is the kernel file name.",
+)
 _RECEIVE = (("network.io.direction", "receive"),)
 _TRANSMIT = (("network.io.direction", "transmit"),)
 
@@ -107,18 +116,28 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.PORT_STATE, "rnic.port.state", "gauge", "1"),
     _one(c.PORT_PHYSICAL_STATE, "rnic.port.physical_state", "gauge", "1"),
     MetricMapping(c.PORT_UP, (Route(_i("hw.network.up", "updowncounter", "1", c.PORT_UP), hw_id=True),)),
-    MetricMapping(c.PORT_ACTIVE_RATE, (Route(_i("hw.network.bandwidth.limit", "updowncounter", "By/s",
-                                                c.PORT_ACTIVE_RATE), hw_id=True),)),
+    MetricMapping(
+        c.PORT_ACTIVE_RATE,
+        (Route(_i("hw.network.bandwidth.limit", "updowncounter", "By/s", c.PORT_ACTIVE_RATE), hw_id=True),),
+    ),
     _one(c.PORT_ACTIVE_WIDTH, "rnic.port.width", "gauge", "{lane}"),
     MetricMapping(c.PORT_DATA_RECEIVED, (Route(HW_NETWORK_IO, _RECEIVE, hw_id=True),)),
     MetricMapping(c.PORT_DATA_TRANSMITTED, (Route(HW_NETWORK_IO, _TRANSMIT, hw_id=True),)),
     MetricMapping(c.PORT_PACKETS_RECEIVED, (Route(HW_NETWORK_PACKETS, _RECEIVE, hw_id=True),)),
     MetricMapping(c.PORT_PACKETS_TRANSMITTED, (Route(HW_NETWORK_PACKETS, _TRANSMIT, hw_id=True),)),
-    MetricMapping(c.PORT_PMA, (
-        Route(HW_ERRORS, (("hw.type", "network"),), (("counter", "error.type"),), hw_id=True,
-              only=("counter", PMA_ERROR_COUNTERS)),
-        Route(_i("rnic.port.pma", "counter", "{count}", c.PORT_PMA)),
-    )),
+    MetricMapping(
+        c.PORT_PMA,
+        (
+            Route(
+                HW_ERRORS,
+                (("hw.type", "network"),),
+                (("counter", "error.type"),),
+                hw_id=True,
+                only=("counter", PMA_ERROR_COUNTERS),
+            ),
+            Route(_i("rnic.port.pma", "counter", "{count}", c.PORT_PMA)),
+        ),
+    ),
     _one(c.PORT_HW_STAT, "rnic.port.hw_stat", "counter", "{count}"),
     _one(c.DEVICE_HW_STAT, "rnic.device.hw_stat", "counter", "{count}"),
     _one(c.PORT_PMA_SATURATED, "rnic.port.pma.saturated", "gauge", "1"),
@@ -162,17 +181,21 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.NCCL_GID_USABLE, "rnic.nccl.gid.usable", "gauge", "1"),
 )
 
-EXCLUDED: MappingProxyType[str, str] = MappingProxyType({
-    c.BUILD_INFO.name: "the resource carries it: service.version, process.runtime.name/version",
-    c.OTLP_EXPORT_FAILURES.name: "describes the OTLP channel itself; on /metrics it stays readable while "
-                                 "that channel is down",
-    c.OTLP_DROPPED.name: "describes the OTLP channel itself; on /metrics it stays readable while that "
-                         "channel is down",
-    c.COUNTERS_STALE.name: "describes one scrape's answer; rnic.device.data.time says the same per device",
-    **{spec.name: "the process's own series, for Prometheus; OTel describes a process with its resource and "
-                  "the process.* semantic conventions of an SDK's runtime instrumentation"
-       for spec in c.PROCESS_METRICS.values()},
-})
+EXCLUDED: MappingProxyType[str, str] = MappingProxyType(
+    {
+        c.BUILD_INFO.name: "the resource carries it: service.version, process.runtime.name/version",
+        c.OTLP_EXPORT_FAILURES.name: "describes the OTLP channel itself; on /metrics it stays readable while "
+        "that channel is down",
+        c.OTLP_DROPPED.name: "describes the OTLP channel itself; on /metrics it stays readable while that "
+        "channel is down",
+        c.COUNTERS_STALE.name: "describes one scrape's answer; rnic.device.data.time says the same per device",
+        **{
+            spec.name: "the process's own series, for Prometheus; OTel describes a process with its resource and "
+            "the process.* semantic conventions of an SDK's runtime instrumentation"
+            for spec in c.PROCESS_METRICS.values()
+        },
+    }
+)
 
 BY_SPEC: MappingProxyType[str, MetricMapping] = MappingProxyType({m.spec.name: m for m in MAPPINGS})
 
@@ -201,8 +224,10 @@ def _attribute_note(mapping: MetricMapping, route: Route) -> str:
 
 def readme_table() -> str:
     """The README's Prometheus -> OpenTelemetry table (a test keeps the README equal to this)."""
-    rows = ["| Prometheus | OpenTelemetry | instrument | unit | attributes besides the labels |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| Prometheus | OpenTelemetry | instrument | unit | attributes besides the labels |",
+        "|---|---|---|---|---|",
+    ]
     for spec in c.METRICS:
         mapping = BY_SPEC.get(spec.name)
         if mapping is None:
@@ -210,6 +235,7 @@ def readme_table() -> str:
             continue
         for route in mapping.routes:
             inst = route.instrument
-            rows.append(f"| `{spec.name}` | `{inst.name}` | {inst.kind} | `{inst.unit}` | "
-                        f"{_attribute_note(mapping, route)} |")
+            rows.append(
+                f"| `{spec.name}` | `{inst.name}` | {inst.kind} | `{inst.unit}` | {_attribute_note(mapping, route)} |"
+            )
     return "\n".join(rows) + "\n"

@@ -100,8 +100,10 @@ def resolve(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) 
     if scheme == "https":  # an explicit https:// wins, as in the OpenTelemetry SDKs
         insecure = False
 
-    files = {name: _file(*pick(f"otlp_{name}", f"OTEL_EXPORTER_OTLP_{name.upper()}"))
-             for name in ("certificate", "client_certificate", "client_key")}
+    files = {
+        name: _file(*pick(f"otlp_{name}", f"OTEL_EXPORTER_OTLP_{name.upper()}"))
+        for name in ("certificate", "client_certificate", "client_key")
+    }
     if (files["client_certificate"] is None) != (files["client_key"] is None):
         raise ConfigError("--otlp.client-certificate and --otlp.client-key go together (mTLS)")
 
@@ -115,9 +117,17 @@ def resolve(flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) 
     if interval <= 0:
         raise ConfigError("the OTLP export interval must be positive")
     timeout = flags.get("otlp_timeout") or DEFAULT_TIMEOUT_S
-    return OtlpSettings(endpoint=endpoint, protocol=protocol, headers=headers, insecure=insecure,
-                        certificate=files["certificate"], client_certificate=files["client_certificate"],
-                        client_key=files["client_key"], interval_s=float(interval), timeout_s=float(timeout))
+    return OtlpSettings(
+        endpoint=endpoint,
+        protocol=protocol,
+        headers=headers,
+        insecure=insecure,
+        certificate=files["certificate"],
+        client_certificate=files["client_certificate"],
+        client_key=files["client_key"],
+        interval_s=float(interval),
+        timeout_s=float(timeout),
+    )
 
 
 def otlp_options(f: F) -> F:
@@ -126,26 +136,73 @@ def otlp_options(f: F) -> F:
 
     path = click.Path(dir_okay=False)
     options = [
-        click.option("--otlp.endpoint", "otlp_endpoint", default=None, metavar="URL",
-                     help="Export metrics and events over OTLP to this collector (http://host:4318 for "
-                          "http/protobuf, host:4317 for grpc). [env: OTEL_EXPORTER_OTLP_ENDPOINT]"),
-        click.option("--otlp.protocol", "otlp_protocol", type=click.Choice(PROTOCOLS), default=None,
-                     help="http/protobuf (default) or grpc (needs rnic-exporter[grpc]). "
-                          "[env: OTEL_EXPORTER_OTLP_PROTOCOL]"),
-        click.option("--otlp.headers", "otlp_headers", default=None, metavar="K=V,...",
-                     help="Request headers, e.g. api-key=...; added to OTEL_EXPORTER_OTLP_HEADERS."),
-        click.option("--otlp.insecure", "otlp_insecure", is_flag=True, default=False,
-                     help="gRPC without TLS for an endpoint without a scheme. [env: OTEL_EXPORTER_OTLP_INSECURE]"),
-        click.option("--otlp.certificate", "otlp_certificate", type=path, default=None, metavar="FILE",
-                     help="CA certificate to verify the collector. [env: OTEL_EXPORTER_OTLP_CERTIFICATE]"),
-        click.option("--otlp.client-certificate", "otlp_client_certificate", type=path, default=None,
-                     metavar="FILE", help="Client certificate for mTLS. [env: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE]"),
-        click.option("--otlp.client-key", "otlp_client_key", type=path, default=None, metavar="FILE",
-                     help="Client key for mTLS. [env: OTEL_EXPORTER_OTLP_CLIENT_KEY]"),
-        click.option("--otlp.interval", "otlp_interval", type=click.FloatRange(min=0.05), default=None,
-                     help="Seconds between metric exports. [env: OTEL_METRIC_EXPORT_INTERVAL in ms; default 60]"),
-        click.option("--otlp.timeout", "otlp_timeout", type=click.FloatRange(min=0.05), default=None,
-                     help=f"Seconds one export may take, retries included. [default: {DEFAULT_TIMEOUT_S:g}]"),
+        click.option(
+            "--otlp.endpoint",
+            "otlp_endpoint",
+            default=None,
+            metavar="URL",
+            help="Export metrics and events over OTLP to this collector (http://host:4318 for "
+            "http/protobuf, host:4317 for grpc). [env: OTEL_EXPORTER_OTLP_ENDPOINT]",
+        ),
+        click.option(
+            "--otlp.protocol",
+            "otlp_protocol",
+            type=click.Choice(PROTOCOLS),
+            default=None,
+            help="http/protobuf (default) or grpc (needs rnic-exporter[grpc]). [env: OTEL_EXPORTER_OTLP_PROTOCOL]",
+        ),
+        click.option(
+            "--otlp.headers",
+            "otlp_headers",
+            default=None,
+            metavar="K=V,...",
+            help="Request headers, e.g. api-key=...; added to OTEL_EXPORTER_OTLP_HEADERS.",
+        ),
+        click.option(
+            "--otlp.insecure",
+            "otlp_insecure",
+            is_flag=True,
+            default=False,
+            help="gRPC without TLS for an endpoint without a scheme. [env: OTEL_EXPORTER_OTLP_INSECURE]",
+        ),
+        click.option(
+            "--otlp.certificate",
+            "otlp_certificate",
+            type=path,
+            default=None,
+            metavar="FILE",
+            help="CA certificate to verify the collector. [env: OTEL_EXPORTER_OTLP_CERTIFICATE]",
+        ),
+        click.option(
+            "--otlp.client-certificate",
+            "otlp_client_certificate",
+            type=path,
+            default=None,
+            metavar="FILE",
+            help="Client certificate for mTLS. [env: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE]",
+        ),
+        click.option(
+            "--otlp.client-key",
+            "otlp_client_key",
+            type=path,
+            default=None,
+            metavar="FILE",
+            help="Client key for mTLS. [env: OTEL_EXPORTER_OTLP_CLIENT_KEY]",
+        ),
+        click.option(
+            "--otlp.interval",
+            "otlp_interval",
+            type=click.FloatRange(min=0.05),
+            default=None,
+            help="Seconds between metric exports. [env: OTEL_METRIC_EXPORT_INTERVAL in ms; default 60]",
+        ),
+        click.option(
+            "--otlp.timeout",
+            "otlp_timeout",
+            type=click.FloatRange(min=0.05),
+            default=None,
+            help=f"Seconds one export may take, retries included. [default: {DEFAULT_TIMEOUT_S:g}]",
+        ),
     ]
     for option in reversed(options):
         f = option(f)

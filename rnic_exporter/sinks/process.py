@@ -30,8 +30,11 @@ class ProcessFamilies:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         registry = CollectorRegistry()  # private: nothing registers on import, nothing else is collected
-        self._collectors = (ProcessCollector(registry=registry), PlatformCollector(registry=registry),
-                            GCCollector(registry=registry))
+        self._collectors = (
+            ProcessCollector(registry=registry),
+            PlatformCollector(registry=registry),
+            GCCollector(registry=registry),
+        )
         self._clock = clock
         self._lock = threading.Lock()
         self._at = float("-inf")
@@ -51,8 +54,10 @@ def _ours(metrics: Iterable[Metric]) -> Iterable[Family]:
         spec = catalog.PROCESS_METRICS.get(metric.name)  # the family's name (a counter's without _total)
         if spec is None:
             continue  # a series a newer prometheus-client adds: not in the catalogue, not served
-        yield Family(spec, [(_labels(spec, sample.labels), sample.value) for sample in metric.samples
-                            if sample.name == spec.name])
+        yield Family(
+            spec,
+            [(_labels(spec, sample.labels), sample.value) for sample in metric.samples if sample.name == spec.name],
+        )
 
 
 def _labels(spec: MetricSpec, labels: dict[str, str]) -> tuple[str, ...]:

@@ -58,8 +58,21 @@ class CounterFeed(Protocol):
 class _CounterLines:
     """One counter group's series lines, re-formatted only for values that moved."""
 
-    __slots__ = ("_by_metric", "_last", "_lines", "_metric", "_order", "_pos", "_prefix", "_sat", "_sat_metric",
-                 "_sat_pos", "chunks", "specs", "version")
+    __slots__ = (
+        "_by_metric",
+        "_last",
+        "_lines",
+        "_metric",
+        "_order",
+        "_pos",
+        "_prefix",
+        "_sat",
+        "_sat_metric",
+        "_sat_pos",
+        "chunks",
+        "specs",
+        "version",
+    )
 
     def __init__(self, device: str, group: CounterGroup) -> None:
         c = catalog
@@ -94,7 +107,7 @@ class _CounterLines:
                 spec, labels = (named, (device, port)) if named is not None else (c.PORT_PMA, (device, port, name))
             self._metric.append(metric(spec))
             line = series_line(spec, labels, 0)
-            self._prefix.append(line[:line.rfind(" ") + 1])
+            self._prefix.append(line[: line.rfind(" ") + 1])
             if group.kind == "counters":
                 sat = c.PORT_PMA_SATURATED
                 metric(sat)
@@ -157,8 +170,10 @@ class _CounterLines:
                     by_metric[s][self._sat_pos[k]] = line
                     dirty.add(s)
         if dirty:
-            self.chunks = [(spec, "".join(by_metric[m])) if m in dirty else (spec, chunk)
-                           for m, (spec, chunk) in zip(self._order, self.chunks, strict=True)]
+            self.chunks = [
+                (spec, "".join(by_metric[m])) if m in dirty else (spec, chunk)
+                for m, (spec, chunk) in zip(self._order, self.chunks, strict=True)
+            ]
 
 
 @dataclass(slots=True)
@@ -202,13 +217,18 @@ class PrometheusSink:
         for dev in snap.devices:
             sources = _device_sources(snap, dev)
             before = self._devices.get(dev.name)
-            if before is not None and len(before[0]) == len(sources) and all(
-                    a is b for a, b in zip(before[0], sources, strict=True)):
+            if (
+                before is not None
+                and len(before[0]) == len(sources)
+                and all(a is b for a, b in zip(before[0], sources, strict=True))
+            ):
                 own_parts, items = before[2], before[1]  # not one object of the device changed
             else:
                 own_parts = {}
-                items = [part if isinstance(part, CounterSlot) else _part(previous, own_parts, *part)
-                         for part in device_parts(snap, dev)]
+                items = [
+                    part if isinstance(part, CounterSlot) else _part(previous, own_parts, *part)
+                    for part in device_parts(snap, dev)
+                ]
             devices[dev.name] = (sources, items, own_parts)
             parts.update(own_parts)
             order.append(items)
@@ -216,8 +236,16 @@ class PrometheusSink:
         extra = []
         for family in record.families:
             samples = tuple(family.samples)
-            extra.append(_part(previous, parts, ("extra", family.spec.name), (family.spec, samples),
-                               Fragment.add_family, (family.spec, samples)))
+            extra.append(
+                _part(
+                    previous,
+                    parts,
+                    ("extra", family.spec.name),
+                    (family.spec, samples),
+                    Fragment.add_family,
+                    (family.spec, samples),
+                )
+            )
         self._parts = parts
         with self._lock:
             self._published = (snap, record.stats, order, extra)
@@ -289,15 +317,29 @@ class PrometheusSink:
         fragments += extra
         for family in view.families if view is not None else ():
             samples = tuple(family.samples)
-            fragments.append(_part(self._tail, tail, ("health", family.spec.name), (family.spec, samples),
-                                   Fragment.add_family, (family.spec, samples)))
+            fragments.append(
+                _part(
+                    self._tail,
+                    tail,
+                    ("health", family.spec.name),
+                    (family.spec, samples),
+                    Fragment.add_family,
+                    (family.spec, samples),
+                )
+            )
         self._tail = tail
         text, om = self._assembler.join(fragments)
         return {(False, False): text, (True, False): om}
 
 
-def _part(previous: dict[tuple[str, ...], _Rendered], parts: dict[tuple[str, ...], _Rendered],
-          key: tuple[str, ...], sources: object, render: Callable[..., None], args: tuple[Any, ...]) -> Fragment:
+def _part(
+    previous: dict[tuple[str, ...], _Rendered],
+    parts: dict[tuple[str, ...], _Rendered],
+    key: tuple[str, ...],
+    sources: object,
+    render: Callable[..., None],
+    args: tuple[Any, ...],
+) -> Fragment:
     before = previous.get(key)
     # `==` on the sources tuple compares identities first: reused objects cost nothing.
     if before is not None and sources is not None and before.sources == sources:

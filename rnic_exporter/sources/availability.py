@@ -37,24 +37,28 @@ ABSENT = "absent"
 NO_PMA = "no_pma"
 NOT_SUPPORTED = "not_supported"
 
-UNSUPPORTED_REASONS: Mapping[str, str] = MappingProxyType({
-    ABSENT: "the file does not exist: the driver does not provide it",
-    NO_PMA: "reads 'N/A (no PMA)': the port's performance-management agent does not answer",
-    NOT_SUPPORTED: "EINVAL or EOPNOTSUPP from the first read on: the driver does not implement it",
-})
+UNSUPPORTED_REASONS: Mapping[str, str] = MappingProxyType(
+    {
+        ABSENT: "the file does not exist: the driver does not provide it",
+        NO_PMA: "reads 'N/A (no PMA)': the port's performance-management agent does not answer",
+        NOT_SUPPORTED: "EINVAL or EOPNOTSUPP from the first read on: the driver does not implement it",
+    }
+)
 
 # The kernel's text for a PMA that does not answer, and the ReadError reason the reader gives it
 # (instead of "malformed": the bytes are what the kernel prints on purpose).
 NO_PMA_TEXT = "N/A (no PMA)"
 NO_PMA_READ = f"{NO_PMA}: {NO_PMA_TEXT}"
 
-_SYMPTOMS: Mapping[str, str] = MappingProxyType({
-    errno.errorcode[errno.ENOENT]: ABSENT,
-    errno.errorcode[errno.EINVAL]: NOT_SUPPORTED,
-    "EOPNOTSUPP": NOT_SUPPORTED,
-    "ENOTSUP": NOT_SUPPORTED,  # the same number on Linux; errno.errorcode names it either way
-    NO_PMA: NO_PMA,
-})
+_SYMPTOMS: Mapping[str, str] = MappingProxyType(
+    {
+        errno.errorcode[errno.ENOENT]: ABSENT,
+        errno.errorcode[errno.EINVAL]: NOT_SUPPORTED,
+        "EOPNOTSUPP": NOT_SUPPORTED,
+        "ENOTSUP": NOT_SUPPORTED,  # the same number on Linux; errno.errorcode names it either way
+        NO_PMA: NO_PMA,
+    }
+)
 
 # (port, attribute) as ReadErrors name them; unique within one device.
 Key = tuple[int | None, str]
@@ -125,7 +129,8 @@ def summarize(unsupported: Iterable[ReadError]) -> list[str]:
         groups.setdefault((err.device, err.port, directory, err.kind), []).append(name)
     lines = []
     for (device, port, directory, kind), names in sorted(
-            groups.items(), key=lambda item: (item[0][0], item[0][1] or 0, item[0][2], item[0][3])):
+        groups.items(), key=lambda item: (item[0][0], item[0][1] or 0, item[0][2], item[0][3])
+    ):
         where = device if port is None else f"{device} port {port}"
         if len(names) == 1:
             what = f"{directory}/{names[0]}" if directory else names[0]

@@ -41,8 +41,12 @@ class CounterPlan:
     """Every counter file of one device registration, in exposition order; only the thread holding
     the device's read lock calls `refresh`."""
 
-    def __init__(self, device: str, groups: Sequence[tuple[str, int | None, str, Sequence[str]]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        device: str,
+        groups: Sequence[tuple[str, int | None, str, Sequence[str]]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`groups`: (kind, port, directory relative to the mount, file names)."""
         self.device = device
         self._clock = clock
@@ -52,10 +56,15 @@ class CounterPlan:
         for kind, port, directory, names in groups:
             extended_names = frozenset(names) if kind == "counters" else frozenset()
             group = CounterGroup(
-                kind, port, tuple(names), len(rels),
+                kind,
+                port,
+                tuple(names),
+                len(rels),
                 ceilings=tuple(counter_ceiling(n, extended_names) if kind == "counters" else None for n in names),
                 scales=tuple(counter_scale(n) if kind == "counters" else 1 for n in names),
-                values=[None] * len(names), saturated=[False] * len(names))
+                values=[None] * len(names),
+                saturated=[False] * len(names),
+            )
             self._group_of.extend([len(self.groups)] * len(names))
             self.groups.append(group)
             rels.extend(f"{directory}/{name}" for name in names)

@@ -45,8 +45,7 @@ def parse_netdev_name(text: str) -> str | None:
     value = text.strip()
     if not value:
         return None
-    if (len(value) >= IFNAMSIZ or value in (".", "..")
-            or any(c in "/:\0" or c.isspace() for c in value)):
+    if len(value) >= IFNAMSIZ or value in (".", "..") or any(c in "/:\0" or c.isspace() for c in value):
         raise MalformedValueError(f"netdev name {text[:40]!r} is not an interface name")
     return value
 
@@ -110,16 +109,16 @@ class GidTable:
         return bool(self.unreadable)
 
 
-def read_gid_table(root: Tree, port_dir: str, device: str, port: int,
-                   previous: GidTable | None = None) -> GidTable:
+def read_gid_table(root: Tree, port_dir: str, device: str, port: int, previous: GidTable | None = None) -> GidTable:
     """Every slot, discovered by listing `gids/` (never a hard-coded table size), in two batches.
 
     A slot whose files cannot be read takes its entry from `previous` (the last read of this
     port's table) when that read knew it: unknown is not empty.
     """
     log = ErrorLog(root)
-    indices = log.numbered_entries(f"{port_dir}/gids", device=device, port=port, attribute="gids",
-                                   what="slot number", optional=True)
+    indices = log.numbered_entries(
+        f"{port_dir}/gids", device=device, port=port, attribute="gids", what="slot number", optional=True
+    )
     gid_rels = [f"{port_dir}/gids/{i}" for i in indices]
     gid_raws = root.read_many(gid_rels)
     watched = [i for i, raw in zip(indices, gid_raws, strict=True) if raw not in EMPTY_RAWS]
@@ -146,10 +145,17 @@ def read_gid_table(root: Tree, port_dir: str, device: str, port: int,
             entries.append(entry)
         errors.extend(ReadError(device, port, attribute, reason) for attribute, reason in faults)
     watched_set = set(watched)
-    return GidTable(size=len(indices), entries=tuple(entries), errors=tuple(errors), watched=watched,
-                    watched_raws=watched_raws,
-                    empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set],
-                    unreadable=tuple(unreadable), files=[*gid_rels, *attr_rels], file_raws=[*gid_raws, *attr_raws])
+    return GidTable(
+        size=len(indices),
+        entries=tuple(entries),
+        errors=tuple(errors),
+        watched=watched,
+        watched_raws=watched_raws,
+        empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set],
+        unreadable=tuple(unreadable),
+        files=[*gid_rels, *attr_rels],
+        file_raws=[*gid_raws, *attr_raws],
+    )
 
 
 def sweep(root: Tree, table: GidTable, slots: int) -> bool:
@@ -158,7 +164,7 @@ def sweep(root: Tree, table: GidTable, slots: int) -> bool:
     if not empty:
         return False
     start = table.sweep_at % len(empty)
-    chunk = (empty[start:] + empty[:start])[:slots] if start + slots > len(empty) else empty[start:start + slots]
+    chunk = (empty[start:] + empty[:start])[:slots] if start + slots > len(empty) else empty[start : start + slots]
     table.sweep_at = start + len(chunk)
     return any(raw not in EMPTY_RAWS for raw in root.read_many(chunk))
 
@@ -182,6 +188,15 @@ def keep_listing(table: GidTable, before: GidTable) -> GidTable:
     (its hash and NCCL's pick stay; the error says the table is unreadable now)."""
     if not any(e.attribute == "gids" for e in table.errors):
         return table
-    return GidTable(size=before.size, entries=before.entries, errors=table.errors, watched=before.watched,
-                    watched_raws=before.watched_raws, empty=before.empty, sweep_at=before.sweep_at,
-                    unreadable=before.unreadable, files=before.files, file_raws=before.file_raws)
+    return GidTable(
+        size=before.size,
+        entries=before.entries,
+        errors=table.errors,
+        watched=before.watched,
+        watched_raws=before.watched_raws,
+        empty=before.empty,
+        sweep_at=before.sweep_at,
+        unreadable=before.unreadable,
+        files=before.files,
+        file_raws=before.file_raws,
+    )

@@ -14,8 +14,17 @@ CLASS_DIR = "class/infiniband"
 
 # Per-lane Gb/s of each speed name the kernel prints (ib_speed_enum_to_int, in Gb/s).
 LANE_GBPS: Mapping[str, float] = MappingProxyType(
-    {"SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0,
-     "HDR": 50.0, "NDR": 100.0, "XDR": 200.0}
+    {
+        "SDR": 2.5,
+        "DDR": 5.0,
+        "QDR": 10.0,
+        "FDR10": 10.0,
+        "FDR": 14.0,
+        "EDR": 25.0,
+        "HDR": 50.0,
+        "NDR": 100.0,
+        "XDR": 200.0,
+    }
 )
 VALID_LANES = frozenset({1, 2, 4, 8, 12})
 
@@ -118,18 +127,29 @@ def parse_counter(text: str) -> int:
 
 
 # PMA counter widths (IBA PortCounters); data/packets are 32 or 64 bits depending on the set.
-_PMA_WIDTH: Mapping[str, int] = MappingProxyType({
-    "symbol_error": 16, "link_error_recovery": 8, "link_downed": 8, "port_rcv_errors": 16,
-    "port_rcv_remote_physical_errors": 16, "port_rcv_switch_relay_errors": 16,
-    "port_xmit_discards": 16, "port_xmit_constraint_errors": 8, "port_rcv_constraint_errors": 8,
-    "local_link_integrity_errors": 4, "excessive_buffer_overrun_errors": 4, "VL15_dropped": 16,
-    "port_xmit_wait": 32,
-})
+_PMA_WIDTH: Mapping[str, int] = MappingProxyType(
+    {
+        "symbol_error": 16,
+        "link_error_recovery": 8,
+        "link_downed": 8,
+        "port_rcv_errors": 16,
+        "port_rcv_remote_physical_errors": 16,
+        "port_rcv_switch_relay_errors": 16,
+        "port_xmit_discards": 16,
+        "port_xmit_constraint_errors": 8,
+        "port_rcv_constraint_errors": 8,
+        "local_link_integrity_errors": 4,
+        "excessive_buffer_overrun_errors": 4,
+        "VL15_dropped": 16,
+        "port_xmit_wait": 32,
+    }
+)
 _DATA_COUNTERS = frozenset({"port_xmit_data", "port_rcv_data"})
 _SET_DEPENDENT = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets"})
 # Only the extended set (mlx5 and friends) has these; their presence means 64-bit data counters.
-_EXTENDED_ONLY = frozenset({"unicast_xmit_packets", "unicast_rcv_packets",
-                            "multicast_xmit_packets", "multicast_rcv_packets"})
+_EXTENDED_ONLY = frozenset(
+    {"unicast_xmit_packets", "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets"}
+)
 
 
 # Read once per device registration (sysfs.c guarantees the first three and node_type).

@@ -101,8 +101,12 @@ def parse_address(msg: Any) -> tuple[int, IpAddress] | None:
         return None
     flags = msg.get("IFA_FLAGS")
     return int(msg["index"]), IpAddress(
-        address=str(ipaddress.ip_address(text)), prefixlen=int(msg["prefixlen"]), family=fam,
-        scope=int(msg["scope"]), flags=int(flags if flags is not None else msg["flags"]))
+        address=str(ipaddress.ip_address(text)),
+        prefixlen=int(msg["prefixlen"]),
+        family=fam,
+        scope=int(msg["scope"]),
+        flags=int(flags if flags is not None else msg["flags"]),
+    )
 
 
 def parse_link(msg: Any) -> LinkInfo | None:
@@ -114,9 +118,13 @@ def parse_link(msg: Any) -> LinkInfo | None:
         return None
     flags = int(msg["flags"])
     operstate = msg.get("IFLA_OPERSTATE")
-    return LinkInfo(ifname=str(name), index=int(msg["index"]), admin_up=bool(flags & IFF_UP),
-                    lower_up=bool(flags & IFF_LOWER_UP),
-                    operstate=str(operstate).lower() if operstate is not None else "unknown")
+    return LinkInfo(
+        ifname=str(name),
+        index=int(msg["index"]),
+        admin_up=bool(flags & IFF_UP),
+        lower_up=bool(flags & IFF_LOWER_UP),
+        operstate=str(operstate).lower() if operstate is not None else "unknown",
+    )
 
 
 class _State:
@@ -145,8 +153,9 @@ class _State:
         gone = self.addrs.pop(index, {})
         if link is None:
             return []
-        return ([NetlinkEvent(link.ifname, "address_removed", address=a) for a in gone.values()]
-                + [NetlinkEvent(link.ifname, "link", link=None)])
+        return [NetlinkEvent(link.ifname, "address_removed", address=a) for a in gone.values()] + [
+            NetlinkEvent(link.ifname, "link", link=None)
+        ]
 
     def add_address(self, index: int, addr: IpAddress) -> list[NetlinkEvent]:
         table = self.addrs.setdefault(index, {})
@@ -195,9 +204,15 @@ class NetlinkWatcher:
     delays the watcher (and can overrun its buffer); an exception in one is logged and ignored.
     """
 
-    def __init__(self, on_change: Callable[[str, str], None] | None = None, *,
-                 on_event: Callable[[NetlinkEvent], None] | None = None,
-                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0, rcvbuf: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[str, str], None] | None = None,
+        *,
+        on_event: Callable[[NetlinkEvent], None] | None = None,
+        retry_initial_s: float = 0.5,
+        retry_max_s: float = 30.0,
+        rcvbuf: int = 1 << 20,
+    ) -> None:
         self._on_change = on_change
         self._on_event = on_event
         self._retry_initial_s = retry_initial_s
@@ -258,8 +273,10 @@ class NetlinkWatcher:
     def addresses(self) -> Mapping[str, tuple[IpAddress, ...]]:
         """Addresses per interface name, kernel order; a consistent copy."""
         with self._lock:
-            out = {link.ifname: tuple(self._state.addrs.get(index, {}).values())
-                   for index, link in self._state.links.items()}
+            out = {
+                link.ifname: tuple(self._state.addrs.get(index, {}).values())
+                for index, link in self._state.links.items()
+            }
         return MappingProxyType(out)
 
     def links(self) -> Mapping[str, LinkInfo]:
@@ -317,8 +334,11 @@ class NetlinkWatcher:
         self.healthy = False
         what = _describe(exc)
         if what != self._logged_problem:  # once per state change: identical retries stay quiet
-            log.warning("netlink failed (%s); retrying with backoff from %gs, addresses and links may be "
-                        "stale meanwhile", what, delay)
+            log.warning(
+                "netlink failed (%s); retrying with backoff from %gs, addresses and links may be stale meanwhile",
+                what,
+                delay,
+            )
         self._logged_problem = what
         self._ready.set()
         return delay
@@ -389,8 +409,11 @@ class NetlinkWatcher:
         now = time.monotonic()
         if now - self._last_overrun_log >= 60.0:  # a storm would otherwise log every re-dump
             self._last_overrun_log = now
-            log.warning("netlink receive buffer overran (ENOBUFS, %d so far): the kernel dropped events; "
-                        "re-reading all links and addresses", self.overruns)
+            log.warning(
+                "netlink receive buffer overran (ENOBUFS, %d so far): the kernel dropped events; "
+                "re-reading all links and addresses",
+                self.overruns,
+            )
 
 
 def _describe(exc: BaseException) -> str:

@@ -56,8 +56,10 @@ UPSTREAM_POLLED = (
 def link_files(root: SysfsRoot, function_dir: str) -> tuple[bool, bool]:
     """(the function has link files, its upstream port has). Conventional PCI devices and non-PCI
     parents have none: no link, not an error."""
-    return (root.exists(f"{function_dir}/current_link_speed"),
-            root.exists(f"{os.path.dirname(function_dir)}/max_link_speed"))
+    return (
+        root.exists(f"{function_dir}/current_link_speed"),
+        root.exists(f"{os.path.dirname(function_dir)}/max_link_speed"),
+    )
 
 
 def pcie_link(pci_address: str, values: Sequence[object], upstream: Sequence[object] = (None, None)) -> PcieLink:

@@ -76,9 +76,15 @@ class ReadPlan:
         self._by_key: dict[str, Group] = {}
         self._batch = ReadBatch(self.rels)
 
-    def add_group(self, key: str, slots: Sequence[tuple[str, str, Attribute]], *, port: int | None,
-                  build: Callable[[Sequence[object]], object] = as_values,
-                  watched: Sequence[Attribute] = ()) -> Group:
+    def add_group(
+        self,
+        key: str,
+        slots: Sequence[tuple[str, str, Attribute]],
+        *,
+        port: int | None,
+        build: Callable[[Sequence[object]], object] = as_values,
+        watched: Sequence[Attribute] = (),
+    ) -> Group:
         """`slots`: (path relative to the mount, attribute label for errors, how to read it)."""
         start = len(self.rels)
         for rel, label, attr in slots:
@@ -123,8 +129,11 @@ class ReadPlan:
         return list(self._labels)
 
     def group_values(self, group: Group) -> list[object]:
-        return self.values[group.start:group.end]
+        return self.values[group.start : group.end]
 
     def group_errors(self, group: Group) -> list[ReadError]:
-        return [ReadError(self.device, self._labels[i][0], self._labels[i][1], reason)
-                for i in range(group.start, group.end) if (reason := self.reasons[i]) is not None]
+        return [
+            ReadError(self.device, self._labels[i][0], self._labels[i][1], reason)
+            for i in range(group.start, group.end)
+            if (reason := self.reasons[i]) is not None
+        ]

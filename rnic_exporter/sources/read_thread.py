@@ -70,8 +70,9 @@ class _Worker:
 class ReadRunner:
     """Runs jobs in order on one worker thread at a time; thread-safe (several callers may submit)."""
 
-    def __init__(self, name: str, deadline_s: float = DEFAULT_DEADLINE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, name: str, deadline_s: float = DEFAULT_DEADLINE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.name = name
         self.deadline_s = deadline_s
         self._clock = clock
@@ -84,8 +85,12 @@ class ReadRunner:
         self.handoffs = 0
         self.written_off = 0
 
-    def run(self, jobs: Sequence[tuple[Gate, Callable[[], None]]], wait_s: float | None = None,
-            stop: threading.Event | None = None) -> bool:
+    def run(
+        self,
+        jobs: Sequence[tuple[Gate, Callable[[], None]]],
+        wait_s: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> bool:
         """Run `jobs`, skipping stuck devices; True once all ran or were written off, False when
         `wait_s` passed or `stop` was set first (the rest still run, in the background)."""
         ticket = self.submit(jobs)
@@ -93,8 +98,10 @@ class ReadRunner:
 
     def submit(self, jobs: Sequence[tuple[Gate, Callable[[], None]]]) -> int:
         with self._cond:
-            batch = [_Job(self._submitted + 1 + i, gate, job) for i, (gate, job) in
-                     enumerate((g, j) for g, j in jobs if not g.stuck)]
+            batch = [
+                _Job(self._submitted + 1 + i, gate, job)
+                for i, (gate, job) in enumerate((g, j) for g, j in jobs if not g.stuck)
+            ]
             if batch:
                 batch[-1].last = True
                 self._submitted += len(batch)
@@ -157,8 +164,10 @@ class ReadRunner:
         worker.written_off = True
         self.written_off += 1
         self._finished = max(self._finished, job.seq)
-        log.warning("a sysfs read is hung; skipping the device until it returns", extra={"fields": {
-            "device": job.gate.name, "pass": self.name, "blocked_s": round(now - worker.started, 1)}})
+        log.warning(
+            "a sysfs read is hung; skipping the device until it returns",
+            extra={"fields": {"device": job.gate.name, "pass": self.name, "blocked_s": round(now - worker.started, 1)}},
+        )
         self._worker = None
         if self._queue and not self._closed:
             self._start_worker()
@@ -195,9 +204,16 @@ class ReadRunner:
                 with self._cond:
                     if job.gate.stuck_since == worker.started:
                         job.gate.stuck_since = job.gate.stuck_wall = None
-                        log.info("a hung sysfs read returned", extra={"fields": {
-                            "device": job.gate.name, "pass": self.name,
-                            "blocked_s": round(self._clock() - worker.started, 1)}})
+                        log.info(
+                            "a hung sysfs read returned",
+                            extra={
+                                "fields": {
+                                    "device": job.gate.name,
+                                    "pass": self.name,
+                                    "blocked_s": round(self._clock() - worker.started, 1),
+                                }
+                            },
+                        )
                 return
             self._finished = job.seq
             if job.last or not queue:
@@ -209,8 +225,13 @@ class SingleFlight:
     """One pass at a time for many consumers: a consumer joins the pass in flight, or starts one
     when the last is older than `max_age_s`, and waits at most its own bound for it."""
 
-    def __init__(self, runner: ReadRunner, jobs: Callable[[], Sequence[tuple[Gate, Callable[[], None]]]],
-                 max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        runner: ReadRunner,
+        jobs: Callable[[], Sequence[tuple[Gate, Callable[[], None]]]],
+        max_age_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._runner = runner
         self._jobs = jobs
         self.max_age_s = max_age_s

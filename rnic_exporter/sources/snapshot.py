@@ -100,8 +100,12 @@ class ReaderSettings:
     nccl: NcclSettings = field(default_factory=NcclSettings)
 
     @classmethod
-    def build(cls, device_include: str | None = None, device_exclude: str | None = None,
-              nccl_env: Mapping[str, str] | None = None) -> ReaderSettings:
+    def build(
+        cls,
+        device_include: str | None = None,
+        device_exclude: str | None = None,
+        nccl_env: Mapping[str, str] | None = None,
+    ) -> ReaderSettings:
         """From flag values; NCCL settings from `nccl_env` (a config file), the environment beating it."""
         return cls(
             device_include=_compile("--collector.infiniband.device-include", device_include),
@@ -142,8 +146,9 @@ def _settled(shape: _Shape) -> bool:
     sources/availability.py; the `device` link is the device's identity, retried whatever it
     answers), and the ports are there (the kernel adds a device's ports after the device itself:
     `ports/` listed empty at registration is not the last word)."""
-    return bool(shape.ports) and not any(availability.symptom(e) is None or e.attribute == "device"
-                                         for e in shape.errors)
+    return bool(shape.ports) and not any(
+        availability.symptom(e) is None or e.attribute == "device" for e in shape.errors
+    )
 
 
 @dataclass(slots=True)
@@ -167,8 +172,9 @@ class HostReader:
     device's reads hold its gate, so the two never touch one device at the same time.
     """
 
-    def __init__(self, root: SysfsRoot, settings: ReaderSettings | None = None, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, root: SysfsRoot, settings: ReaderSettings | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.root = root
         self.clock = clock  # counter back-off's time
         self._settings = settings or ReaderSettings()
@@ -209,9 +215,14 @@ class HostReader:
 
     # -- passes -----------------------------------------------------------------------------
 
-    def state_pass(self, *, full_gid_tables: bool | Collection[str] = False,
-                   trust_events: bool | Collection[str] = False, runner: Runner = run_here,
-                   counters: bool = False) -> StatePass:
+    def state_pass(
+        self,
+        *,
+        full_gid_tables: bool | Collection[str] = False,
+        trust_events: bool | Collection[str] = False,
+        runner: Runner = run_here,
+        counters: bool = False,
+    ) -> StatePass:
         """One pass over every device's state (and its counters with `counters`); `runner` runs
         the per-device jobs (and may skip a stuck device, which keeps its last objects).
         `trust_events`: every device (True), or the devices named, is read trusting announcements."""
@@ -230,9 +241,14 @@ class HostReader:
         changed = [r.name for r in readers if r.changed]
         last = self._last
         present = tuple(r for r in readers if r.device is not None)
-        if (last is not None and not changed and not listing_errors and not listing_failed
-                and len(present) == len(last.devices)
-                and all(r.device is d for r, d in zip(present, last.devices, strict=True))):
+        if (
+            last is not None
+            and not changed
+            and not listing_errors
+            and not listing_failed
+            and len(present) == len(last.devices)
+            and all(r.device is d for r, d in zip(present, last.devices, strict=True))
+        ):
             return StatePass(last, (), self._counted(readers), time.monotonic() - started)
         netdevs: dict[str, Netdev] = {}
         pcie: dict[str, PcieLink] = {}
@@ -252,8 +268,9 @@ class HostReader:
             read_seconds=time.monotonic() - started,
             unsupported=tuple(unsupported),
         )
-        return StatePass(snap, tuple(changed) or ("-",), self._counted(readers) + tuple(listing_errors),
-                         snap.read_seconds)
+        return StatePass(
+            snap, tuple(changed) or ("-",), self._counted(readers) + tuple(listing_errors), snap.read_seconds
+        )
 
     def _counted(self, readers: Sequence[_DeviceReader]) -> tuple[ReadError, ...]:
         """The errors of the reads this pass made (not of devices it left alone)."""
@@ -288,8 +305,15 @@ class HostReader:
         out = []
         for r in self._order:
             plan = r.counter_plan
-            out.append(DeviceFreshness(r.name, r.gate.stuck, r.state_at, plan.completed_at if plan else None,
-                                       tuple(plan.backoff_samples()) if plan else ()))
+            out.append(
+                DeviceFreshness(
+                    r.name,
+                    r.gate.stuck,
+                    r.state_at,
+                    plan.completed_at if plan else None,
+                    tuple(plan.backoff_samples()) if plan else (),
+                )
+            )
         return tuple(out)
 
     def close(self) -> None:
@@ -445,12 +469,17 @@ class _DeviceReader:
         ports = []
         for port in device.ports:
             counters, hw = plan.group("counters", port.number), plan.group("hw", port.number)
-            ports.append(replace(
-                port, counters=cast(Mapping[str, CounterValue], counters.as_mapping()) if counters else {},
-                hw_counters=cast(Mapping[str, int], hw.as_mapping()) if hw else {}))
+            ports.append(
+                replace(
+                    port,
+                    counters=cast(Mapping[str, CounterValue], counters.as_mapping()) if counters else {},
+                    hw_counters=cast(Mapping[str, int], hw.as_mapping()) if hw else {},
+                )
+            )
         hw_device = plan.group("hw", None)
-        out = replace(device, ports=tuple(ports),
-                      hw_counters=cast(Mapping[str, int], hw_device.as_mapping()) if hw_device else {})
+        out = replace(
+            device, ports=tuple(ports), hw_counters=cast(Mapping[str, int], hw_device.as_mapping()) if hw_device else {}
+        )
         self._merged = (device, versions, out)
         return out
 
@@ -461,14 +490,16 @@ class _DeviceReader:
             self.state(full_gids, trust_events)
             if counters:
                 self.counter_job()
+
         return job
 
     def state(self, full_gids: bool, trust_events: bool) -> None:
         before = self.device
         if trust_events and not full_gids and not self._unsettled():
             self._rotation += 1
-            moved = [n for n, table in self.gids.items()
-                     if gid_source.slice_moved(self.fds, table, GID_COVERAGE_PASSES)]
+            moved = [
+                n for n, table in self.gids.items() if gid_source.slice_moved(self.fds, table, GID_COVERAGE_PASSES)
+            ]
             if self._rotation < ROTATION_PASSES and not moved:
                 raws = self.fds.read_batch(self._watch)
                 if raws == self._watch_raws:
@@ -486,8 +517,15 @@ class _DeviceReader:
     def _unsettled(self) -> bool:
         """Something is still unread or unknown: the full path until it settles."""
         shape = self.shape
-        return (self.device is None or self.plan is None or shape is None or not _settled(shape)
-                or bool(self._plan_faults) or self.resettle or any(t.errors for t in self.gids.values()))
+        return (
+            self.device is None
+            or self.plan is None
+            or shape is None
+            or not _settled(shape)
+            or bool(self._plan_faults)
+            or self.resettle
+            or any(t.errors for t in self.gids.values())
+        )
 
     def _full(self, full_gids: bool, sweep: bool) -> None:
         shape = self.shape
@@ -514,8 +552,11 @@ class _DeviceReader:
         if plan is None or fresh_gids or self._plan_faults or self._netdevs_moved():
             plan = self._build_plan(shape)
         changed = plan.refresh(self.fds)
-        moved = [port for port in shape.ports
-                 if port.number not in fresh_gids and self._gid_table_moved(plan, port.number, sweep)]
+        moved = [
+            port
+            for port in shape.ports
+            if port.number not in fresh_gids and self._gid_table_moved(plan, port.number, sweep)
+        ]
         if moved:
             for port in moved:
                 if self._read_gid_table(port):
@@ -555,7 +596,7 @@ class _DeviceReader:
         """A watched slot's bytes changed, or the sweep found an empty slot filled."""
         table = self.gids[port]
         group = plan.group(f"gids:{port}")
-        if plan.raws[group.start:group.end] != table.watched_raws:
+        if plan.raws[group.start : group.end] != table.watched_raws:
             return True
         return sweep and gid_source.sweep(self.fds, table, GID_SWEEP_SLOTS)
 
@@ -563,23 +604,28 @@ class _DeviceReader:
         """Read the port's whole table; False when it is what the last read found (kept as it was)."""
         self.host.full_gid_reads += 1
         before = self.gids.get(port.number)
-        table = gid_source.read_gid_table(self.fds, f"{self.base}/ports/{port.number}", self.name, port.number,
-                                          previous=before)
+        table = gid_source.read_gid_table(
+            self.fds, f"{self.base}/ports/{port.number}", self.name, port.number, previous=before
+        )
         if before is not None:
             table = gid_source.keep_listing(table, before)
-        table.nccl_gid_index = select_gid_index(table.entries, table.size, port.link_layer,
-                                                self.host.settings.nccl)
-        if before is not None and (before.entries, before.size, before.errors, before.nccl_gid_index,
-                                   before.watched) == (table.entries, table.size, table.errors,
-                                                       table.nccl_gid_index, table.watched):
+        table.nccl_gid_index = select_gid_index(table.entries, table.size, port.link_layer, self.host.settings.nccl)
+        if before is not None and (
+            before.entries,
+            before.size,
+            before.errors,
+            before.nccl_gid_index,
+            before.watched,
+        ) == (table.entries, table.size, table.errors, table.nccl_gid_index, table.watched):
             before.watched_raws, before.empty = table.watched_raws, table.empty
             return False
         self.gids[port.number] = table
         return True
 
     def _counter_plan(self, shape: _Shape) -> CounterPlan:
-        groups: list[tuple[str, int | None, str, Sequence[str]]] = [("hw", None, f"{self.base}/hw_counters",
-                                                                     shape.hw_names)]
+        groups: list[tuple[str, int | None, str, Sequence[str]]] = [
+            ("hw", None, f"{self.base}/hw_counters", shape.hw_names)
+        ]
         for port in shape.ports:
             port_dir = f"{self.base}/ports/{port.number}"
             groups.append(("counters", port.number, f"{port_dir}/counters", port.counter_names))
@@ -602,25 +648,34 @@ class _DeviceReader:
         dev_netdevs: tuple[str, ...] = ()
         if function_dir is not None:
             link_files = pci.link_files(self.root, function_dir)
-            dev_netdevs = tuple(sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net",
-                                                   optional=True)))
+            dev_netdevs = tuple(
+                sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net", optional=True))
+            )
         ports = []
-        for number in log.numbered_entries(f"{base}/ports", device=name, port=None, attribute="ports",
-                                           what="port number"):
+        for number in log.numbered_entries(
+            f"{base}/ports", device=name, port=None, attribute="ports", what="port number"
+        ):
             port_dir = f"{base}/ports/{number}"
             link_layer = log.read(port_dir, "link_layer", parse_link_layer, device=name, port=number)
             # Drivers without process_mad (irdma, efa, rxe) have no counters/ at all: not an error.
-            counters = sorted(log.listdir(f"{port_dir}/counters", device=name, port=number, attribute="counters",
-                                          optional=True))
+            counters = sorted(
+                log.listdir(f"{port_dir}/counters", device=name, port=number, attribute="counters", optional=True)
+            )
             ports.append(_PortShape(number, link_layer, counters, self._hw_names(log, port_dir, number)))
-        return _Shape(static=static, pci_address=pci_address, function_dir=function_dir, link_files=link_files,
-                      dev_netdevs=dev_netdevs, ports=ports, hw_names=self._hw_names(log, base, None),
-                      errors=log.errors)
+        return _Shape(
+            static=static,
+            pci_address=pci_address,
+            function_dir=function_dir,
+            link_files=link_files,
+            dev_netdevs=dev_netdevs,
+            ports=ports,
+            hw_names=self._hw_names(log, base, None),
+            errors=log.errors,
+        )
 
     def _hw_names(self, log: ErrorLog, base: str, port: int | None) -> list[str]:
         """Every `hw_counters/` file whatever the driver calls it, except `lifespan` (a setting)."""
-        names = log.listdir(f"{base}/hw_counters", device=self.name, port=port, attribute="hw_counters",
-                            optional=True)
+        names = log.listdir(f"{base}/hw_counters", device=self.name, port=port, attribute="hw_counters", optional=True)
         return sorted(n for n in names if n != "lifespan")
 
     def _pci_function(self, log: ErrorLog) -> tuple[str | None, str | None]:
@@ -649,8 +704,13 @@ class _DeviceReader:
             if shape.link_files[1]:
                 slots += under(os.path.dirname(shape.function_dir), pci.UPSTREAM_POLLED, "device/../")
             address = shape.pci_address
-            plan.add_group("pcie", slots, port=None, watched=pci.LINK_WATCHED,
-                           build=lambda values: pci.pcie_link(address, values[:4], values[4:] or (None, None)))
+            plan.add_group(
+                "pcie",
+                slots,
+                port=None,
+                watched=pci.LINK_WATCHED,
+                build=lambda values: pci.pcie_link(address, values[:4], values[4:] or (None, None)),
+            )
         known, self._netdev_idents = self._netdev_idents, {}
         self._netdev_pci = {}
         for port in shape.ports:
@@ -690,8 +750,9 @@ class _DeviceReader:
         self._watch_index, self._watch_states = index, states
         self._watch = ReadBatch([plan.rels[i] for i in index])
 
-    def _plan_netdev(self, plan: ReadPlan, name: str, port: int, faults: dict[str, list[ReadError]],
-                     known: tuple[int, int] | None) -> None:
+    def _plan_netdev(
+        self, plan: ReadPlan, name: str, port: int, faults: dict[str, list[ReadError]], known: tuple[int, int] | None
+    ) -> None:
         rel = f"{netclass.CLASS_DIR}/{name}"
         self._netdev_idents[name] = ident = self.root.identity(rel)
         if ident is None or ident != known:
@@ -703,12 +764,17 @@ class _DeviceReader:
         key = f"netdev:{name}"
         if reason is not None:
             faults.setdefault(key, []).append(ReadError(self.name, port, f"net/{name}/device", reason))
-        plan.add_group(key, under(rel, netclass.NETDEV_POLLED, f"net/{name}/"), port=port,
-                       watched=netclass.NETDEV_WATCHED,
-                       build=lambda values: netclass.netdev_from_values(name, values, pci_address))
+        plan.add_group(
+            key,
+            under(rel, netclass.NETDEV_POLLED, f"net/{name}/"),
+            port=port,
+            watched=netclass.NETDEV_WATCHED,
+            build=lambda values: netclass.netdev_from_values(name, values, pci_address),
+        )
 
-    def _choose_netdevs(self, shape: _Shape, port: int, table: gid_source.GidTable,
-                        faults: dict[str, list[ReadError]]) -> tuple[str, ...]:
+    def _choose_netdevs(
+        self, shape: _Shape, port: int, table: gid_source.GidTable, faults: dict[str, list[ReadError]]
+    ) -> tuple[str, ...]:
         """The port's netdevs: GID ndevs (what ibdev2netdev uses), else `device/net` by `dev_port`."""
         seen: list[str] = []
         for entry in table.entries:
@@ -780,7 +846,10 @@ class _DeviceReader:
             errors.extend(self._faults.get(group.key, ()))
             errors.extend(plan.group_errors(group))
         # Unsupported (unreadable since the first read, with a driver's "I don't have it" answer) or failed.
-        first = [*plan.keys(), *((None, a.file) for a in DEVICE_STATIC),
-                 *((p.number, "link_layer") for p in shape.ports)] if fresh_plan else ()
+        first = (
+            [*plan.keys(), *((None, a.file) for a in DEVICE_STATIC), *((p.number, "link_layer") for p in shape.ports)]
+            if fresh_plan
+            else ()
+        )
         judged = self.first_reads.judge(errors, first, present=self._present(errors))
         self.errors, self.unsupported = judged.failed, judged.unsupported

@@ -86,9 +86,7 @@ class SysfsRoot:
         self.mount = Path(mount)
         self._mount_str = f"{self.mount}/"
         if not self.mount.is_dir():
-            raise ConfigError(
-                f"--path.sysfs {self.mount} is not a directory; point it at the host's sysfs mount"
-            )
+            raise ConfigError(f"--path.sysfs {self.mount} is not a directory; point it at the host's sysfs mount")
         self.hold_fds = hold_fds
         if hold_fds:
             raise_open_file_limit()
@@ -103,10 +101,12 @@ class SysfsRoot:
         with self._caches_lock:
             first, self.limited = not self.limited, True
         if first:
-            log.warning("the open-file limit is below what holding every sysfs descriptor needs; GID table "
-                        "files are read without holding descriptors from now on (raise LimitNOFILE to avoid "
-                        "the cost)", extra={"fields": {"held": self.held_fds,
-                                                       "limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}})
+            log.warning(
+                "the open-file limit is below what holding every sysfs descriptor needs; GID table "
+                "files are read without holding descriptors from now on (raise LimitNOFILE to avoid "
+                "the cost)",
+                extra={"fields": {"held": self.held_fds, "limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}},
+            )
 
     def cache(self) -> FdCache:
         """A new set of held descriptors for one owner."""
@@ -404,14 +404,16 @@ class ErrorLog:
         `expected`: errnos that carry a meaning for this file (EINVAL on `speed` of an admin-down
         netdev) and are therefore not faults.
         """
-        value, reason = interpret(self.root._read_or_errno(f"{base}/{attribute}"), parse,
-                                  quiet_errnos(optional, expected))
+        value, reason = interpret(
+            self.root._read_or_errno(f"{base}/{attribute}"), parse, quiet_errnos(optional, expected)
+        )
         if reason is not None:
             self.add(device, port, label_prefix + attribute, reason)
         return value
 
-    def listdir(self, rel: str, *, device: str, port: int | None = None, attribute: str,
-                optional: bool = False) -> list[str]:
+    def listdir(
+        self, rel: str, *, device: str, port: int | None = None, attribute: str, optional: bool = False
+    ) -> list[str]:
         try:
             return self.root.listdir(rel)
         except OSError as exc:
@@ -420,8 +422,9 @@ class ErrorLog:
             self.add(device, port, attribute, errno_reason(exc))
             return []
 
-    def numbered_entries(self, rel: str, *, device: str, port: int | None, attribute: str, what: str,
-                         optional: bool = False) -> list[int]:
+    def numbered_entries(
+        self, rel: str, *, device: str, port: int | None, attribute: str, what: str, optional: bool = False
+    ) -> list[int]:
         """Sorted numeric entries of a directory (`ports/`, `gids/`); any other name is recorded."""
         numbers = []
         for entry in self.listdir(rel, device=device, port=port, attribute=attribute, optional=optional):
@@ -430,4 +433,3 @@ class ErrorLog:
             else:
                 self.add(device, port, f"{attribute}/{entry}", f"malformed: not a {what}")
         return sorted(numbers)
-

@@ -38,7 +38,7 @@ OVERRUN = "overrun"
 
 
 def event_source(control: Path = UDEVD_CONTROL) -> str:
-    """"udev" when a udev daemon runs (its control socket exists), else "kernel"."""
+    """ "udev" when a udev daemon runs (its control socket exists), else "kernel"."""
     return "udev" if control.exists() else "kernel"
 
 
@@ -49,8 +49,15 @@ class UdevWatcher:
     rename) it is the new name.
     """
 
-    def __init__(self, on_change: Callable[[str, str, str], None], *, source: str | None = None,
-                 retry_initial_s: float = 0.5, retry_max_s: float = 30.0, rcvbuf: int | None = None) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[str, str, str], None],
+        *,
+        source: str | None = None,
+        retry_initial_s: float = 0.5,
+        retry_max_s: float = 30.0,
+        rcvbuf: int | None = None,
+    ) -> None:
         self._on_change = on_change
         self._rcvbuf = rcvbuf  # None: libudev's default (128 MiB for udev sources since systemd 248)
         self.source = source or event_source()
@@ -158,8 +165,7 @@ class UdevWatcher:
             now = time.monotonic()
             if now - self._last_overrun_log >= 60.0:  # a storm would otherwise log every datagram
                 self._last_overrun_log = now
-                log.warning("udev receive buffer overran (ENOBUFS, %d so far): device events were lost",
-                            self.overruns)
+                log.warning("udev receive buffer overran (ENOBUFS, %d so far): device events were lost", self.overruns)
             self._notify("*", OVERRUN, "*")
             return
         if device is None or device.action not in ACTIONS:
@@ -179,8 +185,13 @@ class UdevWatcher:
         self.healthy = False
         what = f"{type(exc).__name__}: {exc}"
         if what != self._logged_problem:  # once per state change: identical retries stay quiet
-            log.warning("udev monitor (source %s) failed (%s); retrying with backoff from %gs, device "
-                        "add/remove is only seen by polling meanwhile", self.source, what, delay)
+            log.warning(
+                "udev monitor (source %s) failed (%s); retrying with backoff from %gs, device "
+                "add/remove is only seen by polling meanwhile",
+                self.source,
+                what,
+                delay,
+            )
         self._logged_problem = what
         self._ready.set()
         return delay

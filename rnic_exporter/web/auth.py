@@ -67,8 +67,13 @@ class BasicAuth:
     working at once.
     """
 
-    def __init__(self, users: Mapping[str, bytes], *, failure_ttl: float = FAILURE_TTL,
-                 max_cached_failures: int = MAX_CACHED_FAILURES) -> None:
+    def __init__(
+        self,
+        users: Mapping[str, bytes],
+        *,
+        failure_ttl: float = FAILURE_TTL,
+        max_cached_failures: int = MAX_CACHED_FAILURES,
+    ) -> None:
         self._users = dict(users)
         self._decoys = tuple(self._users[name] for name in sorted(self._users))
         self._hmac_key = secrets.token_bytes(32)

@@ -82,8 +82,10 @@ def weakening(running: WebConfig, new: WebConfig) -> str | None:
         return "basic_auth_users: removing every user would turn authentication off; that needs a restart"
     if old_tls is not None and new_tls is not None:
         if _CLIENT_CHECK_STRENGTH[new_tls.client_auth_type] < _CLIENT_CHECK_STRENGTH[old_tls.client_auth_type]:
-            return (f"tls_server_config.client_auth_type: weakening {old_tls.client_auth_type} to "
-                    f"{new_tls.client_auth_type} needs a restart")
+            return (
+                f"tls_server_config.client_auth_type: weakening {old_tls.client_auth_type} to "
+                f"{new_tls.client_auth_type} needs a restart"
+            )
         if old_tls.client_allowed_sans and not new_tls.client_allowed_sans:
             return "tls_server_config.client_allowed_sans: removing the SAN restriction needs a restart"
     return None
@@ -199,5 +201,6 @@ class WebConfigWatcher:
         after = fingerprint(security.config.files)
         # What we parsed is the config file as `raw`; the TLS files were read by OpenSSL by name.
         consistent = after.get(self.path) == hashlib.sha256(raw).digest() and all(
-            before[path] == after[path] for path in before.keys() & after.keys())
+            before[path] == after[path] for path in before.keys() & after.keys()
+        )
         return security, after if consistent else None

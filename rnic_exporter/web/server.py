@@ -244,9 +244,15 @@ class WebServer:
             raise
         self._listeners = listeners
         self._reactor = Reactor(
-            listeners, self._on_request, tls=self._tls_context, tls_peer_ok=self._tls_peer_ok,
-            max_connections=self.max_connections, handshake_timeout=self.tls_handshake_timeout,
-            request_timeout=self.request_timeout, idle_timeout=self.idle_timeout, evict_after=self.evict_after,
+            listeners,
+            self._on_request,
+            tls=self._tls_context,
+            tls_peer_ok=self._tls_peer_ok,
+            max_connections=self.max_connections,
+            handshake_timeout=self.tls_handshake_timeout,
+            request_timeout=self.request_timeout,
+            idle_timeout=self.idle_timeout,
+            evict_after=self.evict_after,
         )
         bound = self.bound
         _warn_if_descriptors_short(self.max_connections)
@@ -646,8 +652,13 @@ def _warn_if_descriptors_short(max_connections: int) -> None:
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     in_use = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
     if soft != resource.RLIM_INFINITY and soft < in_use + max_connections + _SPARE_DESCRIPTORS:
-        log.warning("descriptor limit %d is below the %d already open plus --web.max-connections %d; "
-                    "raise it (systemd LimitNOFILE=, ulimit -n) or lower the cap", soft, in_use, max_connections)
+        log.warning(
+            "descriptor limit %d is below the %d already open plus --web.max-connections %d; "
+            "raise it (systemd LimitNOFILE=, ulimit -n) or lower the cap",
+            soft,
+            in_use,
+            max_connections,
+        )
 
 
 def _check_telemetry_path(path: str) -> None:

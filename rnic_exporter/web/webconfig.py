@@ -181,8 +181,12 @@ def parse_web_config(source: Path, raw: bytes, *, allow_empty: bool = True) -> W
     except RecursionError as exc:  # a bound we missed above; never let it reach a serving thread
         raise ConfigError(f"web config {source}: nested too deeply") from exc
     if document is None and not allow_empty:
-        _fail(source, "(file)", "empty (or only comments); an incomplete write looks like this, so it is "
-              "not read as 'no TLS, no auth': to run without them, restart with that file")
+        _fail(
+            source,
+            "(file)",
+            "empty (or only comments); an incomplete write looks like this, so it is "
+            "not read as 'no TLS, no auth': to run without them, restart with that file",
+        )
     return _Parser(source).web_config(document)
 
 

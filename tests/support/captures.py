@@ -34,8 +34,12 @@ CAPTURES = (
     Capture("node-exporter-i40iw-mlx4"),
     Capture("gpud-h100-ndr-bond"),
     # An IPv6-only fabric: NCCL's default AF_INET keeps the link-local GID 0; AF_INET6 is the fix.
-    Capture("mooncake-ipv6-only-v2", exit_code=1, why="IPv6-only RoCE v2 tables under NCCL's default AF_INET",
-            nccl_env={"NCCL_IB_ADDR_FAMILY": "AF_INET6"}),
+    Capture(
+        "mooncake-ipv6-only-v2",
+        exit_code=1,
+        why="IPv6-only RoCE v2 tables under NCCL's default AF_INET",
+        nccl_env={"NCCL_IB_ADDR_FAMILY": "AF_INET6"},
+    ),
     Capture("nccl-k8s-macvlan-sparse"),
     Capture("nccl-roce-bond-devinfo"),
     Capture("rdma-core-efa"),

@@ -9,5 +9,8 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 def samples(text: str) -> Samples:
     """(sample name, its labels) -> value, for every sample of every family in `text`."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

@@ -128,7 +128,7 @@ class _Faults:
             if _GLOB & set(part):
                 break
             fixed.append(part)
-        rest = parts[len(fixed):]
+        rest = parts[len(fixed) :]
         real = os.path.realpath(os.path.join(self.backing, *fixed))
         if real != self.backing and not real.startswith(self.backing + "/"):
             raise ValueError(f"{rel!r} leads outside the served tree")
@@ -191,9 +191,15 @@ class _Faults:
                 assert pattern is not None
                 seconds = request.get("seconds")
                 code = request.get("errno")
-                self.blocks.append(_Block(pattern, op, None if code is None else int(code),
-                                          None if seconds is None else time.monotonic() + float(seconds),
-                                          bool(request.get("interruptible", True))))
+                self.blocks.append(
+                    _Block(
+                        pattern,
+                        op,
+                        None if code is None else int(code),
+                        None if seconds is None else time.monotonic() + float(seconds),
+                        bool(request.get("interruptible", True)),
+                    )
+                )
                 return {"pattern": pattern}
             if cmd in ("release", "clear"):
                 # `release` ends blocks only; `clear` (of one path, or of all) ends faults too.
@@ -258,9 +264,20 @@ def _operations(faults: _Faults) -> Any:
             rel = path.lstrip("/")
             faults.check("stat", rel)
             st = os.lstat(os.path.join(backing, rel))
-            attrs = {key: getattr(st, key) for key in (
-                "st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size",
-                "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
+            attrs = {
+                key: getattr(st, key)
+                for key in (
+                    "st_mode",
+                    "st_ino",
+                    "st_nlink",
+                    "st_uid",
+                    "st_gid",
+                    "st_size",
+                    "st_atime_ns",
+                    "st_mtime_ns",
+                    "st_ctime_ns",
+                )
+            }
             for key in ("st_atime", "st_mtime", "st_ctime"):
                 attrs[key] = attrs.pop(key + "_ns")
             if stat.S_ISREG(st.st_mode):
@@ -320,8 +337,10 @@ def _operations(faults: _Faults) -> Any:
 
         def statfs(self, path: str) -> dict[str, Any]:
             st = os.statvfs(backing)
-            return {key: getattr(st, key) for key in (
-                "f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_namemax")}
+            return {
+                key: getattr(st, key)
+                for key in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_namemax")
+            }
 
     return mfusepy, FaultOps()
 
@@ -337,9 +356,23 @@ def serve(backing: str, mount: str, control: str) -> None:
     sock.listen(16)
     threading.Thread(target=_serve_control, args=(sock, faults), daemon=True).start()
     mfusepy, ops = _operations(faults)
-    mfusepy.FUSE(ops, mount, raw_fi=True, foreground=True, fsname=f"{FSNAME}-{os.getppid()}-{os.getpid()}", ro=True,
-                 auto_unmount=True, default_permissions=True, attr_timeout=0, entry_timeout=0,
-                 negative_timeout=0, use_ino=True, direct_io=True, max_threads=MAX_THREADS, max_idle_threads=8)
+    mfusepy.FUSE(
+        ops,
+        mount,
+        raw_fi=True,
+        foreground=True,
+        fsname=f"{FSNAME}-{os.getppid()}-{os.getpid()}",
+        ro=True,
+        auto_unmount=True,
+        default_permissions=True,
+        attr_timeout=0,
+        entry_timeout=0,
+        negative_timeout=0,
+        use_ino=True,
+        direct_io=True,
+        max_threads=MAX_THREADS,
+        max_idle_threads=8,
+    )
 
 
 # -- the test side ----------------------------------------------------------------------------
@@ -352,8 +385,7 @@ class FaultfsError(AssertionError):
 class FaultyMount:
     """A mounted faulty sysfs and its control connection. Use `mount_faultfs` or the fixture."""
 
-    def __init__(self, backing: Path, mount: Path, control: Path, proc: subprocess.Popen[bytes],
-                 log: Path) -> None:
+    def __init__(self, backing: Path, mount: Path, control: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
         self.backing = backing
         self.mount = mount
         self._control = control
@@ -388,12 +420,22 @@ class FaultyMount:
         Returns the resolved pattern the server matches."""
         return str(self._request(cmd="fail", path=path, errno=code, op=op)["pattern"])
 
-    def block(self, path: str, *, seconds: float | None = None, errno: int | None = None, op: str = "read",
-              interruptible: bool = True) -> str:
+    def block(
+        self,
+        path: str,
+        *,
+        seconds: float | None = None,
+        errno: int | None = None,
+        op: str = "read",
+        interruptible: bool = True,
+    ) -> str:
         """Calls of `op` on `path` block until released (or for `seconds`), then are served, or fail
         with `errno` if given (a firmware command that timed out: ETIMEDOUT)."""
-        return str(self._request(cmd="block", path=path, seconds=seconds, errno=errno, op=op,
-                                 interruptible=interruptible)["pattern"])
+        return str(
+            self._request(cmd="block", path=path, seconds=seconds, errno=errno, op=op, interruptible=interruptible)[
+                "pattern"
+            ]
+        )
 
     def release(self, path: str) -> int:
         """Ends the blocks set on exactly `path`; returns how many rules ended."""
@@ -528,9 +570,12 @@ def mount_faultfs(backing: Path, mount: Path | None = None, *, timeout: float = 
         control = Path(work) / "control.sock"
         log = Path(work) / "server.log"
         with open(log, "wb") as log_file:
-            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "serve", str(backing), str(mount),
-                                     str(control)], stdout=log_file, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "serve", str(backing), str(mount), str(control)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         fs = FaultyMount(Path(backing), mount, control, proc, log)
         try:
             deadline = time.monotonic() + timeout
@@ -561,6 +606,7 @@ def faultfs_factory() -> Iterator[MountFactory]:
     """`faultfs_factory(backing_dir) -> FaultyMount`, as many as a test asks for, each unmounted
     after the test, also when it failed."""
     with contextlib.ExitStack() as stack:
+
         def mount(backing: Path) -> FaultyMount:
             return stack.enter_context(mount_faultfs(backing))
 

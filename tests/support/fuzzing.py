@@ -49,32 +49,99 @@ class Target:
 
 # -- inputs -----------------------------------------------------------------------------------
 
-_NASTY = ["", " ", "\n", "\x00", "-", "+1", "0x", "0x" + "f" * 40, "9" * 400, "9" * 5000, "1e400", "nan", "inf",
-          "-inf", "NaN", "\u0663\u0664", "\ufffd", "N/A (no PMA)", "4: ACTIVE", "5: LinkUp", "400 Gb/sec (4X NDR)",
-          "2.5 Gb/sec (1X SDR)", "16.0 GT/s PCIe", "8 GT/s", "Unknown", "63", "0", "-1", str(1 << 64),
-          str((1 << 64) - 1), str(1 << 31), "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36", "ens1f0np0", "ib\ufffd0",
-          "RoCE v2", "IB/RoCE v1", "0c42:a103:0065:c7a8", "aa:bb:cc:dd:ee:ff", "Ethernet", "up", "1"]
+_NASTY = [
+    "",
+    " ",
+    "\n",
+    "\x00",
+    "-",
+    "+1",
+    "0x",
+    "0x" + "f" * 40,
+    "9" * 400,
+    "9" * 5000,
+    "1e400",
+    "nan",
+    "inf",
+    "-inf",
+    "NaN",
+    "\u0663\u0664",
+    "\ufffd",
+    "N/A (no PMA)",
+    "4: ACTIVE",
+    "5: LinkUp",
+    "400 Gb/sec (4X NDR)",
+    "2.5 Gb/sec (1X SDR)",
+    "16.0 GT/s PCIe",
+    "8 GT/s",
+    "Unknown",
+    "63",
+    "0",
+    "-1",
+    str(1 << 64),
+    str((1 << 64) - 1),
+    str(1 << 31),
+    "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36",
+    "ens1f0np0",
+    "ib\ufffd0",
+    "RoCE v2",
+    "IB/RoCE v1",
+    "0c42:a103:0065:c7a8",
+    "aa:bb:cc:dd:ee:ff",
+    "Ethernet",
+    "up",
+    "1",
+]
 
 _DIGITS = st.from_regex(r"-?[0-9]{0,420}(\.[0-9]{0,420})?", fullmatch=True)
 _TEMPLATES = st.builds(
     lambda template, fill: template.format(fill),
-    st.sampled_from(["{} Gb/sec (4X NDR)", "400 Gb/sec ({}X NDR)", "{}: ACTIVE", "0x{}", "{} GT/s PCIe",
-                     "{}\n", " {} ", "{}.5 Gb/sec (1X SDR)", "fe80:{}", "{}:0000:0000:0000:0000:0000:0000:0000"]),
-    st.one_of(_DIGITS, st.text(max_size=20), st.sampled_from(_NASTY)))
-TEXT = st.one_of(st.text(max_size=80), _DIGITS, _TEMPLATES, st.sampled_from(_NASTY),
-                 st.lists(st.sampled_from(_NASTY), max_size=4).map(" ".join))
-RAW = st.one_of(st.binary(max_size=80), TEXT.map(lambda t: t.encode("utf-8", "surrogatepass")),
-                st.integers(min_value=-5, max_value=200))  # an errno stands in for a failed read
+    st.sampled_from(
+        [
+            "{} Gb/sec (4X NDR)",
+            "400 Gb/sec ({}X NDR)",
+            "{}: ACTIVE",
+            "0x{}",
+            "{} GT/s PCIe",
+            "{}\n",
+            " {} ",
+            "{}.5 Gb/sec (1X SDR)",
+            "fe80:{}",
+            "{}:0000:0000:0000:0000:0000:0000:0000",
+        ]
+    ),
+    st.one_of(_DIGITS, st.text(max_size=20), st.sampled_from(_NASTY)),
+)
+TEXT = st.one_of(
+    st.text(max_size=80),
+    _DIGITS,
+    _TEMPLATES,
+    st.sampled_from(_NASTY),
+    st.lists(st.sampled_from(_NASTY), max_size=4).map(" ".join),
+)
+RAW = st.one_of(
+    st.binary(max_size=80),
+    TEXT.map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.integers(min_value=-5, max_value=200),
+)  # an errno stands in for a failed read
 
 PARSERS: dict[str, Callable[[str], object]] = {
-    "infiniband.parse_rate": infiniband.parse_rate, "infiniband.parse_numbered_state": infiniband.parse_numbered_state,
-    "infiniband.parse_guid": infiniband.parse_guid, "infiniband.parse_lid": infiniband.parse_lid,
-    "infiniband.parse_link_layer": infiniband.parse_link_layer, "infiniband.parse_string": infiniband.parse_string,
-    "infiniband.parse_counter": infiniband.parse_counter, "netclass.parse_int": netclass.parse_int,
-    "netclass.parse_bool01": netclass.parse_bool01, "netclass.parse_operstate": netclass.parse_operstate,
-    "netclass.parse_mac": netclass.parse_mac, "pci.parse_link_speed": pci.parse_link_speed,
-    "pci.parse_link_width": pci.parse_link_width, "gids.parse_gid": gids.parse_gid,
-    "gids.parse_gid_type": gids.parse_gid_type, "gids.parse_netdev_name": gids.parse_netdev_name,
+    "infiniband.parse_rate": infiniband.parse_rate,
+    "infiniband.parse_numbered_state": infiniband.parse_numbered_state,
+    "infiniband.parse_guid": infiniband.parse_guid,
+    "infiniband.parse_lid": infiniband.parse_lid,
+    "infiniband.parse_link_layer": infiniband.parse_link_layer,
+    "infiniband.parse_string": infiniband.parse_string,
+    "infiniband.parse_counter": infiniband.parse_counter,
+    "netclass.parse_int": netclass.parse_int,
+    "netclass.parse_bool01": netclass.parse_bool01,
+    "netclass.parse_operstate": netclass.parse_operstate,
+    "netclass.parse_mac": netclass.parse_mac,
+    "pci.parse_link_speed": pci.parse_link_speed,
+    "pci.parse_link_width": pci.parse_link_width,
+    "gids.parse_gid": gids.parse_gid,
+    "gids.parse_gid_type": gids.parse_gid_type,
+    "gids.parse_netdev_name": gids.parse_netdev_name,
 }
 
 
@@ -104,36 +171,65 @@ def parser_check(parse: Callable[[str], object]) -> Callable[[Any], None]:
         assert value is None or reason is None
         if value is not None:
             _representable(value)
+
     return check
 
 
 # -- model ------------------------------------------------------------------------------------
 
-_ANY_INT = st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70), st.sampled_from([10 ** 400, -(10 ** 400)]))
+_ANY_INT = st.one_of(st.integers(min_value=-(1 << 70), max_value=1 << 70), st.sampled_from([10**400, -(10**400)]))
 _ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
 _ANY_NUMBER = st.one_of(_ANY_INT, _ANY_FLOAT)
 _NAME = st.one_of(st.text(max_size=20), st.sampled_from(["ens1f0np0", "ib\udcff0", "mlx5_0", ""]))
-_GID_TEXT = st.one_of(st.sampled_from(["0000:0000:0000:0000:0000:ffff:0a00:0001",
-                                       "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36",
-                                       "0000:0000:0000:0000:0000:ffff:zzzz:zzzz"]), st.text(max_size=50))
-_GID_ENTRY = st.builds(GidEntry, st.integers(), _GID_TEXT, st.one_of(st.none(), _NAME, st.just("RoCE v2")),
-                       st.one_of(st.none(), _NAME))
+_GID_TEXT = st.one_of(
+    st.sampled_from(
+        [
+            "0000:0000:0000:0000:0000:ffff:0a00:0001",
+            "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36",
+            "0000:0000:0000:0000:0000:ffff:zzzz:zzzz",
+        ]
+    ),
+    st.text(max_size=50),
+)
+_GID_ENTRY = st.builds(
+    GidEntry, st.integers(), _GID_TEXT, st.one_of(st.none(), _NAME, st.just("RoCE v2")), st.one_of(st.none(), _NAME)
+)
 
 
 def _model_input() -> st.SearchStrategy[Any]:
-    netdev = st.builds(Netdev, _NAME, st.one_of(st.none(), _ANY_INT), st.one_of(st.none(), _NAME),
-                       st.one_of(st.none(), _ANY_INT), st.one_of(st.none(), _ANY_INT),
-                       st.one_of(st.none(), _NAME), st.one_of(st.none(), st.booleans()),
-                       st.one_of(st.none(), _ANY_INT), st.one_of(st.none(), _ANY_INT),
-                       st.one_of(st.none(), _ANY_INT), st.one_of(st.none(), _NAME))
+    netdev = st.builds(
+        Netdev,
+        _NAME,
+        st.one_of(st.none(), _ANY_INT),
+        st.one_of(st.none(), _NAME),
+        st.one_of(st.none(), _ANY_INT),
+        st.one_of(st.none(), _ANY_INT),
+        st.one_of(st.none(), _NAME),
+        st.one_of(st.none(), st.booleans()),
+        st.one_of(st.none(), _ANY_INT),
+        st.one_of(st.none(), _ANY_INT),
+        st.one_of(st.none(), _ANY_INT),
+        st.one_of(st.none(), _NAME),
+    )
     rate = st.builds(LinkRate, _ANY_FLOAT, _ANY_INT, _NAME)
     state = st.builds(NumberedState, _ANY_INT, _NAME)
     link = st.builds(PcieLink, _NAME, *(st.one_of(st.none(), _ANY_NUMBER) for _ in range(6)))
-    port = st.builds(Port, _NAME, _ANY_INT, st.one_of(st.none(), _NAME), st.one_of(st.none(), state),
-                     st.one_of(st.none(), state), st.one_of(st.none(), rate), st.one_of(st.none(), _ANY_INT),
-                     st.dictionaries(_NAME, st.builds(CounterValue, _ANY_INT, st.booleans()), max_size=2),
-                     st.dictionaries(_NAME, _ANY_INT, max_size=2), st.lists(_GID_ENTRY, max_size=3).map(tuple),
-                     _ANY_INT, st.lists(_NAME, max_size=2).map(tuple), st.one_of(st.none(), _ANY_INT))
+    port = st.builds(
+        Port,
+        _NAME,
+        _ANY_INT,
+        st.one_of(st.none(), _NAME),
+        st.one_of(st.none(), state),
+        st.one_of(st.none(), state),
+        st.one_of(st.none(), rate),
+        st.one_of(st.none(), _ANY_INT),
+        st.dictionaries(_NAME, st.builds(CounterValue, _ANY_INT, st.booleans()), max_size=2),
+        st.dictionaries(_NAME, _ANY_INT, max_size=2),
+        st.lists(_GID_ENTRY, max_size=3).map(tuple),
+        _ANY_INT,
+        st.lists(_NAME, max_size=2).map(tuple),
+        st.one_of(st.none(), _ANY_INT),
+    )
     error = st.builds(ReadError, _NAME, st.one_of(st.none(), _ANY_INT), _NAME, _NAME)
     return st.tuples(netdev, rate, state, link, port, error, st.one_of(st.none(), _ANY_FLOAT))
 
@@ -201,8 +297,11 @@ class OtlpEncoder:
         self.reader = InMemoryMetricReader()
         provider = MeterProvider(metric_readers=[self.reader], shutdown_on_exit=False)
         meter = provider.get_meter("fuzz")
-        create = {"counter": meter.create_observable_counter, "gauge": meter.create_observable_gauge,
-                  "updowncounter": meter.create_observable_up_down_counter}
+        create = {
+            "counter": meter.create_observable_counter,
+            "gauge": meter.create_observable_gauge,
+            "updowncounter": meter.create_observable_up_down_counter,
+        }
         for inst in otel_metrics.instruments():
             create[inst.kind](inst.name, callbacks=[self.observer.callback(inst.name)], unit=inst.unit)
 
@@ -232,8 +331,10 @@ def _otlp_shaped(families: list[Family]) -> list[Family]:
     warning of its own) and each value of the kind its family has."""
     out = []
     for family in _unique(families):
-        samples = [(labels, abs(value) if family.spec.kind == "counter" and not _is_nan(value) else value)
-                   for labels, value in family.samples]
+        samples = [
+            (labels, abs(value) if family.spec.kind == "counter" and not _is_nan(value) else value)
+            for labels, value in family.samples
+        ]
         out.append(Family(family.spec, samples))
     return out
 
@@ -241,20 +342,32 @@ def _otlp_shaped(families: list[Family]) -> list[Family]:
 # -- the state loader and both config loaders ------------------------------------------------------
 
 _JSON_LEAF = st.one_of(st.none(), st.booleans(), _ANY_INT, _ANY_FLOAT, st.text(max_size=12))
-_JSON = st.recursive(_JSON_LEAF, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                         st.dictionaries(st.text(max_size=8), inner, max_size=3)),
-                     max_leaves=8)
+_JSON = st.recursive(
+    _JSON_LEAF,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+    max_leaves=8,
+)
 _GOOD_STATE = state_module.State(
-    devices={"0000:11:00.0": state_module.KnownDevice("mlx5_0", "0000:11:00.0", "0c42:a103:0065:c7a8", "MT4129",
-                                                      "MT_0000000838", 1.0e9, 1.7e9)},
+    devices={
+        "0000:11:00.0": state_module.KnownDevice(
+            "mlx5_0", "0000:11:00.0", "0c42:a103:0065:c7a8", "MT4129", "MT_0000000838", 1.0e9, 1.7e9
+        )
+    },
     baselines={"mlx5_0/1": state_module.Baseline(50e9, 4)},
     addresses={"mlx5_0/1": {"10.0.0.1": state_module.KnownAddress("ens1f0np0", 1.7e9, 3)}},
 ).to_json()
 _STATE_PATHS = [("devices", "0000:11:00.0", f) for f in _GOOD_STATE["devices"]["0000:11:00.0"]] + [
-    ("baselines", "mlx5_0/1", "rate_bytes_per_second"), ("baselines", "mlx5_0/1", "lanes"),
-    ("addresses", "mlx5_0/1", "10.0.0.1", "netdev"), ("addresses", "mlx5_0/1", "10.0.0.1", "last_seen"),
-    ("addresses", "mlx5_0/1", "10.0.0.1", "v2_index"), ("addresses", "mlx5_0/1"), ("devices",), ("version",),
-    ("format",), ("extra",)]
+    ("baselines", "mlx5_0/1", "rate_bytes_per_second"),
+    ("baselines", "mlx5_0/1", "lanes"),
+    ("addresses", "mlx5_0/1", "10.0.0.1", "netdev"),
+    ("addresses", "mlx5_0/1", "10.0.0.1", "last_seen"),
+    ("addresses", "mlx5_0/1", "10.0.0.1", "v2_index"),
+    ("addresses", "mlx5_0/1"),
+    ("devices",),
+    ("version",),
+    ("format",),
+    ("extra",),
+]
 
 
 def _mutated_state(path: tuple[str, ...], value: Any) -> dict[str, Any]:
@@ -268,12 +381,15 @@ def _mutated_state(path: tuple[str, ...], value: Any) -> dict[str, Any]:
 
 def _state_bytes() -> st.SearchStrategy[bytes]:
     mutated = st.builds(_mutated_state, st.sampled_from(_STATE_PATHS), _JSON).map(
-        lambda d: json.dumps(d, allow_nan=True).encode())
+        lambda d: json.dumps(d, allow_nan=True).encode()
+    )
     nested = st.integers(min_value=1, max_value=200_000).map(lambda n: b"[" * n + b"]" * n)
     spliced = st.tuples(mutated, st.binary(min_size=1, max_size=4), st.integers(min_value=0)).map(
-        lambda t: t[0][:t[2] % (len(t[0]) + 1)] + t[1] + t[0][t[2] % (len(t[0]) + 1):])
-    return st.one_of(mutated, spliced, nested, st.binary(max_size=64), _JSON.map(
-        lambda d: json.dumps(d, allow_nan=True).encode()))
+        lambda t: t[0][: t[2] % (len(t[0]) + 1)] + t[1] + t[0][t[2] % (len(t[0]) + 1) :]
+    )
+    return st.one_of(
+        mutated, spliced, nested, st.binary(max_size=64), _JSON.map(lambda d: json.dumps(d, allow_nan=True).encode())
+    )
 
 
 def state_check(raw: bytes) -> None:
@@ -317,15 +433,18 @@ class Deep:
         return "[" * self.depth + "1" + "]" * self.depth
 
 
-_CONFIG_VALUE = st.one_of(_JSON.filter(lambda v: v is not None),
-                          st.integers(min_value=1, max_value=3000).map(Deep))
+_CONFIG_VALUE = st.one_of(_JSON.filter(lambda v: v is not None), st.integers(min_value=1, max_value=3000).map(Deep))
 
 
 def _toml_doc() -> st.SearchStrategy[bytes]:
     line = st.tuples(st.sampled_from(_KEYS), _CONFIG_VALUE).map(lambda kv: f"{kv[0]} = {_toml_value(kv[1])}\n")
     doc = st.lists(line, max_size=4).map("".join)
-    return st.one_of(doc.map(str.encode), st.text(max_size=60).map(lambda t: t.encode("utf-8", "surrogatepass")),
-                     st.binary(max_size=40), st.tuples(doc, st.binary(max_size=3)).map(lambda t: t[0].encode() + t[1]))
+    return st.one_of(
+        doc.map(str.encode),
+        st.text(max_size=60).map(lambda t: t.encode("utf-8", "surrogatepass")),
+        st.binary(max_size=40),
+        st.tuples(doc, st.binary(max_size=3)).map(lambda t: t[0].encode() + t[1]),
+    )
 
 
 def _yaml_doc() -> st.SearchStrategy[bytes]:
@@ -335,8 +454,12 @@ def _yaml_doc() -> st.SearchStrategy[bytes]:
             nested: Any = f"@@{value.depth}@@" if isinstance(value, Deep) else value
             for part in reversed(key.split(".")[1:]):
                 nested = {part: nested}
-            lines.append(json.dumps({key.split(".")[0]: nested}, allow_nan=True)[1:-1]
-                         .replace("NaN", ".nan").replace("-Infinity", "-.inf").replace("Infinity", ".inf"))
+            lines.append(
+                json.dumps({key.split(".")[0]: nested}, allow_nan=True)[1:-1]
+                .replace("NaN", ".nan")
+                .replace("-Infinity", "-.inf")
+                .replace("Infinity", ".inf")
+            )
         text = "{" + ", ".join(lines) + "}\n"
         for _key, value in pairs:
             if isinstance(value, Deep):
@@ -344,11 +467,21 @@ def _yaml_doc() -> st.SearchStrategy[bytes]:
         return text.encode()
 
     doc = st.lists(st.tuples(st.sampled_from(_KEYS), _CONFIG_VALUE), max_size=4).map(dump)
-    nasty = st.sampled_from([b"a: &a [1]\nb: *a\n", b"1: 2\n", b"? [a]\n: 1\n", b"x: !!python/name:os.system\n",
-                             b"poll_interval_seconds: 5\npoll_interval_seconds: 6\n", b"- 1\n- 2\n", b"\xff",
-                             b"x: " + b"[" * 600 + b"]" * 600])
-    return st.one_of(doc, nasty, st.text(max_size=60).map(lambda t: t.encode("utf-8", "surrogatepass")),
-                     st.binary(max_size=40))
+    nasty = st.sampled_from(
+        [
+            b"a: &a [1]\nb: *a\n",
+            b"1: 2\n",
+            b"? [a]\n: 1\n",
+            b"x: !!python/name:os.system\n",
+            b"poll_interval_seconds: 5\npoll_interval_seconds: 6\n",
+            b"- 1\n- 2\n",
+            b"\xff",
+            b"x: " + b"[" * 600 + b"]" * 600,
+        ]
+    )
+    return st.one_of(
+        doc, nasty, st.text(max_size=60).map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=40)
+    )
 
 
 def config_check(suffix: str) -> Callable[[bytes], None]:
@@ -360,9 +493,14 @@ def config_check(suffix: str) -> Callable[[bytes], None]:
         except ConfigError as exc:
             assert "\n" not in str(exc) and len(str(exc)) < 5000
             return
-        for number in (loaded.poll_interval_seconds, loaded.flap_window_seconds, loaded.flap_clear_after_seconds,
-                       loaded.address_forget_after_seconds):
+        for number in (
+            loaded.poll_interval_seconds,
+            loaded.flap_window_seconds,
+            loaded.flap_clear_after_seconds,
+            loaded.address_forget_after_seconds,
+        ):
             assert number is None or math.isfinite(number)
+
     return check
 
 

@@ -172,8 +172,9 @@ def _free_management_net() -> ipaddress.IPv4Network:
 
 
 @contextmanager
-def network_namespace(netdevs: Mapping[str, str | None] | Sequence[str], *, prefix: str = PREFIX,
-                      up: bool = True) -> Iterator[Netns]:
+def network_namespace(
+    netdevs: Mapping[str, str | None] | Sequence[str], *, prefix: str = PREFIX, up: bool = True
+) -> Iterator[Netns]:
     """A namespace holding a veth end named after each of `netdevs` (name -> MAC or None).
 
     With `up` every pair is brought up, so the netdevs have carrier. Everything is removed on
@@ -192,8 +193,21 @@ def network_namespace(netdevs: Mapping[str, str | None] | Sequence[str], *, pref
         for i, (netdev, mac) in enumerate(macs.items()):
             peer = f"{tag}p{i}"
             ns.peers[netdev] = peer
-            _ip("link", "add", netdev, "netns", ns.name, *(["address", mac] if mac else []),
-                "type", "veth", "peer", "name", peer, "netns", ns.peer_ns)
+            _ip(
+                "link",
+                "add",
+                netdev,
+                "netns",
+                ns.name,
+                *(["address", mac] if mac else []),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                peer,
+                "netns",
+                ns.peer_ns,
+            )
             if up:
                 _ip("-n", ns.peer_ns, "link", "set", peer, "up")
                 ns.ip("link", "set", netdev, "up")

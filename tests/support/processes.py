@@ -42,8 +42,9 @@ def venv_tool(name: str) -> str:
     return str(path)
 
 
-def http_get(url: str, *, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None,
-             timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+def http_get(
+    url: str, *, headers: dict[str, str] | None = None, context: ssl.SSLContext | None = None, timeout: float = 5.0
+) -> tuple[int, dict[str, str], bytes]:
     request = urllib.request.Request(url, headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
@@ -64,18 +65,27 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 10) -> None:
 
 
 @contextmanager
-def exporter(args: Sequence[str], *, ready_url: str, env: dict[str, str] | None = None,
-             context: ssl.SSLContext | None = None, headers: dict[str, str] | None = None,
-             log_path: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:
+def exporter(
+    args: Sequence[str],
+    *,
+    ready_url: str,
+    env: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
+    log_path: Path | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
     """`rnic-exporter <args>` in a subprocess, waited for until `ready_url` answers 200."""
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([sys.executable, "-m", "rnic_exporter", *args], stdout=log, stderr=log,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rnic_exporter", *args], stdout=log, stderr=log, env={**os.environ, **(env or {})}
+    )
     try:
+
         def ready() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"exporter exited with {proc.returncode}"
-                                     + (f": {log_path.read_text()}" if log_path else ""))
+                raise AssertionError(
+                    f"exporter exited with {proc.returncode}" + (f": {log_path.read_text()}" if log_path else "")
+                )
             return http_get(ready_url, context=context, headers=headers, timeout=1)[0] == 200
 
         wait_for(ready, timeout=20, what=f"exporter at {ready_url}")
@@ -110,9 +120,17 @@ class _DebianDaemon:
         binary = require_binary(self.binary)
         self._log = open(self.log_path, "wb")  # closed in __exit__
         self.proc = subprocess.Popen(
-            [binary, f"--config.file={self.config_path}", f"{self.storage_flag}={self.workdir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", *self.extra_flags, "--log.level=warn"],
-            stdout=self._log, stderr=self._log)
+            [
+                binary,
+                f"--config.file={self.config_path}",
+                f"{self.storage_flag}={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                *self.extra_flags,
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=self._log,
+        )
         wait_for(self._ready, timeout=30, what=f"{self.binary} /-/ready")
         return self
 
@@ -185,8 +203,12 @@ class Alertmanager(_DebianDaemon):
 
     def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
         """Push alerts as Prometheus does (API v2)."""
-        request = urllib.request.Request(f"{self.url}/api/v2/alerts", data=json.dumps(alerts).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
+        request = urllib.request.Request(
+            f"{self.url}/api/v2/alerts",
+            data=json.dumps(alerts).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             if response.status != 200:
                 raise AssertionError(f"alertmanager refused alerts: {response.status}")
