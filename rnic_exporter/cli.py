@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from rnic_exporter import __version__
-from rnic_exporter.bounds import POLL_INTERVAL, NumberParam
+from rnic_exporter.bounds import DEVICES, GID_INDEX, POLL_INTERVAL, NumberParam
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sinks.otel_settings import otlp_options
 
@@ -413,7 +413,7 @@ def serve(
 @click.option(
     "--nccl-gid-index",
     "nccl_gid_index",
-    type=click.IntRange(min=-1),
+    type=NumberParam(GID_INDEX),
     default=None,
     metavar="N",
     help="The NCCL_IB_GID_INDEX your jobs use (default: $NCCL_IB_GID_INDEX, then the config file; "
@@ -422,7 +422,7 @@ def serve(
 @click.option(
     "--expected-devices",
     "expected_devices",
-    type=click.IntRange(min=1),
+    type=NumberParam(DEVICES),
     default=None,
     metavar="N",
     help="RDMA devices this host must have (default: the config file's inventory.expected_devices).",

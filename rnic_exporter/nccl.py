@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from rnic_exporter.bounds import GID_INDEX, check_number
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model import ZERO_GID, Device, GidEntry, Port
 
@@ -51,9 +52,16 @@ def nccl_environment(
 
 
 def gid_index_from_env(env: Mapping[str, str]) -> int | None:
-    """NCCL_IB_GID_INDEX: None when unset or empty; raises ConfigError when not an integer."""
+    """NCCL_IB_GID_INDEX: None when unset or empty; raises ConfigError when not an integer in the
+    range `--nccl-gid-index` and the config file's `nccl.ib_gid_index` accept (one validator)."""
     raw = env.get("NCCL_IB_GID_INDEX", "").strip()
-    return _env_int(env, "NCCL_IB_GID_INDEX", 0) if raw else None
+    if not raw:
+        return None
+    index = _env_int(env, "NCCL_IB_GID_INDEX", 0)
+    try:
+        return int(check_number("NCCL_IB_GID_INDEX", index, GID_INDEX))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,37 @@ def test_the_flag_refuses_what_the_file_refuses(tmp_path: Path, value: str) -> N
     assert "--poll.interval" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "key", "file_value"),
+    [
+        ("--nccl-gid-index", "-2", "nccl.ib_gid_index", "-2"),
+        ("--nccl-gid-index", "65536", "nccl.ib_gid_index", "65536"),
+        ("--expected-devices", "0", "inventory.expected_devices", "0"),
+        ("--expected-devices", "4097", "inventory.expected_devices", "4097"),
+    ],
+)
+def test_checks_flags_are_bounded_like_the_file(
+    tmp_path: Path, flag: str, value: str, key: str, file_value: str
+) -> None:
+    # check runs in job prologues: a flag the file would refuse must not be judged against silently.
+    section, name = key.split(".")
+    path = tmp_path / "rnic.toml"
+    path.write_text(f"[{section}]\n{name} = {file_value}\n")
+    with pytest.raises(ConfigError) as from_file:
+        config.load(path)
+    result = CliRunner().invoke(main, ["check", "--path.sysfs", str(tmp_path), flag, value])
+    assert result.exit_code == 2, result.output
+    assert flag in result.stderr and "Traceback" not in result.stderr
+    bound = str(from_file.value).split("expected ", 1)[1].split(", got")[0]
+    assert f"expected {bound}, got {value}" in result.stderr
+
+
+def test_the_environments_gid_index_is_bounded_like_the_flag(tmp_path: Path) -> None:
+    result = CliRunner(env={"NCCL_IB_GID_INDEX": "99999"}).invoke(main, ["check", "--path.sysfs", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "NCCL_IB_GID_INDEX: expected an integer >= -1 and <= 65535, got 99999" in result.stderr
+
+
 def test_the_floor_is_the_same_from_flag_and_file(tmp_path: Path) -> None:
     path = tmp_path / "rnic.toml"
     path.write_text("poll_interval_seconds = 0.04\n")
