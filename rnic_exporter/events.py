@@ -48,8 +48,8 @@ NCCL_GID_INDEX_CHANGED = _e(
 NCCL_GID_INDEX_INVALID = _e(
     "rnic.nccl.gid_index_invalid",
     "critical",
-    "The configured NCCL_IB_GID_INDEX does not point at a RoCE v2 IPv4 GID; NCCL init "
-    "hangs or fails with 'Got completion with error 4'.",
+    "The configured NCCL_IB_GID_INDEX does not point at the GID NCCL's settings need (a RoCE v2 IPv4 GID "
+    "at the defaults); NCCL init hangs or fails with 'Got completion with error 4'.",
 )
 NCCL_GID_INDEX_VALID = _e(
     "rnic.nccl.gid_index_valid", "info", "The configured NCCL_IB_GID_INDEX points at a RoCE v2 IPv4 GID again."

@@ -77,6 +77,12 @@ class NcclSettings:
     def family_name(self) -> str:
         return _FAMILY_NAMES.get(self.address_family, str(self.address_family))
 
+    @property
+    def wanted_gid(self) -> str:
+        """The GID these settings make NCCL use, for messages: 'RoCE v2 IPv4 GID' at the defaults."""
+        family = "IPv4" if self.address_family == AF_INET else "routable IPv6"
+        return f"RoCE v{self.roce_version} {family} GID"
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NcclSettings:
         env = os.environ if env is None else env

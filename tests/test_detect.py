@@ -7,6 +7,7 @@ what the kernel would show, not from hand-built snapshots.
 from __future__ import annotations
 
 import json
+import socket
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from rnic_exporter.detect.settings import DetectionSettings, FlapSettings, Rated
 from rnic_exporter.detect.state import STATE_FILE, State, StateStore
 from rnic_exporter.events import Event
 from rnic_exporter.model import Snapshot
+from rnic_exporter.nccl import NcclSettings
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.ethtool import AdvertisedLink, best_mode
 from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
@@ -166,6 +168,16 @@ def test_configured_gid_index_must_be_roce_v2_ipv4(sim_host: SimHost, index: int
     assert ib and all(v.configured_index_valid is None for v in ib)
     first = [e for e in diff(None, cur) if not e.name.startswith("rnic.device.")]
     assert names(first) == ([] if valid else ["rnic.nccl.gid_index_invalid"] * 2)
+
+
+def test_invalid_index_event_names_the_gid_the_nccl_family_wants(sim_host: SimHost) -> None:
+    # Index 3 holds the IPv4 address's RoCE v2 GID: right under AF_INET, wrong for an AF_INET6 fabric.
+    v6 = DetectionSettings(nccl_gid_index=3, nccl=NcclSettings(address_family=socket.AF_INET6))
+    events = [e for e in diff(None, judge(read_full(sim_host), State(), v6)) if e.name == "rnic.nccl.gid_index_invalid"]
+    assert events and all("is not a RoCE v2 routable IPv6 GID on" in e.message for e in events)
+    v4 = DetectionSettings(nccl_gid_index=2)
+    events = [e for e in diff(None, judge(read_full(sim_host), State(), v4)) if e.name == "rnic.nccl.gid_index_invalid"]
+    assert events and all("is not a RoCE v2 IPv4 GID on" in e.message for e in events)
 
 
 def test_configured_index_turns_invalid_when_the_address_moves(sim_host: SimHost) -> None:

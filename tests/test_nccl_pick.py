@@ -189,6 +189,8 @@ def test_pinned_index_is_judged_under_the_nccl_family(host: SimHost) -> None:
     assert [p["what"].split(" (")[0] for p in problems(report)] == [
         "NCCL_IB_GID_INDEX=1 is not a RoCE v2 routable IPv6 GID"
     ] * 2
+    # The fix names the family NCCL wants, not the IPv4 rows it would ignore.
+    assert all("RoCE v2 routable IPv6 GID index" in p["fix"] and "IPv4" not in p["fix"] for p in problems(report))
 
 
 def test_unreadable_gid_table_says_so_instead(host: SimHost, tmp_path: Path) -> None:

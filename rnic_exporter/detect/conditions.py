@@ -87,6 +87,7 @@ class PortView:
     nccl_pick: NcclPick | None = None
     gid_table_unreadable: str | None = None  # what of the table could not be read, on a RoCE port
     state_text: str = ""  # `state / phys_state` as the kernel prints them, for messages
+    configured_index_wanted: str = "RoCE v2 IPv4 GID"  # what the configured index must hold (NcclSettings.wanted_gid)
 
     @property
     def nccl_usable(self) -> bool | None:
@@ -94,8 +95,8 @@ class PortView:
 
     @property
     def judged_pick(self) -> NcclPick | None:
-        """The pick for problems and events: a configured index already judged invalid (not a RoCE
-        v2 IPv4 GID: `configured_index_valid`) is reported once, by that judgement."""
+        """The pick for problems and events: a configured index already judged invalid (not the
+        GID NCCL's settings want: `configured_index_valid`) is reported once, by that judgement."""
         pick = self.nccl_pick
         return None if pick is not None and pick.configured and self.configured_index_valid is False else pick
 
@@ -415,6 +416,7 @@ def _port_view(
         configured_index=configured if valid is not None else None,
         configured_index_valid=valid,
         configured_index_content=content,
+        configured_index_wanted=nccl.wanted_gid,
         addresses=current,
         addresses_from=source,
         expected=expected,

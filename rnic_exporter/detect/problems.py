@@ -15,7 +15,15 @@ from rnic_exporter.detect.conditions import GIDS_MISSING, NCCL_GID_FILES, HostCo
 from rnic_exporter.detect.diff import RISK_TEXT
 from rnic_exporter.events import Severity
 from rnic_exporter.model import ReadError
-from rnic_exporter.nccl import LINK_LOCAL, NO_GID, OUT_OF_RANGE, PICK_PROBLEMS, WRONG_ROCE_VERSION, NcclSettings
+from rnic_exporter.nccl import (
+    AF_INET,
+    LINK_LOCAL,
+    NO_GID,
+    OUT_OF_RANGE,
+    PICK_PROBLEMS,
+    WRONG_ROCE_VERSION,
+    NcclSettings,
+)
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 FAIL_ON = ("critical", "warning")  # `check --fail-on`: the least severe problem that fails the check
@@ -131,7 +139,7 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                 )
             )
     if view.configured_index_valid is False:
-        wanted = f"RoCE v{nccl.roce_version} {'IPv4' if nccl.family_name == 'AF_INET' else 'routable IPv6'} GID"
+        wanted = nccl.wanted_gid
         out.append(
             Problem(
                 "nccl_gid_index_invalid",
@@ -139,8 +147,8 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                 where,
                 f"NCCL_IB_GID_INDEX={view.configured_index} is not a {wanted} ({view.configured_index_content})",
                 "NCCL init hangs or fails with 'Got completion with error 4'",
-                "set NCCL_IB_GID_INDEX to the RoCE v2 IPv4 index shown by `rnic-exporter gids` "
-                f"({_v2_hint(view)}) or unset it to let NCCL auto-select",
+                f"set NCCL_IB_GID_INDEX to the {wanted} index shown by `rnic-exporter gids` "
+                f"({_v2_hint(view, nccl)}) or unset it to let NCCL auto-select",
             )
         )
     if view.gid_table_unreadable is not None:
@@ -190,7 +198,9 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
     return out
 
 
-def _v2_hint(view: PortView) -> str:
+def _v2_hint(view: PortView, nccl: NcclSettings) -> str:
+    if nccl.address_family != AF_INET:
+        return "its IPv6 rows"  # the view indexes IPv4 GIDs only
     if not view.v2_ipv4_index:
         return "none on this port"
     return ", ".join(f"{a} at {i}" for a, i in sorted(view.v2_ipv4_index.items()))
@@ -205,7 +215,7 @@ def _unusable_pick(
     if configured:
         fix = (
             f"point NCCL_IB_GID_INDEX at the RoCE v2 GID of the address jobs use (`rnic-exporter gids`: "
-            f"{_v2_hint(view)}), or unset it to let NCCL auto-select"
+            f"{_v2_hint(view, nccl)}), or unset it to let NCCL auto-select"
         )
     elif problem == OUT_OF_RANGE:
         fix = f"give {netdev} an address inside NCCL_IB_ADDR_RANGE={nccl.address_range}, or correct NCCL_IB_ADDR_RANGE"
