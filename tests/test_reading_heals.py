@@ -11,6 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.snapshot import HostReader, Job, run_here
 from rnic_exporter.sources.sysfs import SysfsRoot
@@ -137,3 +139,52 @@ def test_a_device_removed_while_being_read_is_not_published_as_a_ghost(sim_host:
     for snap in (racing, after):
         dev = snap.device("mlx5_1")
         assert dev is not None and dev.pci_address == "0000:19:00.0", dev
+
+
+def test_a_known_device_removed_while_being_read_keeps_its_last_tables(sim_host: SimHost) -> None:
+    """The soak's remove step landing inside a pass over a device already learned: its state files,
+    then its GID listing, answer ENOENT. An empty table there is not "the addresses left" (that paged
+    rnic.address.lost once per removal, before rnic.device.disappeared): the pass keeps what was last
+    published and the next listing retires the device."""
+    reader = reader_of(sim_host, dict(sim_host.errno_overlay))
+    before = reader.read(full_gid_tables=True).port("mlx5_1", 1)
+    assert before is not None and len(before.gids) == 4
+
+    def removed_mid_pass(jobs: Sequence[Job]) -> None:
+        sim_host.remove_device("mlx5_1")
+        run_here(jobs)
+
+    for full in (False, True):  # whether the pass was asked for whole GID tables or not
+        racing = reader.state_pass(runner=removed_mid_pass, full_gid_tables=full).snapshot
+        port = racing.port("mlx5_1", 1)
+        assert port is not None and (port.gids, port.state) == (before.gids, before.state), full
+        assert reader.read().device("mlx5_1") is None  # the next listing: gone, so it is judged disappeared
+        sim_host.restore_device("mlx5_1")
+        back = reader.read(full_gid_tables=True).port("mlx5_1", 1)
+        assert back is not None and len(back.gids) == 4
+        before = back
+
+
+def test_a_device_removed_between_its_state_files_and_its_gid_table(
+    sim_host: SimHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same race one step later: the port state was read (it went down), then the device left
+    before its GID table was listed."""
+    from rnic_exporter.sources import snapshot
+
+    reader = reader_of(sim_host, dict(sim_host.errno_overlay))
+    before = reader.read(full_gid_tables=True).port("mlx5_1", 1)
+    assert before is not None and len(before.gids) == 4
+    original = snapshot._DeviceReader._read_gid_table
+
+    def vanishing(self: snapshot._DeviceReader, port: snapshot._PortShape) -> bool:
+        if self.name == "mlx5_1" and "mlx5_1" not in sim_host.removed:
+            sim_host.remove_device("mlx5_1")
+        return original(self, port)
+
+    monkeypatch.setattr(snapshot._DeviceReader, "_read_gid_table", vanishing)
+    sim_host.set_port_up("mlx5_1", False)  # a state change: the pass reads the whole table
+    racing = reader.state_pass(trust_events=True).snapshot
+    port = racing.port("mlx5_1", 1)
+    assert port is not None and port.gids == before.gids, "a vanishing device's table is not 'empty'"
+    assert reader.read().device("mlx5_1") is None

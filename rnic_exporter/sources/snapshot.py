@@ -564,6 +564,13 @@ class _DeviceReader:
             plan = self._build_plan(shape)
             changed = plan.refresh(self.fds)
         self._watch_raws = [plan.raws[i] for i in self._watch_index]
+        if (changed or fresh_gids) and self.root.identity(self.base) != self.ident:
+            # Unregistered while being read (one stat, paid only when something changed): the files
+            # read after it left answer ENOENT, and an empty GID listing would read as "every
+            # address left". Keep what was last published; the next listing retires the device.
+            self.resettle = True
+            self.changed, self.device = False, self._published
+            return
         if changed or fresh_gids or self.device is None:
             self._assemble(shape, plan, changed, fresh_gids)
         self._read_errors.extend(self.errors)
