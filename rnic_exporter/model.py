@@ -305,6 +305,9 @@ class Snapshot:
     read_seconds: float = 0.0
     # What the drivers do not provide (sources.availability): no value, and no fault either.
     unsupported: tuple[ReadError, ...] = ()
+    # Devices the listing shows that were never read whole (a first read still hung, an unreadable
+    # `device` link): registered, so not "disappeared", but nothing about them is known yet.
+    listed_unread: tuple[str, ...] = ()
 
     @property
     def ports(self) -> tuple[Port, ...]:

@@ -448,3 +448,17 @@ def test_event_catalogue_is_complete_and_consistent() -> None:
     for spec in ev.EVENT_SPECS:
         assert spec.name.startswith("rnic.") and spec.name == spec.name.lower() and spec.meaning
         assert spec.severity in ev.OTEL_SEVERITY_NUMBER
+
+
+def test_a_listed_device_not_read_yet_is_not_disappeared(sim_host: SimHost) -> None:
+    # The reading layer lists a device whose first read hangs but cannot publish it: the inventory
+    # must not page "disappeared" for it (the stuck-read metric and alert say what is wrong).
+    run = Run(sim_host)
+    run.poll()
+    full = replace(read_full(sim_host), taken_at=run.clock + 5)
+    others = tuple(d for d in full.devices if d.name != "mlx5_1")
+    stuck = replace(full, devices=others, listed_unread=("mlx5_1",))
+    events = run.detector.observe(stuck, None)
+    assert "rnic.device.disappeared" not in names(events)
+    gone = replace(full, devices=others, taken_at=run.clock + 10)  # no longer listed at all
+    assert only(run.detector.observe(gone, None), "rnic.device.disappeared").device == "mlx5_1"

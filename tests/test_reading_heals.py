@@ -77,6 +77,7 @@ def test_an_unresolvable_device_link_is_never_published_under_a_guessed_identity
         for _ in range(2):
             snap = reader.read()
             assert snap.device("mlx5_1") is None and snap.device("mlx5_0") is not None
+            assert snap.listed_unread == ("mlx5_1",)  # registered: not judged disappeared
             assert ("mlx5_1", "device") in {(e.device, e.attribute) for e in (*snap.errors, *snap.unsupported)}
     finally:
         link.unlink()

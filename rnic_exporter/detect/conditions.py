@@ -343,7 +343,10 @@ def judge(
             )
     for key, known in state.devices.items():
         if key not in devices:
-            devices[key] = DeviceView(key, known.name, known.pci_address, False, True)
+            # Listed under its name but not read yet (a first read hung): registered, not gone.
+            # The stuck-read metric says what is wrong; "disappeared" would page the wrong runbook.
+            listed = known.name in snap.listed_unread
+            devices[key] = DeviceView(key, known.name, known.pci_address, listed, True)
     return HostConditions(snap.taken_at, ports, devices, settings.expected_devices)
 
 

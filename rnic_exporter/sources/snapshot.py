@@ -241,11 +241,13 @@ class HostReader:
         changed = [r.name for r in readers if r.changed]
         last = self._last
         present = tuple(r for r in readers if r.device is not None)
+        unread = tuple(r.name for r in readers if r.device is None)
         if (
             last is not None
             and not changed
             and not listing_errors
             and not listing_failed
+            and unread == last.listed_unread
             and len(present) == len(last.devices)
             and all(r.device is d for r, d in zip(present, last.devices, strict=True))
         ):
@@ -267,6 +269,7 @@ class HostReader:
             taken_at=time.time(),
             read_seconds=time.monotonic() - started,
             unsupported=tuple(unsupported),
+            listed_unread=unread,
         )
         return StatePass(
             snap, tuple(changed) or ("-",), self._counted(readers) + tuple(listing_errors), snap.read_seconds
