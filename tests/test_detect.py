@@ -462,3 +462,16 @@ def test_a_listed_device_not_read_yet_is_not_disappeared(sim_host: SimHost) -> N
     assert "rnic.device.disappeared" not in names(events)
     gone = replace(full, devices=others, taken_at=run.clock + 10)  # no longer listed at all
     assert only(run.detector.observe(gone, None), "rnic.device.disappeared").device == "mlx5_1"
+
+
+def test_a_card_registered_under_a_departed_cards_name_is_still_judged(sim_host: SimHost) -> None:
+    run = Run(sim_host)
+    run.poll()
+    sim_host.set_port_up("mlx5_1", False)
+    snap = replace(read_full(sim_host), taken_at=run.clock + 5)
+    moved = tuple(replace(d, pci_address="0000:99:00.0") if d.name == "mlx5_1" else d for d in snap.devices)
+    events = run.detector.observe(replace(snap, devices=moved), None)
+    gone = only(events, "rnic.device.disappeared")
+    assert (gone.device, gone.pci_address) == ("mlx5_1", "0000:19:00.0")
+    # The new card's port is down: the old card's absence under the same name must not mute that.
+    assert "rnic.port.down" in names(events), names(events)

@@ -17,7 +17,9 @@ from rnic_exporter.events import Event
 def diff(prev: HostConditions | None, cur: HostConditions) -> list[Event]:
     out: list[Event] = []
     _devices(prev, cur, out)
-    gone = {d.name for d in cur.devices.values() if not d.present}
+    # A name can be both: the card that left and another one registered under its name (a replaced
+    # NIC in another slot). The one present is judged; the other's absence must not mute it.
+    gone = {d.name for d in cur.devices.values() if not d.present} - {d.name for d in cur.devices.values() if d.present}
     for key, port in cur.ports.items():
         if port.device in gone:
             continue
