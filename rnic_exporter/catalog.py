@@ -117,10 +117,11 @@ DEVICE_HW_STAT = _m(
     "Every file in <device>/hw_counters/ (device-wide driver counters).",
 )
 PORT_PMA_SATURATED = _m(
-    "rnic_port_pma_saturated",
+    "rnic_port_pma_counters_saturated",
     "gauge",
-    (*PORT_LABELS, "counter"),
-    "1 while a PMA counter is stuck at its maximum (PMA counters saturate, not wrap).",
+    PORT_LABELS,
+    "How many of the port's PMA counters are stuck at their maximum (PMA counters saturate, not "
+    "wrap); > 0: those counters stopped counting until they are reset (perfquery -R).",
 )
 PCIE_LINK_SPEED = _m(
     "rnic_pcie_link_speed_transfers_per_second",

@@ -154,7 +154,8 @@ def counters_part(f: _Samples, pl: tuple[str, str], counters: Mapping[str, Count
             f.add(named, pl, counter.value)
         else:
             f.add(c.PORT_PMA, (*pl, name), counter.value)
-        f.add(c.PORT_PMA_SATURATED, (*pl, name), 1 if counter.saturated else 0)
+    if counters:
+        f.add(c.PORT_PMA_SATURATED, pl, sum(1 for counter in counters.values() if counter.saturated))
 
 
 def hw_part(f: _Samples, pl: tuple[str, str], hw_counters: Mapping[str, int]) -> None:
@@ -345,13 +346,16 @@ def counter_families(groups: Iterable[tuple[str, CounterGroup]]) -> Iterator[Fam
                 if value is not None:
                     f.add(c.PORT_HW_STAT, (device, port, name), value)
             continue
-        for name, value, saturated in zip(group.names, group.values, group.saturated, strict=True):
+        read = False
+        for name, value in zip(group.names, group.values, strict=True):
             if value is None:
                 continue
+            read = True
             named = c.NAMED_PMA_COUNTERS.get(name)
             if named is not None:
                 f.add(named, (device, port), value)
             else:
                 f.add(c.PORT_PMA, (device, port, name), value)
-            f.add(c.PORT_PMA_SATURATED, (device, port, name), 1 if saturated else 0)
+        if read:
+            f.add(c.PORT_PMA_SATURATED, (device, port), sum(group.saturated))
     yield from f

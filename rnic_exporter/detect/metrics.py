@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from rnic_exporter import catalog
+from rnic_exporter import events as ev
 from rnic_exporter.catalog import MetricSpec
-from rnic_exporter.detect.conditions import HostConditions
+from rnic_exporter.detect.conditions import HostConditions, PortView
 from rnic_exporter.events import EVENT_SPECS
 from rnic_exporter.samples import Family, FamilyBuilder
 from rnic_exporter.sources.hostnet import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
@@ -15,6 +16,45 @@ RISK_REASONS = (NETWORKMANAGER, IPV6_KEEP_ADDR_OFF)
 DEVICE_EVENTS = tuple(s.name for s in EVENT_SPECS if s.name.startswith("rnic.device."))
 PORT_EVENTS = tuple(s.name for s in EVENT_SPECS if not s.name.startswith("rnic.device."))
 
+# Which port events a port can raise (detect/diff.py), so only those counters are created at 0.
+# Keyed on what does not change while the exporter runs (link layer, netdev, the configured NCCL
+# index), never on the port's current state: a counter that comes and goes breaks increase().
+_EVERY_PORT = (
+    ev.GID_TABLE_CHANGED,
+    ev.PORT_DOWN,
+    ev.PORT_UP,
+    ev.PORT_FLAPPING,
+    ev.PORT_STABLE,
+    ev.LINK_BELOW_RATED,
+    ev.LINK_RESTORED,
+)
+# NCCL's RoCE path: IPv4 GIDs that move, the index it auto-selects and whether that GID crosses
+# nodes; and the address managers that drop a RoCE netdev's addresses (an InfiniBand port's GIDs
+# are not built from addresses).
+_ROCE_PORT = (
+    ev.GID_ADDRESS_MOVED,
+    ev.NCCL_GID_INDEX_CHANGED,
+    ev.NCCL_GID_UNUSABLE,
+    ev.NCCL_GID_USABLE,
+    ev.RISK_ADDRESS_LOSS,
+)
+_CONFIGURED_INDEX = (ev.NCCL_GID_INDEX_INVALID, ev.NCCL_GID_INDEX_VALID)  # NCCL_IB_GID_INDEX is set
+_NETDEV_PORT = (ev.ADDRESS_LOST, ev.ADDRESS_RESTORED)  # addresses are a netdev's
+# Every port event has a rule above (tests/test_series_budget.py holds the catalogue to that).
+PORT_EVENT_RULES = (_EVERY_PORT, _ROCE_PORT, _CONFIGURED_INDEX, _NETDEV_PORT)
+
+
+def port_events(view: PortView) -> tuple[str, ...]:
+    """The events `view`'s port can raise, in catalogue order."""
+    possible = {s.name for s in _EVERY_PORT}
+    if view.link_layer == "Ethernet":
+        possible.update(s.name for s in _ROCE_PORT)
+    if view.configured_index is not None:  # set only for an Ethernet port (conditions.py)
+        possible.update(s.name for s in _CONFIGURED_INDEX)
+    if view.netdev is not None:
+        possible.update(s.name for s in _NETDEV_PORT)
+    return tuple(name for name in PORT_EVENTS if name in possible)
+
 
 def detection_families(
     cur: HostConditions | None,
@@ -22,8 +62,9 @@ def detection_families(
     events: Mapping[tuple[str, str, str], int],
     source_counters: Mapping[MetricSpec, Mapping[str, int]],
 ) -> Iterator[Family]:
-    """`events` is keyed (event, device, port-as-text); every known port's and device's series start at 0,
-    so an alert's increase() sees the first event (a counter born at 1 hides it)."""
+    """`events` is keyed (event, device, port-as-text); every event a known port or device can raise
+    (`port_events`) starts at 0, so an alert's increase() sees the first one (a counter born at 1 hides
+    it); one that could not be foreseen still counts from 1."""
     out = FamilyBuilder()
     c = catalog
     if cur is not None:
@@ -60,7 +101,7 @@ def detection_families(
     counts = dict(events)
     if cur is not None:
         for view in cur.ports.values():
-            for name in PORT_EVENTS:
+            for name in port_events(view):
                 counts.setdefault((name, view.device, str(view.port)), 0)
         for dev in cur.devices.values():
             for name in DEVICE_EVENTS:

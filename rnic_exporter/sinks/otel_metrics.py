@@ -140,7 +140,7 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     ),
     _one(c.PORT_HW_STAT, "rnic.port.hw_stat", "counter", "{count}"),
     _one(c.DEVICE_HW_STAT, "rnic.device.hw_stat", "counter", "{count}"),
-    _one(c.PORT_PMA_SATURATED, "rnic.port.pma.saturated", "gauge", "1"),
+    _one(c.PORT_PMA_SATURATED, "rnic.port.pma.counters_saturated", "gauge", "{counter}"),
     _one(c.PCIE_LINK_SPEED, "rnic.pcie.link.speed", "gauge", "{transfer}/s"),
     _one(c.PCIE_LINK_WIDTH, "rnic.pcie.link.width", "gauge", "{lane}"),
     _one(c.NETDEV_SPEED, "rnic.netdev.speed", "gauge", "By/s"),

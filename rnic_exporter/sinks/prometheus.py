@@ -68,7 +68,6 @@ class _CounterLines:
         "_prefix",
         "_sat",
         "_sat_metric",
-        "_sat_pos",
         "chunks",
         "specs",
         "version",
@@ -83,9 +82,8 @@ class _CounterLines:
         self._lines: list[str] = [""] * n
         self._prefix: list[str] = []
         self._metric: list[int] = []
-        self._sat: list[tuple[str, str]] = []
+        self._sat: list[str] = []  # counters: the port's saturation line for 0..n counters stuck
         self._pos: list[int] = [0] * n  # where each value's line sits in its metric's lines
-        self._sat_pos: list[int] = [0] * n
         self._by_metric: list[list[str]] = []
         self._order: list[int] = []  # metrics in first-seen order, as `chunks`
         specs: list[MetricSpec] = []
@@ -108,11 +106,10 @@ class _CounterLines:
             self._metric.append(metric(spec))
             line = series_line(spec, labels, 0)
             self._prefix.append(line[: line.rfind(" ") + 1])
-            if group.kind == "counters":
-                sat = c.PORT_PMA_SATURATED
-                metric(sat)
-                labels = (device, port, name)
-                self._sat.append((series_line(sat, labels, 0), series_line(sat, labels, 1)))
+        if group.kind == "counters" and group.port is not None:
+            sat = c.PORT_PMA_SATURATED
+            metric(sat)
+            self._sat = [series_line(sat, (device, port), k) for k in range(n + 1)]
         self.specs = tuple(specs)
         self._sat_metric = specs.index(c.PORT_PMA_SATURATED) if self._sat else -1
 
@@ -142,11 +139,9 @@ class _CounterLines:
                 order.append(m)
             pos[k] = len(by_metric[m])
             by_metric[m].append(lines[k])
-            if sat:
-                if not by_metric[s]:
-                    order.append(s)
-                self._sat_pos[k] = len(by_metric[s])
-                by_metric[s].append(sat[k][1 if saturated[k] else 0])
+        if sat and order:
+            order.append(s)
+            by_metric[s].append(sat[sum(saturated)])
         self._by_metric, self._order = by_metric, order
         self.chunks = [(self.specs[m], "".join(by_metric[m])) for m in order]
 
@@ -164,11 +159,11 @@ class _CounterLines:
                 m = metric[k]
                 by_metric[m][pos[k]] = line
                 dirty.add(m)
-            if sat:
-                line = sat[k][1 if saturated[k] else 0]
-                if by_metric[s][self._sat_pos[k]] is not line:
-                    by_metric[s][self._sat_pos[k]] = line
-                    dirty.add(s)
+        if sat and by_metric[s]:
+            line = sat[sum(saturated)]
+            if by_metric[s][0] is not line:
+                by_metric[s][0] = line
+                dirty.add(s)
         if dirty:
             self.chunks = [
                 (spec, "".join(by_metric[m])) if m in dirty else (spec, chunk)

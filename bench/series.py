@@ -1,0 +1,154 @@
+"""Series per RNIC: what one scrape of rnic-exporter carries at its defaults, against node_exporter's
+infiniband and netclass collectors on the same simulated tree (issue 16's series budget).
+
+Both exporters run as users run them and are scraped over HTTP; the series are counted from the text
+exposition, by family. A family's series are charged to the RNICs when they carry a `device` label,
+to the host otherwise (the exporter's own health, process metrics). What only rnic-exporter exports
+(GID tables, NCCL, rated speeds, address presence, inventory, events) is listed apart, so the budget
+reads "node_exporter's count plus what only we export".
+
+    python bench/series.py [--devices 16] [--extra '--collector.hw_counters.exclude=^rx_']
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import free_port, get, load_average, node_exporter_args, ours_args, running
+
+from rnic_exporter import catalog
+from rnic_exporter.sim import SimHost
+
+# The families node_exporter has no counterpart for: what the budget allows on top of its count.
+ONLY_OURS = frozenset(
+    m.name
+    for m in (
+        catalog.GID_ENTRY_INFO,
+        catalog.GID_TABLE_HASH,
+        catalog.GID_ENTRIES,
+        catalog.GID_TABLE_SIZE,
+        catalog.GID_TABLE_CHANGES,
+        catalog.GID_V2_IPV4_INDEX,
+        catalog.NCCL_GID_INDEX,
+        catalog.NCCL_GID_USABLE,
+        catalog.NCCL_CONFIGURED_GID_INDEX_VALID,
+        catalog.PORT_RATED_RATE,
+        catalog.PORT_RATED_WIDTH,
+        catalog.LINK_BELOW_RATED,
+        catalog.PCIE_LINK_SPEED,
+        catalog.PCIE_LINK_WIDTH,
+        catalog.DEVICE_PRESENT,
+        catalog.NETDEV_ADDRESS_PRESENT,
+        catalog.NETDEV_ADDRESSES,
+        catalog.NETDEV_ADDRESS_LOSS_RISK,
+        catalog.PORT_FLAPPING,
+        catalog.EVENTS,
+        catalog.DEVICE_READ_STUCK,
+        catalog.DEVICE_DATA_TIMESTAMP,
+        catalog.PORT_PMA_SATURATED,
+    )
+)
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s")
+_DEVICE = re.compile(r'(?:^|[{,])device="')
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    per_device: Counter[str]  # family -> series carrying a device label
+    host: Counter[str]  # family -> series without one
+
+    @property
+    def device_total(self) -> int:
+        return sum(self.per_device.values())
+
+    @property
+    def total(self) -> int:
+        return self.device_total + sum(self.host.values())
+
+
+def count(body: bytes) -> Count:
+    """Series by family in a text exposition (0.0.4), split by whether they carry a `device` label."""
+    per_device: Counter[str] = Counter()
+    host: Counter[str] = Counter()
+    for line in body.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            raise SystemExit(f"cannot read the exposition line {line[:120]!r}")
+        name, labels = m[1], m[2] or ""
+        (per_device if _DEVICE.search(labels) else host)[name] += 1
+    return Count(per_device, host)
+
+
+def scrape_ours(sysfs: Path, state: Path, extra: list[str]) -> bytes:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with running(ours_args(sysfs, port, state, *extra), url):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            body = get(url)
+            # Detection has judged the host (its families follow the first poll), and this scrape's
+            # counters are from a pass finished for it (else a slow pass leaves groups out).
+            if catalog.PORT_FLAPPING.name.encode() in body and f"\n{catalog.COUNTERS_STALE.name} 0".encode() in body:
+                return body
+            time.sleep(0.2)
+        raise SystemExit("rnic-exporter did not serve judged, fresh counters within 60 s")
+
+
+def scrape_node_exporter(sysfs: Path) -> bytes:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with running(node_exporter_args(sysfs, port), url, ready=lambda b: b"node_infiniband_" in b):
+        return get(url)
+
+
+def report(shape: str, devices: int, ours: Count, node: Count) -> None:
+    per = ours.total / devices
+    node_per = node.total / devices
+    only = sum(n for name, n in ours.per_device.items() if name in ONLY_OURS)
+    print(f"\n== {shape}: {devices} RNICs ==")
+    labelled = ours.device_total / devices
+    print(f"rnic-exporter   {ours.total:5d} series  {per:6.1f} per RNIC ({labelled:.1f} with a device label)")
+    print(f"node_exporter   {node.total:5d} series  {node_per:6.1f} per RNIC (infiniband + netclass)")
+    print(f"ratio           {per / node_per:.2f}")
+    print(
+        f"budget          node_exporter {node_per:.1f} + only ours {only / devices:.1f} = "
+        f"{node_per + only / devices:.1f} per RNIC; ours {per:.1f}"
+    )
+    print("rnic-exporter per RNIC, by family (* = only rnic-exporter exports it):")
+    for name, n in ours.per_device.most_common():
+        print(f"  {n / devices:6.2f}  {'*' if name in ONLY_OURS else ' '} {name}")
+    host = sum(ours.host.values())
+    print(f"  {host / devices:6.2f}    (host-wide: exporter health, process; {host} in all)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, default=16)
+    ap.add_argument("--extra", default="", help="more `serve` flags for rnic-exporter, shell-quoted")
+    args = ap.parse_args()
+    extra = shlex.split(args.extra)
+    print(f"load average {load_average():.2f}; rnic-exporter serve {' '.join(extra) or '(defaults)'}")
+    for shape, roce, ib in (("RoCE", args.devices, 0), ("InfiniBand", 0, args.devices)):
+        with tempfile.TemporaryDirectory(prefix="rnic-series-") as tmp:
+            sysfs, state = Path(tmp, "sys"), Path(tmp, "state")
+            SimHost.build(sysfs, roce=roce, infiniband=ib)
+            ours = count(scrape_ours(sysfs, state, extra))
+            node = count(scrape_node_exporter(sysfs))
+            report(shape, args.devices, ours, node)
+
+
+if __name__ == "__main__":
+    main()

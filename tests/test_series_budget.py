@@ -1,0 +1,129 @@
+"""The series budget (issue 16): one saturation gauge per port, event counters only for events a port
+can raise, and counter files a collector filter leaves out never read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rnic_exporter import catalog
+from rnic_exporter.agent import Agent, ServeConfig
+from rnic_exporter.detect.metrics import PORT_EVENT_RULES, PORT_EVENTS
+from rnic_exporter.detect.settings import DetectionSettings
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.infiniband import counter_ceiling
+from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.exposition import Samples, samples
+from tests.support.wait import wait_for
+
+ROCE = {"device": "mlx5_0", "port": "1"}
+IB = {"device": "mlx5_1", "port": "1"}
+
+
+def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | None = None) -> Agent:
+    config = ServeConfig(
+        sysfs=host.root,
+        state_dir=state_dir,
+        detection=detection or DetectionSettings(),
+        watch_netlink=False,
+        watch_udev=False,
+    )
+    return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+
+
+def scrape(agent: Agent) -> Samples:
+    """What a scrape gets: the published state plus a counter pass read for it (the per-scrape path)."""
+    body, _ = agent.prometheus.render(None, None)
+    return samples(body.decode())
+
+
+def events_of(got: Samples, device: str, port: str) -> dict[str, float]:
+    return {
+        dict(labels)["event"]: value
+        for (name, labels), value in got.items()
+        if name == catalog.EVENTS.name and dict(labels)["device"] == device and dict(labels)["port"] == port
+    }
+
+
+def test_every_port_event_has_a_rule_saying_which_ports_raise_it() -> None:
+    named = [spec.name for rule in PORT_EVENT_RULES for spec in rule]
+    assert sorted(named) == sorted(PORT_EVENTS)  # each exactly once
+
+
+def test_event_counters_exist_only_for_events_the_port_can_raise(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1, infiniband=1, gid_table_size=16)
+    agent = make_agent(host, tmp_path / "state")
+    agent.poll_once(full_gid_tables=True)
+    got = scrape(agent)
+    common = {
+        "rnic.gid.table_changed",
+        "rnic.port.down",
+        "rnic.port.up",
+        "rnic.port.flapping",
+        "rnic.port.stable",
+        "rnic.link.below_rated",
+        "rnic.link.restored",
+        "rnic.address.lost",  # both ports have a netdev (the IB one IPoIB)
+        "rnic.address.restored",
+    }
+    roce_only = {
+        "rnic.gid.address_moved",
+        "rnic.nccl.gid_index_changed",
+        "rnic.nccl.gid_unusable",
+        "rnic.nccl.gid_usable",
+        "rnic.risk.address_loss",
+    }
+    assert events_of(got, **ROCE) == dict.fromkeys(common | roce_only, 0)
+    assert events_of(got, **IB) == dict.fromkeys(common, 0)  # no NCCL or GID-move events on InfiniBand
+    # The first poll added the device to the inventory: that one counted already.
+    assert events_of(got, "mlx5_1", "") == {
+        "rnic.device.disappeared": 0,
+        "rnic.device.reappeared": 0,
+        "rnic.device.discovered": 1,
+    }
+
+    host.set_port_up("mlx5_1", False)
+    agent.poll_once()
+    assert events_of(scrape(agent), **IB)["rnic.port.down"] == 1  # from 0: increase() sees it
+
+
+def test_a_configured_nccl_index_adds_its_counters_on_roce_ports_only(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1, infiniband=1, gid_table_size=16)
+    agent = make_agent(host, tmp_path / "state", DetectionSettings(nccl_gid_index=3))
+    agent.poll_once(full_gid_tables=True)
+    got = scrape(agent)
+    configured = {"rnic.nccl.gid_index_invalid", "rnic.nccl.gid_index_valid"}
+    assert configured <= set(events_of(got, **ROCE))
+    assert not configured & set(events_of(got, **IB))
+
+
+def _stick(host: SimHost, device: str, counter: str) -> None:
+    """Leave a PMA counter at its ceiling, as a real port's counter saturates."""
+    dev = host.device(device)
+    dev.counters[counter] = counter_ceiling(counter, dev.counters)
+    (host.root / "class/infiniband" / device / "ports/1/counters" / counter).write_text(f"{dev.counters[counter]}\n")
+
+
+def test_saturation_is_one_gauge_per_port_counting_its_stuck_counters(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1, infiniband=1, gid_table_size=16)
+    agent = make_agent(host, tmp_path / "state")
+    agent.poll_once(full_gid_tables=True)
+    name = catalog.PORT_PMA_SATURATED.name
+
+    def saturated(got: Samples) -> dict[tuple[str, str], float]:
+        return {
+            (dict(labels)["device"], dict(labels)["port"]): value for (n, labels), value in got.items() if n == name
+        }
+
+    def expect(roce: int, ib: int) -> None:
+        # A scrape reuses a counter pass under a second old: wait for one that read the change.
+        want = {("mlx5_0", "1"): roce, ("mlx5_1", "1"): ib}
+        wait_for(lambda: saturated(scrape(agent)) == want, timeout=10, what=f"{name} {want}")
+
+    expect(0, 0)  # one series per port, not one per counter
+    _stick(host, "mlx5_0", "symbol_error")
+    expect(1, 0)
+    _stick(host, "mlx5_0", "port_xmit_wait")
+    _stick(host, "mlx5_1", "link_downed")
+    expect(2, 1)
+    (host.root / "class/infiniband/mlx5_0/ports/1/counters/symbol_error").write_text("0\n")  # perfquery -R
+    expect(1, 1)
