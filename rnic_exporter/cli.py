@@ -63,6 +63,30 @@ def device_filter_options(f: F) -> F:
     )(f)
 
 
+def counter_filter_options(f: F) -> F:
+    """node_exporter-style filters of the driver counters (`rnic_exporter/collectors.py`)."""
+    f = click.option(
+        "--collector.hw_counters.exclude",
+        "hw_counters_exclude",
+        metavar="REGEX",
+        default=None,
+        help="Never read hw_counters/ files whose name matches (anchored: ^(?:REGEX)$).",
+    )(f)
+    f = click.option(
+        "--collector.hw_counters.include",
+        "hw_counters_include",
+        metavar="REGEX",
+        default=None,
+        help="Read only the hw_counters/ files whose name matches (anchored: ^(?:REGEX)$).",
+    )(f)
+    return click.option(
+        "--collector.hw_counters/--no-collector.hw_counters",
+        "hw_counters",
+        default=True,
+        help="Read the driver counters of hw_counters/ (rnic_port_hw_stat_total, rnic_device_hw_stat_total).",
+    )(f)
+
+
 @click.group(
     context_settings={
         "auto_envvar_prefix": "RNIC_EXPORTER",
@@ -303,6 +327,7 @@ def _serve_config(
     device_exclude: str | None,
     host: tuple[str, str, str] = ("/proc", "/", ""),
     watch: tuple[bool, bool, bool] = (True, True, True),
+    counters: Any = None,
 ) -> Any:
     from rnic_exporter.agent import ServeConfig
     from rnic_exporter.detect.settings import DetectionSettings
@@ -316,7 +341,7 @@ def _serve_config(
         telemetry_path=telemetry_path,
         web_config_file=web_config,
         poll_interval_s=poll_interval,
-        reader=ReaderSettings.build(device_include, device_exclude),
+        reader=ReaderSettings.build(device_include, device_exclude, counters=counters),
         config_file=config_file,
         state_dir=Path(state_dir) if state_dir else None,
         host_paths=HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
@@ -336,6 +361,7 @@ def _explicit(ctx: click.Context) -> frozenset[str]:
 @main.command()
 @sysfs_option
 @device_filter_options
+@counter_filter_options
 @host_path_options
 @serve_options
 @otlp_options
@@ -346,6 +372,9 @@ def serve(
     sysfs: str,
     device_include: str | None,
     device_exclude: str | None,
+    hw_counters: bool,
+    hw_counters_include: str | None,
+    hw_counters_exclude: str | None,
     procfs: str,
     rootfs: str,
     state_dir: str,
@@ -368,6 +397,7 @@ def serve(
     from dataclasses import replace
 
     from rnic_exporter import agent
+    from rnic_exporter.collectors import CounterFilter
     from rnic_exporter.logsetup import configure
     from rnic_exporter.sinks import otel_settings
 
@@ -384,6 +414,7 @@ def serve(
             device_exclude,
             (procfs, rootfs, state_dir),
             (watch_netlink, watch_udev, ethtool),
+            CounterFilter.build(hw_counters, hw_counters_include, hw_counters_exclude),
         )
         config = replace(
             config,

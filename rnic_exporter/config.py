@@ -7,6 +7,10 @@ environment variable beats the file; the file beats the built-in default.
     [collector.infiniband]
     device_include = "^mlx5_"
     device_exclude = "^mlx5_bond"
+    [collector.hw_counters]       # driver counters (hw_counters/); names anchored: ^(?:REGEX)$
+    enabled = true
+    include = "out_of_sequence|local_ack_timeout_err|np_.*|rp_.*"
+    exclude = "rx_.*_requests"
     [nccl]
     ib_gid_index = 3              # what your jobs set NCCL_IB_GID_INDEX to (-1 = auto)
     ib_addr_family = "AF_INET"
@@ -53,6 +57,7 @@ from rnic_exporter.bounds import (
     show,
     within,
 )
+from rnic_exporter.collectors import CounterFilter
 from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sources.snapshot import ReaderSettings
@@ -65,6 +70,9 @@ class FileConfig:
     poll_interval_seconds: float | None = None
     device_include: str | None = None
     device_exclude: str | None = None
+    hw_counters: bool | None = None
+    hw_counters_include: str | None = None
+    hw_counters_exclude: str | None = None
     nccl_env: Mapping[str, str] = field(default_factory=dict)  # NCCL_* names -> values, as NCCL reads them
     nccl_gid_index: int | None = None
     expected_devices: int | None = None
@@ -155,6 +163,12 @@ def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
     return tuple(out)
 
 
+def _bool(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: expected true or false, got {show(value)}")
+    return value
+
+
 def _str(path: str, value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{path}: expected a string, got {show(value)}")
@@ -166,6 +180,9 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "poll_interval_seconds": (within(POLL_INTERVAL), "poll_interval_seconds"),
     "collector.infiniband.device_include": (_regex, "device_include"),
     "collector.infiniband.device_exclude": (_regex, "device_exclude"),
+    "collector.hw_counters.enabled": (_bool, "hw_counters"),
+    "collector.hw_counters.include": (_regex, "hw_counters_include"),
+    "collector.hw_counters.exclude": (_regex, "hw_counters_exclude"),
     "nccl.ib_gid_index": (within(GID_INDEX), "nccl_gid_index"),
     "nccl.ib_addr_family": (_str, "env:NCCL_IB_ADDR_FAMILY"),
     "nccl.ib_addr_range": (_str, "env:NCCL_IB_ADDR_RANGE"),
@@ -300,6 +317,7 @@ def resolve(
     poll_interval_s: float = 5.0,
     device_include: str | None = None,
     device_exclude: str | None = None,
+    counters: CounterFilter | None = None,
     detection: DetectionSettings | None = None,
     explicit: Collection[str] = (),
 ) -> Resolved:
@@ -307,9 +325,10 @@ def resolve(
 
     The keyword arguments are what the flags (or their environment variables) and the built-in
     defaults say; `explicit` names those the operator gave (`poll_interval`, `device_include`,
-    `device_exclude`, `nccl_gid_index`, `expected_devices`): those beat the file, defaults lose to
-    it. NCCL_IB_GID_INDEX in the environment counts as given (it is what jobs get). Every number
-    goes through `check_number`, whether it came from a flag or the file. Raises ConfigError only.
+    `device_exclude`, `hw_counters`, `hw_counters_include`, `hw_counters_exclude`, `nccl_gid_index`,
+    `expected_devices`): those beat the file, defaults lose to it. NCCL_IB_GID_INDEX in the
+    environment counts as given (it is what jobs get). Every number goes through `check_number`,
+    whether it came from a flag or the file. Raises ConfigError only.
     """
     given = detection or DetectionSettings()
     try:
@@ -324,16 +343,26 @@ def resolve(
     merged = loaded.detection(given, keep_gid_index="nccl_gid_index" in explicit)
     if "expected_devices" in explicit:
         merged = replace(merged, expected_devices=given.expected_devices)
+    flags = counters or CounterFilter()
     reader = ReaderSettings.build(
         pick("device_include", device_include, loaded.device_include),
         pick("device_exclude", device_exclude, loaded.device_exclude),
         loaded.nccl_env,
+        CounterFilter.build(
+            pick("hw_counters", flags.hw_counters, loaded.hw_counters),
+            pick("hw_counters_include", _pattern(flags.hw_include), loaded.hw_counters_include),
+            pick("hw_counters_exclude", _pattern(flags.hw_exclude), loaded.hw_counters_exclude),
+        ),
     )
     return Resolved(
         poll_interval_s=pick("poll_interval", poll_interval_s, loaded.poll_interval_seconds),
         reader=reader,
         detection=replace(merged, nccl=reader.nccl),
     )  # judged as the reader picks
+
+
+def _pattern(compiled: re.Pattern[str] | None) -> str | None:
+    return None if compiled is None else compiled.pattern
 
 
 class Configurable(Protocol):
@@ -363,8 +392,9 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
     resolved = resolve(
         config.config_file,
         poll_interval_s=config.poll_interval_s,
-        device_include=reader.device_include.pattern if reader.device_include else None,
-        device_exclude=reader.device_exclude.pattern if reader.device_exclude else None,
+        device_include=_pattern(reader.device_include),
+        device_exclude=_pattern(reader.device_exclude),
+        counters=reader.counters,
         detection=config.detection,
         explicit=explicit,
     )

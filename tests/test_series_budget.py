@@ -127,3 +127,82 @@ def test_saturation_is_one_gauge_per_port_counting_its_stuck_counters(tmp_path: 
     expect(2, 1)
     (host.root / "class/infiniband/mlx5_0/ports/1/counters/symbol_error").write_text("0\n")  # perfquery -R
     expect(1, 1)
+
+
+def _hw_series(got: Samples) -> set[tuple[str, str]]:
+    """(device or device/port, counter) of every driver counter series."""
+    out = set()
+    for name, labels in got:
+        d = dict(labels)
+        if name == catalog.PORT_HW_STAT.name:
+            out.add((f"{d['device']}/{d['port']}", d["counter"]))
+        elif name == catalog.DEVICE_HW_STAT.name:
+            out.add((d["device"], d["counter"]))
+    return out
+
+
+def test_excluded_hw_counters_are_never_read(tmp_path: Path) -> None:
+    from rnic_exporter.collectors import CounterFilter
+    from rnic_exporter.sources.snapshot import ReaderSettings
+
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=16)
+    overlay = host.errno_overlay
+    # A read of an excluded file would fail loudly (EIO: an error series and a read error).
+    overlay["class/infiniband/mlx5_0/ports/1/hw_counters/rx_write_requests"] = 5
+    counters = CounterFilter.build(hw_include="np_.*|rp_.*|out_of_sequence", hw_exclude="rp_cnp_ignored")
+    config = ServeConfig(
+        sysfs=host.root,
+        state_dir=tmp_path / "state",
+        reader=ReaderSettings.build(counters=counters),
+        watch_netlink=False,
+        watch_udev=False,
+    )
+    agent = Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    agent.poll_once(full_gid_tables=True)
+    got = scrape(agent)
+    # Anchored like node_exporter's filters: `np_.*` is the np_ family, `out_of_sequence` that one file.
+    assert _hw_series(got) == {
+        ("mlx5_0/1", "np_cnp_sent"),
+        ("mlx5_0/1", "np_ecn_marked_roce_packets"),
+        ("mlx5_0/1", "rp_cnp_handled"),
+        ("mlx5_0/1", "out_of_sequence"),
+    }
+    ((_, plan),) = agent.reader.counter_plans()
+    assert plan is not None
+    kept = tuple(f"/hw_counters/{counter}" for _, counter in _hw_series(got))
+    assert [rel for rel in plan.rels if "/hw_counters/" in rel and not rel.endswith(kept)] == []
+    assert not [key for key in got if key[0] == catalog.ATTRIBUTE_UNAVAILABLE.name]
+    assert sum(1 for key in got if key[0] == catalog.PORT_PMA.name) == 17  # counters/ are read whatever the filter
+
+    # A reload with the collector off: learned again, and no driver counter is read any more.
+    agent.reader.settings = ReaderSettings.build(counters=CounterFilter.build(hw_counters=False))
+    agent.poll_once(full_gid_tables=True)
+    wait_for(lambda: not _hw_series(scrape(agent)), timeout=10, what="no driver counter series after the reload")
+    ((_, plan),) = agent.reader.counter_plans()
+    assert plan is not None and not [rel for rel in plan.rels if "/hw_counters/" in rel]
+
+
+def test_counter_filters_from_the_file_lose_to_the_flags(tmp_path: Path) -> None:
+    from rnic_exporter import config
+    from rnic_exporter.collectors import CounterFilter
+    from rnic_exporter.errors import ConfigError
+
+    path = tmp_path / "rnic.toml"
+    path.write_text('[collector.hw_counters]\nenabled = true\ninclude = "np_.*"\nexclude = "np_cnp_sent"\n')
+    from_file = config.resolve(path).reader.counters
+    assert (from_file.hw_include and from_file.hw_include.pattern, from_file.hw_exclude is not None) == ("np_.*", True)
+    assert from_file.wants("hw", "np_ecn_marked_roce_packets") and not from_file.wants("hw", "np_cnp_sent")
+    flags = CounterFilter.build(hw_include="rp_.*")
+    resolved = config.resolve(path, counters=flags, explicit={"hw_counters_include"}).reader.counters
+    assert resolved.wants("hw", "rp_cnp_handled") and not resolved.wants("hw", "np_ecn_marked_roce_packets")
+    assert not resolved.wants("hw", "np_cnp_sent")  # the file's exclude still holds: no flag said otherwise
+
+    path.write_text('[collector.hw_counters]\nenabled = "no"\ninclude = "("\n')
+    try:
+        config.resolve(path)
+    except ConfigError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("a bad [collector.hw_counters] table was accepted")
+    assert "collector.hw_counters.enabled: expected true or false" in message
+    assert "collector.hw_counters.include" in message and "\n" not in message

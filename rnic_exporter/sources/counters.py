@@ -46,14 +46,17 @@ class CounterPlan:
         device: str,
         groups: Sequence[tuple[str, int | None, str, Sequence[str]]],
         clock: Callable[[], float] = time.monotonic,
+        wants: Callable[[str, str], bool] | None = None,
     ) -> None:
-        """`groups`: (kind, port, directory relative to the mount, file names)."""
+        """`groups`: (kind, port, directory relative to the mount, file names); `wants(kind, name)`
+        False: the file is never read (a collector filter, `rnic_exporter/collectors.py`)."""
         self.device = device
         self._clock = clock
         rels: list[str] = []
         self.groups: list[CounterGroup] = []
         self._group_of: list[int] = []
-        for kind, port, directory, names in groups:
+        for kind, port, directory, all_names in groups:
+            names = all_names if wants is None else [n for n in all_names if wants(kind, n)]
             extended_names = frozenset(names) if kind == "counters" else frozenset()
             group = CounterGroup(
                 kind,

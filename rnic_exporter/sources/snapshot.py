@@ -43,6 +43,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
+from rnic_exporter.collectors import CounterFilter
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model import (
     CounterValue,
@@ -98,6 +99,7 @@ class ReaderSettings:
     device_include: re.Pattern[str] | None = None  # --collector.infiniband.device-include
     device_exclude: re.Pattern[str] | None = None  # --collector.infiniband.device-exclude
     nccl: NcclSettings = field(default_factory=NcclSettings)
+    counters: CounterFilter = field(default_factory=CounterFilter)  # --collector.hw_counters.*
 
     @classmethod
     def build(
@@ -105,12 +107,14 @@ class ReaderSettings:
         device_include: str | None = None,
         device_exclude: str | None = None,
         nccl_env: Mapping[str, str] | None = None,
+        counters: CounterFilter | None = None,
     ) -> ReaderSettings:
         """From flag values; NCCL settings from `nccl_env` (a config file), the environment beating it."""
         return cls(
             device_include=_compile("--collector.infiniband.device-include", device_include),
             device_exclude=_compile("--collector.infiniband.device-exclude", device_exclude),
             nccl=NcclSettings.from_env(nccl_environment(nccl_env)),
+            counters=counters or CounterFilter(),
         )
 
     def wants(self, device: str) -> bool:
@@ -194,9 +198,12 @@ class HostReader:
     @settings.setter
     def settings(self, settings: ReaderSettings) -> None:
         """New settings (a config reload): cached NCCL picks were made with the old ones."""
+        refilter = settings.counters != self._settings.counters
         self._settings = settings
         for device in self._devices.values():
             device.resettle = True
+            if refilter:
+                device.shape = None  # learned again, with a counter plan of the new filter
 
     # -- one-shot ---------------------------------------------------------------------------
 
@@ -640,7 +647,8 @@ class _DeviceReader:
             port_dir = f"{self.base}/ports/{port.number}"
             groups.append(("counters", port.number, f"{port_dir}/counters", port.counter_names))
             groups.append(("hw", port.number, f"{port_dir}/hw_counters", port.hw_names))
-        return CounterPlan(self.name, groups, self.host.clock)
+        counters = self.host.settings.counters
+        return CounterPlan(self.name, groups, self.host.clock, None if counters.everything else counters.wants)
 
     # -- shape ------------------------------------------------------------------------------
 
