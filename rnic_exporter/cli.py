@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from rnic_exporter import __version__
-from rnic_exporter.bounds import DEVICES, GID_INDEX, POLL_INTERVAL, NumberParam
+from rnic_exporter.bounds import COUNTER_WAIT, DEMO_STEP, DEVICES, FOLLOW_DELAY, GID_INDEX, POLL_INTERVAL, NumberParam
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sinks.otel_settings import otlp_options
 
@@ -247,9 +247,9 @@ def serve_options(f: F) -> F:
         click.option(
             "--web.counter-wait",
             "counter_wait",
-            type=click.FloatRange(min=0.0),
+            type=NumberParam(COUNTER_WAIT),
             default=2.0,
-            help="Seconds a scrape waits for its counter read; then it serves the last values and "
+            help="Time (2s, 500ms, or seconds) a scrape waits for its counter read; then it serves the last values and "
             "sets rnic_exporter_counters_stale (a hung firmware read must not hang the scrape).",
         ),
         click.option(
@@ -288,7 +288,8 @@ def serve_options(f: F) -> F:
             "poll_interval",
             type=NumberParam(POLL_INTERVAL),
             default=5.0,
-            help="Seconds between sysfs polls (0.05 to 3600). Scrapes are served from the last poll.",
+            help="Time between sysfs polls: a Prometheus duration (500ms, 5s, 1m) or seconds, 0.05 s to 1h. "
+            "Scrapes are served from the last poll.",
         ),
         click.option("--log.level", "log_level", type=click.Choice(list(LEVELS)), default="info"),
         click.option("--log.format", "log_format", type=click.Choice(sorted(FORMATTERS)), default="logfmt"),
@@ -538,9 +539,9 @@ def check(
 @click.option(
     "--step.seconds",
     "step_seconds",
-    type=click.FloatRange(min=1.0),
+    type=NumberParam(DEMO_STEP),
     default=20.0,
-    help="Seconds between the injected failures.",
+    help="Time between the injected failures (20s, 1m, or seconds).",
 )
 @click.option("--web.listen-address", "listen", multiple=True, default=["127.0.0.1:19879"], metavar="[HOST]:PORT")
 @click.option("--poll.interval", "poll_interval", type=NumberParam(POLL_INTERVAL), default=2.0)
@@ -580,9 +581,9 @@ def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interv
 @click.option(
     "--follow.delay",
     "delay",
-    type=click.FloatRange(0, 5),
+    type=NumberParam(FOLLOW_DELAY),
     default=0.03,
-    help="Seconds from an rtnetlink event to the GID table update (the kernel's work-queue hop).",
+    help="Time (30ms, or seconds) from an rtnetlink event to the GID table update (the kernel's work-queue hop).",
 )
 @click.option(
     "--hold-gids",

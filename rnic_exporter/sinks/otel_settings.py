@@ -134,6 +134,8 @@ def otlp_options(f: F) -> F:
     """The `serve --otlp.*` flags; `resolve()` reads them."""
     import click
 
+    from rnic_exporter.bounds import OTLP_INTERVAL, OTLP_TIMEOUT, NumberParam
+
     path = click.Path(dir_okay=False)
     options = [
         click.option(
@@ -192,16 +194,18 @@ def otlp_options(f: F) -> F:
         click.option(
             "--otlp.interval",
             "otlp_interval",
-            type=click.FloatRange(min=0.05),
+            type=NumberParam(OTLP_INTERVAL),
             default=None,
-            help="Seconds between metric exports. [env: OTEL_METRIC_EXPORT_INTERVAL in ms; default 60]",
+            help="Time between metric exports (30s, 1m, or seconds). "
+            "[env: OTEL_METRIC_EXPORT_INTERVAL in ms; default 60]",
         ),
         click.option(
             "--otlp.timeout",
             "otlp_timeout",
-            type=click.FloatRange(min=0.05),
+            type=NumberParam(OTLP_TIMEOUT),
             default=None,
-            help=f"Seconds one export may take, retries included. [default: {DEFAULT_TIMEOUT_S:g}]",
+            help=f"Time (10s, 500ms, or seconds) one export may take, retries included. "
+            f"[default: {DEFAULT_TIMEOUT_S:g}]",
         ),
     ]
     for option in reversed(options):
