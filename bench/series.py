@@ -92,19 +92,22 @@ def count(body: bytes) -> Count:
     return Count(per_device, host)
 
 
-def scrape_ours(sysfs: Path, state: Path, extra: list[str]) -> bytes:
+def scrape_ours(sysfs: Path, state: Path, extra: list[str], devices: int) -> bytes:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
+    judged = f"\n{catalog.PORT_FLAPPING.name}{{".encode()
+    fresh = f"\n{catalog.COUNTERS_STALE.name} 0".encode()
+    counted = b'pass="counters"}'
     with running(ours_args(sysfs, port, state, *extra), url):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             body = get(url)
-            # Detection has judged the host (its families follow the first poll), and this scrape's
-            # counters are from a pass finished for it (else a slow pass leaves groups out).
-            if catalog.PORT_FLAPPING.name.encode() in body and f"\n{catalog.COUNTERS_STALE.name} 0".encode() in body:
+            # Detection has judged the host (its families follow the first poll), and every device's
+            # counters are in, from a pass finished for this scrape (a first pass may leave groups out).
+            if judged in body and fresh in body and body.count(counted) == devices:
                 return body
             time.sleep(0.2)
-        raise SystemExit("rnic-exporter did not serve judged, fresh counters within 60 s")
+        raise SystemExit("rnic-exporter did not serve judged, fresh counters of every device within 60 s")
 
 
 def scrape_node_exporter(sysfs: Path) -> bytes:
@@ -114,24 +117,36 @@ def scrape_node_exporter(sysfs: Path) -> bytes:
         return get(url)
 
 
+# Driver counters: node_exporter 1.5.0's infiniband collector reads no hw_counters/ at all.
+DRIVER = frozenset((catalog.PORT_HW_STAT.name, catalog.DEVICE_HW_STAT.name))
+
+
 def report(shape: str, devices: int, ours: Count, node: Count) -> None:
-    per = ours.total / devices
-    node_per = node.total / devices
-    only = sum(n for name, n in ours.per_device.items() if name in ONLY_OURS)
+    def per(names: frozenset[str] | None = None, *, exclude: frozenset[str] = frozenset()) -> float:
+        picked = (n for k, n in ours.per_device.items() if (names is None or k in names) and k not in exclude)
+        return sum(picked) / devices
+
+    total, node_per, host = ours.total / devices, node.total / devices, sum(ours.host.values())
+    only, driver = per(ONLY_OURS), per(DRIVER)
+    shared = per(exclude=ONLY_OURS | DRIVER)
+    budget = node_per + only + driver
     print(f"\n== {shape}: {devices} RNICs ==")
-    labelled = ours.device_total / devices
-    print(f"rnic-exporter   {ours.total:5d} series  {per:6.1f} per RNIC ({labelled:.1f} with a device label)")
+    print(f"rnic-exporter   {ours.total:5d} series  {total:6.1f} per RNIC")
+    print(f"  {shared:6.1f}  with a node_exporter counterpart (port, PMA counters, netdev, identity)")
+    print(f"  {only:6.1f}  only rnic-exporter: GID, NCCL, rated, PCIe, presence, events, saturation")
+    print(f"  {driver:6.1f}  driver counters (hw_counters/), which node_exporter 1.5.0 does not read")
+    print(f"  {host / devices:6.1f}  host-wide: exporter health, process ({host} in all)")
     print(f"node_exporter   {node.total:5d} series  {node_per:6.1f} per RNIC (infiniband + netclass)")
-    print(f"ratio           {per / node_per:.2f}")
+    print(f"ratio           {total / node_per:.2f} (counterparts only: {shared / node_per:.2f})")
+    verdict = "within" if total <= budget else "OVER"
     print(
-        f"budget          node_exporter {node_per:.1f} + only ours {only / devices:.1f} = "
-        f"{node_per + only / devices:.1f} per RNIC; ours {per:.1f}"
+        f"budget          node_exporter {node_per:.1f} + only ours {only:.1f} + driver {driver:.1f} = "
+        f"{budget:.1f} per RNIC: ours {total:.1f}, {verdict}"
     )
-    print("rnic-exporter per RNIC, by family (* = only rnic-exporter exports it):")
+    print("rnic-exporter per RNIC, by family (* only rnic-exporter, d driver counters):")
     for name, n in ours.per_device.most_common():
-        print(f"  {n / devices:6.2f}  {'*' if name in ONLY_OURS else ' '} {name}")
-    host = sum(ours.host.values())
-    print(f"  {host / devices:6.2f}    (host-wide: exporter health, process; {host} in all)")
+        mark = "*" if name in ONLY_OURS else "d" if name in DRIVER else " "
+        print(f"  {n / devices:6.2f}  {mark} {name}")
 
 
 def main() -> None:
@@ -145,7 +160,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="rnic-series-") as tmp:
             sysfs, state = Path(tmp, "sys"), Path(tmp, "state")
             SimHost.build(sysfs, roce=roce, infiniband=ib)
-            ours = count(scrape_ours(sysfs, state, extra))
+            ours = count(scrape_ours(sysfs, state, extra, args.devices))
             node = count(scrape_node_exporter(sysfs))
             report(shape, args.devices, ours, node)
 

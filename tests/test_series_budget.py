@@ -44,6 +44,11 @@ def events_of(got: Samples, device: str, port: str) -> dict[str, float]:
     }
 
 
+def scrape_after_poll(agent: Agent) -> Samples:
+    agent.poll_once()
+    return scrape(agent)
+
+
 def test_every_port_event_has_a_rule_saying_which_ports_raise_it() -> None:
     named = [spec.name for rule in PORT_EVENT_RULES for spec in rule]
     assert sorted(named) == sorted(PORT_EVENTS)  # each exactly once
@@ -74,12 +79,18 @@ def test_event_counters_exist_only_for_events_the_port_can_raise(tmp_path: Path)
     }
     assert events_of(got, **ROCE) == dict.fromkeys(common | roce_only, 0)
     assert events_of(got, **IB) == dict.fromkeys(common, 0)  # no NCCL or GID-move events on InfiniBand
-    # The first poll added the device to the inventory: that one counted already.
+    # The first poll added the device to the inventory (counted from 1: no zero can precede it).
     assert events_of(got, "mlx5_1", "") == {
         "rnic.device.disappeared": 0,
         "rnic.device.reappeared": 0,
         "rnic.device.discovered": 1,
     }
+    restarted = make_agent(host, tmp_path / "state")  # the device is in the persisted inventory now
+    assert events_of(scrape_after_poll(restarted), "mlx5_1", "") == {
+        "rnic.device.disappeared": 0,
+        "rnic.device.reappeared": 0,
+    }
+    restarted.close()
 
     host.set_port_up("mlx5_1", False)
     agent.poll_once()

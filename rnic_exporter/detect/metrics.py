@@ -14,6 +14,9 @@ from rnic_exporter.sources.hostnet import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
 
 RISK_REASONS = (NETWORKMANAGER, IPV6_KEEP_ADDR_OFF)
 DEVICE_EVENTS = tuple(s.name for s in EVENT_SPECS if s.name.startswith("rnic.device."))
+# rnic.device.discovered is raised by the very poll that first sees a device: no zero can precede it,
+# and a device of the inventory never raises it again.
+ZEROED_DEVICE_EVENTS = tuple(name for name in DEVICE_EVENTS if name != ev.DEVICE_DISCOVERED.name)
 PORT_EVENTS = tuple(s.name for s in EVENT_SPECS if not s.name.startswith("rnic.device."))
 
 # Which port events a port can raise (detect/diff.py), so only those counters are created at 0.
@@ -104,7 +107,7 @@ def detection_families(
             for name in port_events(view):
                 counts.setdefault((name, view.device, str(view.port)), 0)
         for dev in cur.devices.values():
-            for name in DEVICE_EVENTS:
+            for name in ZEROED_DEVICE_EVENTS:
                 counts.setdefault((name, dev.name, ""), 0)
     for labels, count in sorted(counts.items()):
         out.add(c.EVENTS, labels, count)
