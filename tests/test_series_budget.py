@@ -14,20 +14,10 @@ from rnic_exporter.sources.infiniband import counter_ceiling
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.exposition import Samples, samples
 from tests.support.wait import wait_for
+from tests.test_agent_detection import make_agent
 
 ROCE = {"device": "mlx5_0", "port": "1"}
 IB = {"device": "mlx5_1", "port": "1"}
-
-
-def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | None = None) -> Agent:
-    config = ServeConfig(
-        sysfs=host.root,
-        state_dir=state_dir,
-        detection=detection or DetectionSettings(),
-        watch_netlink=False,
-        watch_udev=False,
-    )
-    return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
 
 def scrape(agent: Agent) -> Samples:
@@ -217,3 +207,17 @@ def test_counter_filters_from_the_file_lose_to_the_flags(tmp_path: Path) -> None
         raise AssertionError("a bad [collector.hw_counters] table was accepted")
     assert "collector.hw_counters.enabled: expected true or false" in message
     assert "collector.hw_counters.include" in message and "\n" not in message
+
+
+def test_otlp_gets_the_same_one_saturation_gauge_per_port(tmp_path: Path) -> None:
+    from rnic_exporter.samples import counter_families
+
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=16)
+    _stick(host, "mlx5_0", "symbol_error")
+    _stick(host, "mlx5_0", "VL15_dropped")
+    agent = make_agent(host, tmp_path / "state")
+    agent.poll_once(full_gid_tables=True)
+    scrape(agent)  # a counter pass
+    groups = [(device, group) for device, plan in agent.reader.counter_plans() if plan for group in plan.groups]
+    families = {family.spec.name: family.samples for family in counter_families(groups)}
+    assert families[catalog.PORT_PMA_SATURATED.name] == [(("mlx5_0", "1"), 2)]
