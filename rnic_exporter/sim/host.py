@@ -205,6 +205,7 @@ class SimHost:
         # the slots that changed (a full 255-slot rewrite costs ~50 ms, far above the kernel's
         # work-queue hop the follower imitates).
         self._gids_on_disk: dict[str, dict[int, tuple[str, str | None, str | None]]] = {}
+        self.verbs_rdev: dict[str, tuple[int, int]] = {}
 
     # -- construction ------------------------------------------------------------------------
 
@@ -342,6 +343,25 @@ class SimHost:
         self._link(f"{net}/device", f"../../../{dev.pci_address}")
         self._link(f"class/net/{dev.netdev}", f"../../{net}")
         self._write_netdev_state(dev)
+        self._write_verbs(dev)
+
+    def _write_verbs(self, dev: SimDevice) -> None:
+        """ib_uverbs' character device `uverbsN` (major 231, minors from 192), which a process
+        using verbs holds open; `verbs_rdev` overrides its number (a test's own device node)."""
+        node = f"uverbs{dev.number}"
+        rel = f"{dev.function_dir}/infiniband_verbs/{node}"
+        major, minor = self.verbs_rdev.get(dev.name, (231, 192 + dev.number))
+        self._write(f"{rel}/ibdev", dev.name)
+        self._write(f"{rel}/dev", f"{major}:{minor}")
+        self._write(f"{rel}/abi_version", 1)
+        self._link(f"{rel}/device", f"../../../{dev.pci_address}")
+        self._write("class/infiniband_verbs/abi_version", 6)
+        self._link(f"class/infiniband_verbs/{node}", f"../../{rel}")
+
+    def set_verbs_rdev(self, name: str, major: int, minor: int) -> None:
+        """Give the device's verbs node another device number (what `dev` says)."""
+        self.verbs_rdev[name] = (major, minor)
+        self._write_verbs(self.devices[name])
 
     def _ipoib_hwaddr(self, dev: SimDevice) -> str:
         raw = bytes.fromhex("00001087") + bytes.fromhex(dev.port_gid.replace(":", ""))
@@ -512,7 +532,12 @@ class SimHost:
         dev = self.devices[name]
         self.removed.add(name)
         self._gids_on_disk.pop(name, None)
-        for rel in (f"class/infiniband/{name}", f"class/net/{dev.netdev}", f"bus/pci/devices/{dev.pci_address}"):
+        for rel in (
+            f"class/infiniband/{name}",
+            f"class/net/{dev.netdev}",
+            f"bus/pci/devices/{dev.pci_address}",
+            f"class/infiniband_verbs/uverbs{dev.number}",
+        ):
             path = self.root / rel
             if path.is_symlink():
                 path.unlink()
