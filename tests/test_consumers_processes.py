@@ -7,8 +7,12 @@ See `tests/support/verbs_holders.py` for how the device nodes and cgroups are ma
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,3 +157,61 @@ def test_scans_during_a_storm_of_exiting_processes_never_fail(
         assert result.complete and set(result.skipped_by_reason) <= {"ENOENT", "ESRCH", "EACCES"}
         assert [c.workload.slurm_job for c in result.by_device["mlx5_0"] if c.pid == steady.pid] == ["77"]
     assert len(results) >= 1
+
+
+SCAN_AS_ANOTHER_USER = """
+import json, sys
+from rnic_exporter.sources.consumers import scan
+result = scan("/proc", sys.argv[1], sys.argv[2], budget_s=30)
+print(json.dumps({
+    "pids": sorted(c.pid for cs in result.by_device.values() for c in cs),
+    "skipped": dict(result.skipped_by_reason),
+}))
+"""
+
+
+@pytest.fixture
+def readable_host() -> Iterator[SimHost]:
+    """A simulated sysfs any user can read (pytest's own temporary tree is root's alone)."""
+    top = Path(tempfile.mkdtemp(prefix="rnic-consumers-"))
+    try:
+        top.chmod(0o755)
+        sim = SimHost.build(top / "sys", roce=1, gid_table_size=4)
+        sim.set_verbs_rdev("mlx5_0", *OPENABLE_CHAR_DEVICES[0])
+        yield sim
+    finally:
+        shutil.rmtree(top)
+
+
+@pytest.mark.parametrize(
+    ("caps", "sees_it"),
+    [
+        ("", False),
+        ("+sys_ptrace", False),  # the fd directory is 0500 and root's: not even listed
+        ("+dac_read_search", False),  # listed, but each link needs ptrace read access
+        ("+sys_ptrace,+dac_read_search", True),  # what packaging/ grants
+    ],
+)
+def test_a_non_root_scanner_needs_ptrace_read_and_dac_read_search(
+    readable_host: SimHost, started: list[Holder], caps: str, sees_it: bool
+) -> None:
+    """The privileges the README and the packaged drop-in/patch name, checked: a scanner running
+    as nobody (65534) with exactly `caps` as ambient capabilities, against a holder owned by root."""
+    if os.geteuid() != 0:
+        pytest.fail("needs root: it starts the scanner as another user")
+    holder = start(started, node(0))
+    setpriv = [require_binary("setpriv"), "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if caps:
+        setpriv += [f"--inh-caps={caps}", f"--ambient-caps={caps}"]
+    out = subprocess.run(
+        [*setpriv, sys.executable, "-c", SCAN_AS_ANOTHER_USER, str(readable_host.root), "/nonexistent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert (holder.pid in seen["pids"]) is sees_it
+    if not sees_it:
+        assert seen["skipped"].get("EACCES", 0) >= 1  # counted as not inspected, never "unused"
