@@ -12,7 +12,7 @@ cheap to start and all killed at the end, also on Ctrl-C), each with 3 descripto
 `/dev/infiniband/uverbsN` open in a private mount namespace (see `tests/support/verbs_holders.py`)
 against a simulated sysfs. For each descriptor count, reports the CPU time (this process's
 utime+stime, which is the scan alone) and wall time of `--repeat` complete scans (no budget),
-min and median, and what the default budget (2 s) leaves complete. Quote `/proc/loadavg` with it.
+min and median, and what the default budget (5 s) leaves complete. Quote `/proc/loadavg` with it.
 """
 
 from __future__ import annotations
