@@ -241,18 +241,19 @@ def test_pod_without_log_directory_keeps_its_uid(host: SimHost, tmp_path: Path) 
     assert (workload.pod_uid, workload.pod_name, workload.describe()) == (UID, "", f"pod uid {UID}")
 
 
-def test_device_number_decides_not_the_name(host: SimHost, tmp_path: Path) -> None:
-    """A container given the host's uverbs1 under the name uverbs0 holds mlx5_1; a file that is
-    only named like a verbs node is nobody's verbs device. `/dev/null` stands in for the device
-    node (1:3): here the sim says uverbs1 is 1:3."""
+def test_device_number_decides_and_the_name_only_without_one(host: SimHost, tmp_path: Path) -> None:
+    """A link whose target has the number of uverbs1 is mlx5_1 whatever it is called (here
+    `/dev/null`, 1:3, stands in for the node: the sim says uverbs1 is 1:3). A link to a path this
+    host does not have (a simulated procfs) can only be matched by its name. A link outside /dev
+    is never stat'ed. Real device nodes, renamed and fake: tests/test_consumers_processes.py."""
     host.set_verbs_rdev("mlx5_1", 1, 3)
     proc = tmp_path / "proc"
-    add_process(proc, 10, fds={3: "/dev/null"})  # renamed in its namespace: matched by number
-    add_process(proc, 11, fds={3: "/dev/infiniband/uverbs0"})  # the name, but no such device
-    add_process(proc, 12, fds={3: str(tmp_path / "null-elsewhere")})  # never stat'ed: not under /dev
+    add_process(proc, 10, fds={3: "/dev/null"})
+    add_process(proc, 11, fds={3: "/dev/infiniband/uverbs0", 4: "/dev/infiniband/rdma_cm"})
+    add_process(proc, 12, fds={3: str(tmp_path / "null-elsewhere")})
     (tmp_path / "null-elsewhere").symlink_to("/dev/null")
     result = scan(proc, host.root, tmp_path)
-    assert {d: [c.pid for c in cs] for d, cs in result.by_device.items()} == {"mlx5_1": [10]}
+    assert {d: [c.pid for c in cs] for d, cs in result.by_device.items()} == {"mlx5_0": [11], "mlx5_1": [10]}
 
 
 @pytest.mark.parametrize(

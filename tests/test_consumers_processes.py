@@ -54,7 +54,7 @@ def started() -> Iterator[list[Holder]]:
         yield procs
 
 
-def node(n: int) -> dict[str, tuple[int, int]]:
+def node(n: int) -> dict[str, tuple[int, int] | None]:
     return {f"uverbs{n}": OPENABLE_CHAR_DEVICES[n]}
 
 
@@ -91,6 +91,12 @@ def test_real_processes_in_real_cgroups_are_named_for_the_right_device(
     # A process in neither: its command names it.
     bare = start(started, node(1))
     groups.place(bare.pid, "user.slice/user-0.slice/session-1.scope")
+    # A container given the host's uverbs2 under the name uverbs0: the number says mlx5_2.
+    renamed = start(started, {"uverbs0": OPENABLE_CHAR_DEVICES[2]})
+    groups.place(renamed.pid, f"kubepods/besteffort/pod{POD2_UID}/{CID2}")
+    # A plain file named like a verbs node is nobody's verbs device.
+    fake = start(started, {"uverbs1": None})
+    groups.place(fake.pid, "system.slice/slurmstepd.scope/job_4242/step_0/user/task_1")
 
     result = scan(PROCFS, host.root, rootfs, budget_s=30)
 
@@ -117,7 +123,7 @@ def test_real_processes_in_real_cgroups_are_named_for_the_right_device(
     expected = {
         "mlx5_0": {(slurm_v2.pid, job_v2), (slurm_v1.pid, job_v1)},
         "mlx5_1": {(pod_systemd.pid, pod), (bare.pid, process)},
-        "mlx5_2": {(slurm_v1.pid, job_v1), (pod_cgroupfs.pid, other_pod)},
+        "mlx5_2": {(slurm_v1.pid, job_v1), (pod_cgroupfs.pid, other_pod), (renamed.pid, other_pod)},
     }
     pids = {h.pid for h in started}
     assert {d: {(c.pid, c.workload) for c in cs} for d, cs in ours(result, pids).items()} == expected

@@ -181,6 +181,11 @@ class SimDevice:
         return format_gid(b"\xfe\x80" + bytes(6) + guid.to_bytes(8, "big"))
 
     @property
+    def uverbs(self) -> str:
+        """Its verbs character device's name, under /dev/infiniband and class/infiniband_verbs."""
+        return f"uverbs{self.number}"
+
+    @property
     def roce(self) -> bool:
         return self.link_layer == "Ethernet"
 
@@ -205,7 +210,6 @@ class SimHost:
         # the slots that changed (a full 255-slot rewrite costs ~50 ms, far above the kernel's
         # work-queue hop the follower imitates).
         self._gids_on_disk: dict[str, dict[int, tuple[str, str | None, str | None]]] = {}
-        self.verbs_rdev: dict[str, tuple[int, int]] = {}
 
     # -- construction ------------------------------------------------------------------------
 
@@ -318,6 +322,15 @@ class SimHost:
         self._write(f"{ib}/board_id", dev.board_id)
         self._link(f"{ib}/device", f"../../../{dev.pci_address}")
         self._link(f"class/infiniband/{dev.name}", f"../../{ib}")
+        # The verbs character device every verbs user holds open (/dev/infiniband/uverbsN): the
+        # kernel numbers them in registration order, minors from 192 (major 231).
+        verbs = f"{fn}/infiniband_verbs/{dev.uverbs}"
+        self._write(f"{verbs}/ibdev", dev.name)
+        self._write(f"{verbs}/abi_version", 1)
+        self._write(f"{verbs}/dev", f"231:{192 + dev.number}")
+        self._link(f"{verbs}/device", f"../../../{dev.pci_address}")
+        self._link(f"class/infiniband_verbs/{dev.uverbs}", f"../../{verbs}")
+        self._write("class/infiniband_verbs/abi_version", 6)
 
         port = self._port_dir(dev)
         self._write(f"{port}/link_layer", dev.link_layer)
@@ -343,25 +356,6 @@ class SimHost:
         self._link(f"{net}/device", f"../../../{dev.pci_address}")
         self._link(f"class/net/{dev.netdev}", f"../../{net}")
         self._write_netdev_state(dev)
-        self._write_verbs(dev)
-
-    def _write_verbs(self, dev: SimDevice) -> None:
-        """ib_uverbs' character device `uverbsN` (major 231, minors from 192), which a process
-        using verbs holds open; `verbs_rdev` overrides its number (a test's own device node)."""
-        node = f"uverbs{dev.number}"
-        rel = f"{dev.function_dir}/infiniband_verbs/{node}"
-        major, minor = self.verbs_rdev.get(dev.name, (231, 192 + dev.number))
-        self._write(f"{rel}/ibdev", dev.name)
-        self._write(f"{rel}/dev", f"{major}:{minor}")
-        self._write(f"{rel}/abi_version", 1)
-        self._link(f"{rel}/device", f"../../../{dev.pci_address}")
-        self._write("class/infiniband_verbs/abi_version", 6)
-        self._link(f"class/infiniband_verbs/{node}", f"../../{rel}")
-
-    def set_verbs_rdev(self, name: str, major: int, minor: int) -> None:
-        """Give the device's verbs node another device number (what `dev` says)."""
-        self.verbs_rdev[name] = (major, minor)
-        self._write_verbs(self.devices[name])
 
     def _ipoib_hwaddr(self, dev: SimDevice) -> str:
         raw = bytes.fromhex("00001087") + bytes.fromhex(dev.port_gid.replace(":", ""))
@@ -534,9 +528,9 @@ class SimHost:
         self._gids_on_disk.pop(name, None)
         for rel in (
             f"class/infiniband/{name}",
+            f"class/infiniband_verbs/{dev.uverbs}",
             f"class/net/{dev.netdev}",
             f"bus/pci/devices/{dev.pci_address}",
-            f"class/infiniband_verbs/uverbs{dev.number}",
         ):
             path = self.root / rel
             if path.is_symlink():
@@ -600,6 +594,12 @@ class SimHost:
     def fail_with(self, rel: str, code: int) -> None:
         """Make reads of `rel` (relative to the mount) fail with `code` (in-process readers)."""
         self._overlay_extra[rel] = code
+
+    def set_verbs_rdev(self, name: str, major: int, minor: int) -> None:
+        """Give the device's verbs node another number in `dev` (a test's own device node, made
+        with the number of a device that opens without a verbs driver); until it is rebuilt."""
+        dev = self.devices[name]
+        self._write(f"{dev.function_dir}/infiniband_verbs/{dev.uverbs}/dev", f"{major}:{minor}")
 
     def add_traffic(self, seconds: float, utilisation: float = 0.5) -> None:
         """Advance data counters as a busy port would (for the demo and rate graphs)."""

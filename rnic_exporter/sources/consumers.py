@@ -10,8 +10,10 @@ file's filesystem), then `stat` only of those whose text starts with `/dev/`, an
 the character device number. The number is the same in every mount namespace, so a container
 that was given the host's `uverbs3` as `/dev/infiniband/uverbs0` is still counted on the right
 device; the text alone would name the wrong one. `stat` of every descriptor would be decisive
-too, but on a file of a hung NFS or Lustre mount it blocks the whole scan. Only when sysfs gives
-no `dev` for a node is its name matched instead.
+too, but on a file of a hung NFS or Lustre mount it blocks the whole scan. The name is matched
+instead only when there is no number to compare: sysfs gives no `dev` for the node, or the `stat`
+finds nothing (a descriptor closed right after its readlink; a simulated procfs, whose links are
+plain symlinks to paths this host does not have).
 
 Everything here is a pure function of three roots (`--path.procfs`, `--path.sysfs`,
 `--path.rootfs`) plus a clock: nothing runs unless `scan` is called.
@@ -246,23 +248,23 @@ class _Matcher:
 
     def __init__(self, nodes: Iterable[VerbsNode]) -> None:
         self.by_rdev = {n.rdev: n.device for n in nodes if n.rdev is not None}
-        # Only nodes whose number sysfs does not give are matched by name (see the module doc).
-        self.by_name = {f"/dev/infiniband/{n.node}": n.device for n in nodes if n.rdev is None}
+        self.by_name = {f"/dev/infiniband/{n.node}": n.device for n in nodes}
+        self.numbered = {f"/dev/infiniband/{n.node}" for n in nodes if n.rdev is not None}
 
     def device(self, fd: str, fd_dir: int, link: str) -> str | None:
         if not link.startswith("/dev/"):
             return None
-        by_name = self.by_name.get(link)
-        if by_name is not None:
-            return by_name
-        if not self.by_rdev:
-            return None
+        if not self.by_rdev or (link in self.by_name and link not in self.numbered):
+            return self.by_name.get(link)  # sysfs gives no number for it: its name is all there is
         try:
             st = os.stat(fd, dir_fd=fd_dir)
         except OSError:
-            return None  # closed since the listing: it was not held
+            # Nothing to stat: on a kernel's procfs the descriptor was closed after its readlink
+            # (it was held a moment ago); in a simulated or captured procfs the link is a plain
+            # symlink to a path this host does not have. The name is then the best evidence.
+            return self.by_name.get(link)
         if not stat.S_ISCHR(st.st_mode):
-            return None
+            return None  # named like a verbs node, but a file
         return self.by_rdev.get(st.st_rdev)
 
 

@@ -177,12 +177,16 @@ def holders() -> Iterator[list[Holder]]:
             holder.proc.wait(timeout=10)
 
 
-def start(into: list[Holder], nodes: dict[str, tuple[int, int]]) -> Holder:
-    """A `sleep` holding `/dev/infiniband/<node>` open for each node (node -> major, minor),
-    returned once the kernel shows the descriptors in its `/proc/<pid>/fd`."""
+def start(into: list[Holder], nodes: dict[str, tuple[int, int] | None]) -> Holder:
+    """A `sleep` holding `/dev/infiniband/<node>` open for each node (node -> major, minor of the
+    character device made there; None: a plain file of that name), returned once the kernel
+    shows the descriptors in its `/proc/<pid>/fd`."""
     script = ["mount -t tmpfs -o mode=0755 rnic-test-dev /dev", "mkdir /dev/infiniband"]
-    for i, (node, (major, minor)) in enumerate(sorted(nodes.items())):
-        script.append(f"mknod -m 0666 /dev/infiniband/{node} c {major} {minor}")
+    for i, (node, number) in enumerate(sorted(nodes.items())):
+        if number is None:
+            script.append(f"touch /dev/infiniband/{node}")
+        else:
+            script.append(f"mknod -m 0666 /dev/infiniband/{node} c {number[0]} {number[1]}")
         script.append(f"exec {3 + i}</dev/infiniband/{node}")  # dash: one digit
     script.append("exec sleep 600")
     proc = subprocess.Popen(
