@@ -88,7 +88,8 @@ class ConsumerScan:
     skipped_by_reason: Mapping[str, int] = field(default_factory=_no_counts)
     unscanned: int = 0  # processes not reached because the budget ran out
     kernel_threads: int = 0  # refused /proc/<pid>/fd but hold no files: neither scanned nor skipped
-    problems: tuple[str, ...] = ()  # sysfs verbs nodes that could not be read, one message each
+    # sysfs verbs nodes that could not be read, one message each; any makes `complete` False
+    problems: tuple[str, ...] = ()
 
     def workloads(self, device: str) -> tuple[Workload, ...]:
         """The distinct workloads using `device`, sorted, so output and series are stable."""

@@ -165,7 +165,7 @@ def _by_name_only(host: SimHost) -> None:
         (host.root / f"class/infiniband_verbs/uverbs{n}/dev").unlink()
 
 
-def test_sysfs_verbs_nodes_name_their_rdma_device(host: SimHost) -> None:
+def test_sysfs_verbs_nodes_name_their_rdma_device(host: SimHost, tmp_path: Path) -> None:
     nodes, problems = verbs_nodes(SysfsRoot(host.root))
     assert problems == []
     assert [(n.node, n.device, n.rdev is not None) for n in nodes] == [
@@ -182,6 +182,10 @@ def test_sysfs_verbs_nodes_name_their_rdma_device(host: SimHost) -> None:
         "class/infiniband_verbs/uverbs1/dev: malformed: 'garbage' is not MAJOR:MINOR",
         "class/infiniband_verbs/uverbs2/ibdev: ENOENT",
     ]
+    # Whoever holds uverbs2 cannot be named: the scan says it is not the whole picture.
+    (tmp_path / "proc").mkdir()
+    result = scan(tmp_path / "proc", host.root, tmp_path)
+    assert not result.complete and result.problems == tuple(problems) and "mlx5_2" not in result.devices
 
 
 def test_host_without_verbs_class_is_not_walked(host: SimHost, tmp_path: Path) -> None:

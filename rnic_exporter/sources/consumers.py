@@ -301,7 +301,9 @@ def scan(
     nodes, problems = verbs_nodes(sys_root)
     devices = frozenset(n.device for n in nodes)
     if not nodes:  # nothing can be held: do not walk the process table at all
-        return ConsumerScan(at=wall(), devices=devices, problems=tuple(problems), duration_s=clock() - started)
+        return ConsumerScan(
+            at=wall(), devices=devices, problems=tuple(problems), complete=not problems, duration_s=clock() - started
+        )
     base = str(procfs).rstrip("/") + "/"
     matcher = _Matcher(nodes)
     pids = _pids(base)
@@ -332,7 +334,7 @@ def scan(
         by_device=MappingProxyType({d: tuple(sorted(cs)) for d, cs in sorted(by_device.items())}),
         processes_scanned=tally.scanned,
         skipped=sum(skipped.values()),
-        complete=complete,
+        complete=complete and not problems,  # a node that could not be read may have holders
         duration_s=clock() - started,
         devices=devices,
         skipped_by_reason=MappingProxyType(dict(sorted(skipped.items()))),
