@@ -62,6 +62,10 @@ def _no_consumers() -> Mapping[str, tuple[Consumer, ...]]:
     return MappingProxyType({})
 
 
+def _no_counts() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerScan:
     """One scan of the process table. `by_device` has a key only for devices someone uses.
@@ -77,6 +81,15 @@ class ConsumerScan:
     skipped: int = 0
     complete: bool = True
     duration_s: float = 0.0
+    # RDMA devices that have a verbs node (sysfs `infiniband_verbs`): only for these does "no
+    # key in by_device" mean "nobody holds it" (when `complete`). Empty: the host has no verbs.
+    devices: frozenset[str] = frozenset()
+    # `skipped` by errno name (EACCES: no ptrace/DAC access; ENOENT/ESRCH: exited mid-scan).
+    skipped_by_reason: Mapping[str, int] = field(default_factory=_no_counts)
+    unscanned: int = 0  # processes not reached because the budget ran out
+    kernel_threads: int = 0  # refused /proc/<pid>/fd but hold no files: neither scanned nor skipped
+    # sysfs verbs nodes that could not be read, one message each; any makes `complete` False
+    problems: tuple[str, ...] = ()
 
     def workloads(self, device: str) -> tuple[Workload, ...]:
         """The distinct workloads using `device`, sorted, so output and series are stable."""

@@ -134,7 +134,8 @@ _DOTTED_FLAG = re.compile(r"--[a-z]+\.[a-z0-9.-]+[a-z0-9]")
 
 def test_every_exporter_flag_in_the_deployment_files_exists() -> None:
     """A unit, manifest or example that names a flag `serve` does not have would fail at start-up."""
-    files = [*SYSTEMD.iterdir(), REPO / "packaging/kubernetes/daemonset.yaml", OTEL, DOCKERFILE, REPO / "README.md"]
+    units = [p for p in sorted(SYSTEMD.rglob("*")) if p.is_file()]  # with the drop-ins
+    files = [*units, REPO / "packaging/kubernetes/daemonset.yaml", OTEL, DOCKERFILE, REPO / "README.md"]
     named: dict[str, str] = {}
     for path in files:
         for line in path.read_text().splitlines():
@@ -525,3 +526,63 @@ def test_bundle_cli_rejects_a_file_as_out_dir(tmp_path: Path) -> None:
 def test_bundle_root_is_the_checkout_in_an_editable_install() -> None:
     """Wheels carry the files under rnic_exporter/_bundle (tests/test_release.py); a checkout reads its own."""
     assert bundle.bundle_root() == REPO
+
+
+# --- the consumers drop-in (issue 15: who holds each RDMA device) -----------------------------------
+
+CONSUMERS_DROP_IN = SYSTEMD / "rnic-exporter.service.d/consumers.conf"
+
+
+def _add_consumers_drop_in(unit: Path) -> Path:
+    """The drop-in beside `unit`, where systemd (and systemd-analyze on a unit file) looks for it."""
+    drop_ins = unit.parent / f"{unit.name}.d"
+    drop_ins.mkdir()
+    (drop_ins / CONSUMERS_DROP_IN.name).write_text(CONSUMERS_DROP_IN.read_text())
+    return unit
+
+
+@pytest.fixture
+def unit_with_consumers(unit_for_this_machine: Path) -> Path:
+    return _add_consumers_drop_in(unit_for_this_machine)
+
+
+def _security(unit: Path) -> tuple[float, set[str]]:
+    """The overall exposure and the settings systemd-analyze counts against the unit (its ✗ lines)."""
+    result = subprocess.run(
+        [require_binary("systemd-analyze"), "security", "--offline=yes", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    score = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert score is not None, result.stdout[-2000:] + result.stderr
+    failed = {line.split()[1] for line in result.stdout.splitlines() if line.startswith("✗")}
+    return float(score[1]), failed
+
+
+def test_consumers_drop_in_verifies_without_a_single_warning(unit_with_consumers: Path) -> None:
+    result = _verify(unit_with_consumers)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_consumers_drop_in_grants_the_two_capabilities_and_the_processes_they_inspect() -> None:
+    entries = _unit_entries(CONSUMERS_DROP_IN.read_text())
+    caps = ["CAP_SYS_PTRACE CAP_DAC_READ_SEARCH"]  # both needed: tests/test_consumers_processes.py
+    assert entries == {"CapabilityBoundingSet": caps, "AmbientCapabilities": caps, "ProtectProc": ["ptraceable"]}
+    # The base unit's empty bounding set is what the drop-in widens (an empty value resets, a
+    # list then adds), and NoNewPrivileges= stays on underneath.
+    base = _unit_entries(UNIT.read_text())
+    assert base["CapabilityBoundingSet"] == [""] and base["NoNewPrivileges"] == ["yes"]
+    assert base["ProtectProc"] == ["invisible"]  # which would hide every other user's process
+
+
+def test_consumers_drop_in_costs_only_its_capabilities_in_the_security_score(unit_for_this_machine: Path) -> None:
+    without, failed_without = _security(unit_for_this_machine)
+    with_drop_in, failed_with = _security(_add_consumers_drop_in(unit_for_this_machine))
+    # Measured with systemd 252: 1.3 without, 1.8 with (README, "Consumers: privileges").
+    assert without < with_drop_in <= 2.0
+    assert failed_with - failed_without == {
+        "AmbientCapabilities=",
+        "CapabilityBoundingSet=~CAP_SYS_PTRACE",
+        "CapabilityBoundingSet=~CAP_(DAC_*|FOWNER|IPC_OWNER)",
+    }

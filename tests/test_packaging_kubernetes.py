@@ -376,3 +376,77 @@ def test_configmap_config_is_accepted_by_the_config_loader(tmp_path: Path) -> No
         loaded = config.load(path)  # raises ConfigError on any unknown key or bad value
         assert loaded.poll_interval_seconds == 5
         assert loaded.device_include == "^mlx5_"
+
+
+# --- the consumers patch (issue 15: who holds each RDMA device) -------------------------------------
+
+CONSUMERS_PATCH = K8S / "consumers/daemonset-patch.yaml"
+# patchMergeKey of the lists the patch touches (k8s.io/api core/v1 types); other lists are replaced.
+_MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "volumeMounts": "mountPath"}
+
+
+def _strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
+    """What `kubectl patch --local --type strategic` does for the fields our patch uses (same
+    result as kubectl v1.x on the day it was written; kubectl is not a test dependency)."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for name, value in patch.items():
+            merged[name] = _strategic_merge(base[name], value, name) if name in base else value
+        return merged
+    if isinstance(base, list) and isinstance(patch, list) and key in _MERGE_KEYS:
+        field = _MERGE_KEYS[key]
+        out = list(base)
+        added = []
+        for item in patch:
+            at = [i for i, old in enumerate(out) if old[field] == item[field]]
+            if at:
+                out[at[0]] = _strategic_merge(out[at[0]], item)
+            else:
+                added.append(item)
+        return added + out  # kubectl puts new items first
+    return patch
+
+
+def _patched_daemonset() -> dict[str, Any]:
+    patch = yaml.safe_load(CONSUMERS_PATCH.read_text())
+    base = _one("DaemonSet")
+    assert (patch["kind"], patch["metadata"]) == ("DaemonSet", {k: base["metadata"][k] for k in ("name", "namespace")})
+    merged: dict[str, Any] = _strategic_merge(copy.deepcopy(base), patch)
+    return merged
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_consumers_patched_daemonset_passes_kubernetes_validate_strict(version: str, tmp_path: Path) -> None:
+    patched = tmp_path / "daemonset-consumers.yaml"
+    patched.write_text(yaml.safe_dump(_patched_daemonset()))
+    result = _kubernetes_validate([patched], version)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0 and "WARN" not in out and "ERROR" not in out, out
+
+
+def test_consumers_patch_grants_host_pids_two_capabilities_and_read_only_pod_logs() -> None:
+    pod = _patched_daemonset()["spec"]["template"]["spec"]
+    base = _one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["hostPID"] is True and "hostPID" not in base
+    sc = container["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE", "DAC_READ_SEARCH"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    # Root without any other capability: Kubernetes gives a non-root container none of the added ones.
+    pod_sc = pod["securityContext"]
+    assert pod_sc["runAsUser"] == 0 and pod_sc["seccompProfile"]["type"] == "RuntimeDefault"
+    (init,) = pod["initContainers"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert "os.chown(d, 0, 0)" in init["command"][-1]  # the state directory follows the user
+    # /var/log/pods read-only where --path.rootfs expects it; the host's /proc comes with hostPID.
+    rootfs = _flag_values(container["args"])["--path.rootfs"]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    logs = mounts[f"{rootfs}/var/log/pods"]
+    assert logs["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[logs["name"]]["hostPath"] == {"path": "/var/log/pods", "type": "Directory"}
+    # Nothing else changed: every other mount, volume and setting is the base's.
+    assert [m for m in container["volumeMounts"] if m is not logs] == base["containers"][0]["volumeMounts"]
+    assert [v for v in pod["volumes"] if v["name"] != logs["name"]] == base["volumes"]
+    changed = {k for k in pod if pod[k] != base.get(k)}
+    assert changed == {"hostPID", "securityContext", "initContainers", "containers", "volumes"}

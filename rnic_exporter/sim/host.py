@@ -181,6 +181,11 @@ class SimDevice:
         return format_gid(b"\xfe\x80" + bytes(6) + guid.to_bytes(8, "big"))
 
     @property
+    def uverbs(self) -> str:
+        """Its verbs character device's name, under /dev/infiniband and class/infiniband_verbs."""
+        return f"uverbs{self.number}"
+
+    @property
     def roce(self) -> bool:
         return self.link_layer == "Ethernet"
 
@@ -317,6 +322,15 @@ class SimHost:
         self._write(f"{ib}/board_id", dev.board_id)
         self._link(f"{ib}/device", f"../../../{dev.pci_address}")
         self._link(f"class/infiniband/{dev.name}", f"../../{ib}")
+        # The verbs character device every verbs user holds open (/dev/infiniband/uverbsN): the
+        # kernel numbers them in registration order, minors from 192 (major 231).
+        verbs = f"{fn}/infiniband_verbs/{dev.uverbs}"
+        self._write(f"{verbs}/ibdev", dev.name)
+        self._write(f"{verbs}/abi_version", 1)
+        self._write(f"{verbs}/dev", f"231:{192 + dev.number}")
+        self._link(f"{verbs}/device", f"../../../{dev.pci_address}")
+        self._link(f"class/infiniband_verbs/{dev.uverbs}", f"../../{verbs}")
+        self._write("class/infiniband_verbs/abi_version", 6)
 
         port = self._port_dir(dev)
         self._write(f"{port}/link_layer", dev.link_layer)
@@ -512,7 +526,12 @@ class SimHost:
         dev = self.devices[name]
         self.removed.add(name)
         self._gids_on_disk.pop(name, None)
-        for rel in (f"class/infiniband/{name}", f"class/net/{dev.netdev}", f"bus/pci/devices/{dev.pci_address}"):
+        for rel in (
+            f"class/infiniband/{name}",
+            f"class/infiniband_verbs/{dev.uverbs}",
+            f"class/net/{dev.netdev}",
+            f"bus/pci/devices/{dev.pci_address}",
+        ):
             path = self.root / rel
             if path.is_symlink():
                 path.unlink()
@@ -575,6 +594,12 @@ class SimHost:
     def fail_with(self, rel: str, code: int) -> None:
         """Make reads of `rel` (relative to the mount) fail with `code` (in-process readers)."""
         self._overlay_extra[rel] = code
+
+    def set_verbs_rdev(self, name: str, major: int, minor: int) -> None:
+        """Give the device's verbs node another number in `dev` (a test's own device node, made
+        with the number of a device that opens without a verbs driver); until it is rebuilt."""
+        dev = self.devices[name]
+        self._write(f"{dev.function_dir}/infiniband_verbs/{dev.uverbs}/dev", f"{major}:{minor}")
 
     def add_traffic(self, seconds: float, utilisation: float = 0.5) -> None:
         """Advance data counters as a busy port would (for the demo and rate graphs)."""
