@@ -27,6 +27,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import ssl
 import statistics
 import subprocess
@@ -94,6 +95,7 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -
     headers = {"Authorization": auth_header(USER, PASSWORD), "Accept-Encoding": "gzip"}
     done: list[tuple[float, float]] = []  # (when it started, how long it took), monotonic clock
     failed: list[float] = []  # when it started
+    phases: list[tuple[float, float, float, float]] = []  # fresh: (when, connect, TLS, request) seconds
     conn: http.client.HTTPSConnection | None = None
 
     def one(c: http.client.HTTPSConnection) -> None:
@@ -120,14 +122,20 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -
         else:
             fresh_conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
             try:
+                # Where a fresh scrape waits: TCP connect (the listen backlog), TLS, the answer.
+                raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+                connected = time.monotonic()
+                fresh_conn.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+                handshaken = time.monotonic()
                 one(fresh_conn)
                 done.append((started, time.monotonic() - started))
+                phases.append((started, connected - started, handshaken - connected, time.monotonic() - handshaken))
             except (OSError, http.client.HTTPException):
                 failed.append(started)
             finally:
                 fresh_conn.close()
         time.sleep(max(0.0, INTERVAL - (time.monotonic() - started)))
-    out.write_text(json.dumps({"done": done, "failed": failed}))
+    out.write_text(json.dumps({"done": done, "failed": failed, "phases": phases}))
 
 
 # -- attacker role ------------------------------------------------------------------------------
@@ -469,6 +477,10 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
     )
     for mode, result in results.items():
         print(f"under attack, {mode} scrape: {window(result, measured, measured_end)}")
+        phases = [p for p in result.get("phases", []) if measured <= p[0] < measured_end]
+        for i, phase in enumerate(("TCP connect", "TLS handshake", "request")):
+            if phases:
+                print(f"  {phase}: {percentiles([p[i + 1] for p in phases])}")
     print(
         f"exporter under attack: peak RSS {peak.get('rss_kb', 0) / 1024:.1f} MiB (DaemonSet limit "
         f"{DAEMONSET_LIMIT_MIB} MiB), peak {peak.get('threads')} threads, peak {peak.get('fds')} fds, "

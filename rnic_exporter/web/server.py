@@ -647,13 +647,17 @@ def _freeze_long_lived_objects() -> None:
 
 
 def _limit_malloc_arenas() -> None:
-    """Cap glibc's malloc arenas before the web threads start, unless the operator set MALLOC_ARENA_MAX.
+    """Cap glibc's malloc arenas for the process (unless the operator set MALLOC_ARENA_MAX).
 
-    glibc gives a thread that allocates while another holds an arena an arena of its own (up to 8
-    per core), and memory freed in an arena stays there: after one burst of 40 concurrent scrapes
-    each worker's arena kept about 0.8 MB of the bodies it had built and sent (+7 MB resident,
-    bench/bench.py's 50 clients). CPython allocates with the GIL held, so threads rarely contend
-    for an arena and two cost no measurable time.
+    glibc gives a thread that finds no free arena an arena of its own (up to 8 per core), and
+    memory freed in an arena stays there. After one burst of 40 concurrent scrapes each web
+    worker's arena kept about 0.8 MB of the bodies it had built and sent (+7 MB resident,
+    bench/bench.py's 50 clients); and every read worker written off behind a hung read is
+    replaced by a thread that found the old one's arena still taken, so a soak with hung reads
+    grew by an arena every few hung reads (46 -> 60 MB in an hour, with flat Python objects).
+    CPython allocates with the GIL held, so threads rarely contend for an arena; two cost no
+    measurable time. Set here because serving always starts the web front; the cap holds for
+    threads started before it too (they share the arenas that exist).
     """
     if os.environ.get("MALLOC_ARENA_MAX"):
         return
