@@ -27,6 +27,7 @@ import re
 import resource
 import shutil
 import signal
+import socket
 import ssl
 import statistics
 import subprocess
@@ -94,6 +95,7 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -
     headers = {"Authorization": auth_header(USER, PASSWORD), "Accept-Encoding": "gzip"}
     done: list[tuple[float, float]] = []  # (when it started, how long it took), monotonic clock
     failed: list[float] = []  # when it started
+    phases: list[tuple[float, float, float, float]] = []  # fresh: (when, connect, TLS, request) seconds
     conn: http.client.HTTPSConnection | None = None
 
     def one(c: http.client.HTTPSConnection) -> None:
@@ -120,28 +122,42 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -
         else:
             fresh_conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
             try:
+                # Where a fresh scrape waits: TCP connect (the kernel answers it, also for a connection
+                # left in the listen backlog), accept and TLS (a backlogged connection waits here), the answer.
+                raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+                connected = time.monotonic()
+                fresh_conn.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+                handshaken = time.monotonic()
                 one(fresh_conn)
                 done.append((started, time.monotonic() - started))
+                phases.append((started, connected - started, handshaken - connected, time.monotonic() - handshaken))
             except (OSError, http.client.HTTPException):
                 failed.append(started)
             finally:
                 fresh_conn.close()
         time.sleep(max(0.0, INTERVAL - (time.monotonic() - started)))
-    out.write_text(json.dumps({"done": done, "failed": failed}))
+    out.write_text(json.dumps({"done": done, "failed": failed, "phases": phases}))
 
 
 # -- attacker role ------------------------------------------------------------------------------
 
 
 class Attack:
-    def __init__(self, port: int, cafile: Path, deadline: float) -> None:
+    def __init__(self, port: int, cafile: Path, deadline: float, addresses: int = 0) -> None:
         self.port = port
+        self.addresses = addresses
         self.ctx = client_context(cafile)
         self.deadline = deadline
         self.open = {"slowloris": 0, "idle": 0, "silent_tls": 0, "wrong_password": 0}
         self.peak = dict(self.open)
         self.opened = dict(self.open)
         self.statuses: dict[str, int] = {}
+
+    def _source(self, index: int) -> tuple[str, int] | None:
+        """The attacker's own address for its `index`th connection: 127.0.0.2 and up (0: the scraper's)."""
+        if not self.addresses:
+            return None
+        return (f"127.0.0.{2 + index % self.addresses}", 0)
 
     def _up(self, kind: str) -> None:
         self.open[kind] += 1
@@ -152,19 +168,20 @@ class Attack:
         await asyncio.sleep(random.random() * 3)  # ramp up over 3 s
         while time.monotonic() < self.deadline:
             writer = None
+            source = self._source(index)
             try:
                 if kind == "idle":
-                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=source)
                     self._up(kind)
                     await reader.read(1)  # returns when the server closes
                 elif kind == "silent_tls":
-                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port, local_addr=source)
                     self._up(kind)
                     writer.write(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # the start of a ClientHello
                     await reader.read(1)
                 elif kind == "slowloris":
                     reader, slow = await asyncio.wait_for(
-                        asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx), 30
+                        asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx, local_addr=source), 30
                     )
                     writer = slow
                     self._up(kind)
@@ -187,7 +204,9 @@ class Attack:
             await asyncio.sleep(float(os.environ.get("ABUSE_RECONNECT_AFTER", RECONNECT_AFTER)))
 
     async def _guess(self, index: int) -> None:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx), 30)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", self.port, ssl=self.ctx, local_addr=self._source(index)), 30
+        )
         self._up("wrong_password")
         try:
             while time.monotonic() < self.deadline:
@@ -207,22 +226,26 @@ class Attack:
             writer.close()
 
 
-async def attack_main(port: int, cafile: Path, seconds: float, counts: dict[str, int], out: Path) -> None:
-    attack = Attack(port, cafile, time.monotonic() + seconds)
+async def attack_main(
+    port: int, cafile: Path, seconds: float, counts: dict[str, int], out: Path, addresses: int
+) -> None:
+    attack = Attack(port, cafile, time.monotonic() + seconds, addresses)
     tasks = [asyncio.create_task(attack._hold(kind, i)) for kind, n in counts.items() for i in range(n)]
     await asyncio.wait(tasks, timeout=seconds + 40)
     out.write_text(json.dumps({"peak_open": attack.peak, "opened": attack.opened, "statuses": attack.statuses}))
     os._exit(0)  # leftover tasks and sockets: the process is done
 
 
-def attack_role(port: int, cafile: Path, seconds: float, counts: dict[str, int], out: Path, nice: int) -> None:
+def attack_role(
+    port: int, cafile: Path, seconds: float, counts: dict[str, int], out: Path, nice: int, addresses: int
+) -> None:
     raise_nofile(sum(counts.values()) * 2 + 1024)
     if set(counts) != {"wrong_password"} and nice:
         # A real attacker's CPU is on other machines; here the client side of thousands of TLS
         # handshakes shares the cores with the exporter and the scrapers. A nice value keeps it
         # from starving them, but on a busy machine it then cannot open its connections at all.
         os.nice(nice)
-    asyncio.run(attack_main(port, cafile, seconds, counts, out))
+    asyncio.run(attack_main(port, cafile, seconds, counts, out, addresses))
 
 
 # -- orchestration -------------------------------------------------------------------------------
@@ -262,6 +285,13 @@ def main() -> None:
         help="nice value of the connection attacker (its TLS client work shares the cores)",
     )
     parser.add_argument(
+        "--attacker-addresses",
+        type=int,
+        default=4,
+        help="loopback addresses the attackers connect from (127.0.0.2 and up; the scrapers use 127.0.0.1, "
+        "as Prometheus has an address of its own); 0: the attackers share the scrapers' address",
+    )
+    parser.add_argument(
         "--exporter-arg",
         action="append",
         default=[],
@@ -282,6 +312,7 @@ def main() -> None:
             json.loads(opts.args[3]),
             Path(opts.args[4]),
             int(opts.args[5]),
+            int(opts.args[6]),
         )
         return
 
@@ -441,6 +472,7 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
             json.dumps(group),
             str(work / f"attack-{name}.json"),
             str(opts.attacker_nice),
+            str(opts.attacker_addresses),
         )
         for name, group in groups.items()
     ]
@@ -462,13 +494,22 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
                 attack[key][kind] = attack[key].get(kind, 0) + n
     for mode, result in results.items():
         print(f"no attack, {mode} scrape: {window(result, started, attack_start)}")
-    print(f"attack: {counts}, measured after a {RAMP_UP:.0f} s ramp-up")
+    sources = (
+        f"from {opts.attacker_addresses} addresses of their own (127.0.0.2 and up)"
+        if opts.attacker_addresses
+        else "from the scrapers' address"
+    )
+    print(f"attack: {counts}, {sources}, measured after a {RAMP_UP:.0f} s ramp-up")
     print(
         f"attackers' concurrent connections at peak (as they saw them): {attack.get('peak_open')}; "
         f"opened in all: {attack.get('opened')}; wrong-password answers by status: {attack.get('statuses')}"
     )
     for mode, result in results.items():
         print(f"under attack, {mode} scrape: {window(result, measured, measured_end)}")
+        phases = [p for p in result.get("phases", []) if measured <= p[0] < measured_end]
+        for i, phase in enumerate(("TCP connect", "accept + TLS handshake", "request")):
+            if phases:
+                print(f"  {phase}: {percentiles([p[i + 1] for p in phases])}")
     print(
         f"exporter under attack: peak RSS {peak.get('rss_kb', 0) / 1024:.1f} MiB (DaemonSet limit "
         f"{DAEMONSET_LIMIT_MIB} MiB), peak {peak.get('threads')} threads, peak {peak.get('fds')} fds, "

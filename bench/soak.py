@@ -656,7 +656,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--step-timeout", type=float, default=None, help="seconds a step may take to be seen")
     parser.add_argument("--log", type=Path, default=None, help="append every line the exporter logs to this file")
+    parser.add_argument(
+        "--netns",
+        action=argparse.BooleanOptionalAction,
+        default=os.geteuid() == 0,
+        help="run in a fresh, empty network namespace (default as root): the netdevs other work on this "
+        "machine creates and removes are not seen by the exporter's netlink watcher",
+    )
+    parser.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.netns and not opts.inside_netns:
+        from tests.support.netns import network_namespace
+
+        with network_namespace([], prefix="rsk") as ns:
+            sys.exit(subprocess.run(ns.exec_args(sys.executable, *sys.argv, "--inside-netns")).returncode)
     hung_every, hung_block = (float(x) for x in opts.hung_reads.split(":")) if opts.hung_reads else (0.0, 20.0)
     seconds = opts.minutes * 60
     ours = Ours(opts.python, opts.src.resolve() if opts.src else None)

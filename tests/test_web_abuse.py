@@ -155,6 +155,37 @@ def test_a_scrapers_keep_alive_connection_outlives_silent_ones_at_the_cap(
         scraper.close()
 
 
+def test_at_the_cap_a_client_on_its_own_address_does_not_wait_behind_a_flood_from_another(
+    serve: ServerFactory, sockets: list[socket.socket]
+) -> None:
+    # Connections are old enough to close only after 30 s: by that rule alone a newcomer would
+    # wait in the listen backlog far beyond the request's 2 s deadline.
+    server = serve(max_connections=4, evict_after=30.0)
+    flood_address = server.bound[0]
+
+    def flood() -> socket.socket:
+        sock = socket.create_connection(flood_address, timeout=DEADLINE, source_address=("127.0.0.2", 0))
+        sockets.append(sock)
+        return sock
+
+    first = [flood() for _ in range(4)]
+    wait_for(lambda: server.open_connections == 4, timeout=DEADLINE, what="the flood to fill the cap")
+    host, port = server.bound[0]
+    scraper = http.client.HTTPConnection(host, port, timeout=DEADLINE)  # from 127.0.0.1
+    try:
+        scraper.request("GET", "/metrics")  # a new connection at the cap: it takes the flood's oldest place
+        assert scraper.getresponse().read() == BODY
+        assert read_until_closed(first[0], timeout=DEADLINE) == b""
+        # The flood's next connection, at the cap again, is closed as soon as it is accepted.
+        late = flood()
+        assert read_until_closed(late, timeout=DEADLINE) == b""
+        assert server.open_connections == 4
+        scraper.request("GET", "/metrics")  # and the scraper's keep-alive connection is still served
+        assert scraper.getresponse().read() == BODY
+    finally:
+        scraper.close()
+
+
 def test_an_idle_scraper_is_not_evicted_while_young_silent_connections_wait(
     serve: ServerFactory, sockets: list[socket.socket]
 ) -> None:

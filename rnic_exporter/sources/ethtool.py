@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rnic_exporter.sources import pyroute2_parts
+
 log = logging.getLogger("rnic_exporter.ethtool")
 
 # "400000baseCR4/Full", "100000baseSR4_Full", "25000baseCR/Full", "200000baseCR2/Full"
@@ -47,9 +49,7 @@ class EthtoolReader:
     def advertised(self, ifname: str) -> AdvertisedLink | None:
         try:
             if self._ethtool is None:
-                from pyroute2.ethtool import Ethtool
-
-                self._ethtool = Ethtool()
+                self._ethtool = pyroute2_parts.module("ethtool").Ethtool()  # not all of pyroute2
             mode = self._ethtool.get_link_mode(ifname)
         except Exception as exc:  # pyroute2 raises a variety (NetlinkError, OSError, NotSupported...)
             self.errors += 1

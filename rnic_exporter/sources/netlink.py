@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
+from rnic_exporter.sources import pyroute2_parts
+
 log = logging.getLogger("rnic_exporter.netlink")
 
 # linux/rtnetlink.h multicast group bits (RTMGRP_*): link changes and both address families.
@@ -344,9 +346,7 @@ class NetlinkWatcher:
         return delay
 
     async def _session(self) -> None:
-        from pyroute2 import AsyncIPRoute  # heavy import, only where used
-
-        ipr = AsyncIPRoute(rcvbuf=self._rcvbuf)
+        ipr = pyroute2_parts.module("iproute.linux").AsyncIPRoute(rcvbuf=self._rcvbuf)  # not all of pyroute2
         try:
             await ipr.bind(groups=GROUPS)
             await self._dump(ipr)
