@@ -287,7 +287,7 @@ def _counters(lay: Layout) -> None:
         timeseries(
             "Error counter rate per node",
             "PMA error counters per second, summed per node (5-minute average); only nodes with errors.",
-            [target(f"sum by (instance) ({_s(r.ERRORS)})", "{{instance}}")],
+            [target(f"sum by (instance) ({_s(r.ERRORS_PER_COUNTER)})", "{{instance}}")],
             "cps",
             thresholds=OK_BAD,
         ),
@@ -298,7 +298,7 @@ def _counters(lay: Layout) -> None:
         timeseries(
             "Retransmission rate per node",
             "RoCE retransmission counters per second, summed per node (5-minute average); only nodes that retransmit.",
-            [target(f"sum by (instance) ({_s(r.RETRANSMISSIONS)})", "{{instance}}")],
+            [target(f"sum by (instance) ({_s(r.RETRANSMISSIONS_PER_COUNTER)})", "{{instance}}")],
             "cps",
             thresholds=OK_BAD,
         ),

@@ -128,7 +128,9 @@ ADDRESS_MISSING = Rule(
 ERRORS_PER_COUNTER = Rule(
     f"port_counter:{c.PORT_PMA.name.removesuffix('_total')}_errors:rate5m",
     f'sum by ({BY_PORT}, counter) (rate({c.PORT_PMA.name}{{counter=~"{ERROR_COUNTERS}"}}[5m])) > 0',
-    "PMA error counters (symbol errors, link downed, receive errors, discards...) that are growing, per second.",
+    "PMA error counters (symbol errors, link downed, receive errors, discards...) that are growing, per second. "
+    "No per-node rule sums these: promtool cannot backfill a rule that reads another one, and summing the "
+    "few growing counters at query time is cheap.",
     sparse=True,
 )
 RETRANSMISSIONS_PER_COUNTER = Rule(
@@ -137,20 +139,6 @@ RETRANSMISSIONS_PER_COUNTER = Rule(
     "RoCE retransmission counters (out of sequence, ACK timeouts, sequence errors...) that are growing, per second.",
     sparse=True,
 )
-ERRORS = Rule(
-    f"instance:{c.PORT_PMA.name.removesuffix('_total')}_errors:rate5m",
-    f"sum by ({BY_NODE}) ({ERRORS_PER_COUNTER.record})",
-    "PMA error counters per second, per node; from the rule above (same group, evaluated after it), so "
-    "only nodes with errors have a series.",
-    sparse=True,
-)
-RETRANSMISSIONS = Rule(
-    f"instance:{c.PORT_HW_STAT.name.removesuffix('_total')}_retransmissions:rate5m",
-    f"sum by ({BY_NODE}) ({RETRANSMISSIONS_PER_COUNTER.record})",
-    "RoCE retransmissions per second, per node, from the rule above; only nodes that retransmit.",
-    sparse=True,
-)
-
 RULES: tuple[Rule, ...] = (
     DEVICES_KNOWN,
     DEVICES_PRESENT,
@@ -167,8 +155,6 @@ RULES: tuple[Rule, ...] = (
     ADDRESS_MISSING,
     ERRORS_PER_COUNTER,
     RETRANSMISSIONS_PER_COUNTER,
-    ERRORS,
-    RETRANSMISSIONS,
 )
 BY_RECORD = {rule.record: rule for rule in RULES}
 
