@@ -22,9 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import tempfile
+import urllib.request
+
 from rnic_exporter.dashboards import generate
 from rnic_exporter.dashboards.panels import MAX_DATA_POINTS
+from rnic_exporter.sim import SimHost
 from tests.support.fleet import Fleet, loaded, query, query_range
+from tests.support.processes import exporter, free_port
+from tests.support.wait import wait_for
 
 DASHBOARD_RANGE_S = 6 * 3600  # the fleet dashboard's time_from="now-6h"
 BLOCK_S = 2 * 3600  # promtool parses the whole file once per 2 h block: keep a short fleet in one
@@ -38,6 +44,48 @@ def _targets() -> list[tuple[str, str, bool]]:
         for t in panel.get("targets", []):
             out.append((f"{panel['title']} {t['refId']}", t["expr"], bool(t.get("instant"))))
     return out
+
+
+class _SettledScrape:
+    """The scrape once every device's counters are in and the series count has held for `hold` seconds
+    (detection adds its families after the first polls)."""
+
+    def __init__(self, url: str, rnics: int, hold: float = 3.0) -> None:
+        self.url, self.rnics, self.hold = url, rnics, hold
+        self.since: tuple[float, int] | None = None
+
+    def __call__(self) -> list[str] | None:
+        text = urllib.request.urlopen(f"{self.url}/metrics", timeout=5).read().decode()
+        lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+        if sum("rnic_port_data_received_bytes_total" in ln for ln in lines) != self.rnics:
+            return None
+        now = time.monotonic()
+        if self.since is None or self.since[1] != len(lines):
+            self.since = (now, len(lines))
+        return lines if now - self.since[0] >= self.hold else None
+
+
+def scrape_counts(rnics: int) -> None:
+    """Series in one real scrape of `serve` over a simulated host of `rnics` RoCE RNICs, and of as many
+    InfiniBand ones: per RNIC (series with a device label) and per node (the rest)."""
+    for kind in ("RoCE", "InfiniBand"):
+        with tempfile.TemporaryDirectory(prefix="rnic-scrape-") as tmp:
+            root = Path(tmp)
+            host = SimHost.build(
+                root / "sys", roce=rnics if kind == "RoCE" else 0, infiniband=0 if kind == "RoCE" else rnics
+            )
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}"]
+            args += ["--poll.interval", "1"]  # settles in seconds; the families are those of the default 5 s
+            with exporter([*args, "--state.dir", str(root / "state")], ready_url=f"{url}/-/ready"):
+                series = wait_for(_SettledScrape(url, rnics), timeout=60, what="a settled scrape", interval=0.5)
+        per_rnic = sum('device="' in ln for ln in series)
+        print(
+            f"one scrape, {rnics} {kind} RNICs: {len(series)} series, {per_rnic / rnics:.1f} per RNIC, "
+            f"{len(series) - per_rnic} per node",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -67,6 +115,7 @@ def main() -> int:
     )
     print(f"fleet: {args.hosts} hosts x {args.rnics} RNICs, {args.hours} h at {args.step} s", flush=True)
     print(f"load before: {Path('/proc/loadavg').read_text().split()[:3]}", flush=True)
+    scrape_counts(args.rnics)
     began = time.monotonic()
     with loaded(fleet, timeout=6 * 3600, workdir=args.workdir) as (prom, t):
         print(
