@@ -68,6 +68,13 @@ PORTS_UP = Rule(
     f"sum by ({BY_NODE}) ({c.PORT_UP.name})",
     "Ports ACTIVE/LinkUp, per node; ports minus ports up is the ports not up.",
 )
+PORTS_NOT_UP = Rule(
+    f"instance:{c.PORT_UP.name.replace('_up', '_not_up')}:count",
+    f"count by ({BY_NODE}) ({c.PORT_UP.name} == 0)",
+    "Ports not ACTIVE/LinkUp, per node; only nodes with one, so the time series of ports down reads a few "
+    "series, not one per node.",
+    sparse=True,
+)
 LINKS_BELOW_RATED = Rule(
     f"instance_link:{c.LINK_BELOW_RATED.name}:sum",
     f'sum by ({BY_NODE}, link) (max by ({BY_PORT}, link) ({c.LINK_BELOW_RATED.name}{{link=~"port|netdev"}}))\n'
@@ -144,6 +151,7 @@ RULES: tuple[Rule, ...] = (
     DEVICES_PRESENT,
     PORTS,
     PORTS_UP,
+    PORTS_NOT_UP,
     LINKS_BELOW_RATED,
     PORTS_FLAPPING,
     ADDRESS_LOSS_RISK,
