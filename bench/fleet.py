@@ -36,13 +36,16 @@ DASHBOARD_RANGE_S = 6 * 3600  # the fleet dashboard's time_from="now-6h"
 BLOCK_S = 2 * 3600  # promtool parses the whole file once per 2 h block: keep a short fleet in one
 
 
-def _targets() -> list[tuple[str, str, bool]]:
-    """(where, expr, instant) for every fleet panel target."""
+def _targets() -> list[tuple[str, str, bool, float]]:
+    """(where, expr, instant, minimum step in seconds) for every fleet panel target."""
     dashboard = json.loads(generate()["rnic-fleet-overview.json"])
     out = []
+    units = {"s": 1, "m": 60, "h": 3600}
     for panel in dashboard["panels"]:
         for t in panel.get("targets", []):
-            out.append((f"{panel['title']} {t['refId']}", t["expr"], bool(t.get("instant"))))
+            interval = t.get("interval") or "0s"
+            min_step = float(interval[:-1]) * units[interval[-1]]
+            out.append((f"{panel['title']} {t['refId']}", t["expr"], bool(t.get("instant")), min_step))
     return out
 
 
@@ -130,9 +133,10 @@ def main() -> int:
         print(f"series at the end: raw {raw[0]['value'][1]}, recorded {recorded[0]['value'][1]}")
         end = fleet.end
         range_s = DASHBOARD_RANGE_S
-        step = max(args.step, range_s / MAX_DATA_POINTS)
         timings: list[tuple[float, str, int]] = []
-        for where, expr, instant in _targets():
+        for where, expr, instant, min_step in _targets():
+            # Grafana's step: the range over the panel's max data points, at least the target's interval.
+            step = max(args.step, range_s / MAX_DATA_POINTS, min_step)
             promql = expr.replace("$__range", f"{range_s}s").replace("$instance", ".*")
             best = float("inf")
             for _ in range(args.repeat):

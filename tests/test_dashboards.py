@@ -216,6 +216,10 @@ def test_every_fleet_panel_reads_recorded_series(dashboards: dict[str, dict[str,
         per_node = {name for name in raw if "device" not in catalog.BY_NAME[name].labels}
         assert raw == per_node, f"fleet {where} scans raw per-port series {sorted(raw - per_node)}: {expr}"
         recorded_panels += bool(metric_names(expr) & set(recording.BY_RECORD))
+    # Time series step at least a minute: recorded series have one point per evaluation.
+    for panel in _panels(fleet):
+        if panel["type"] == "timeseries":
+            assert {t["interval"] for t in panel["targets"]} == {"1m"}, panel["title"]
     assert recorded_panels >= 20
     # Every recording rule is read by some panel (or by a rule a panel reads).
     read = {n for _, expr in _queries(fleet) for n in metric_names(expr)}
