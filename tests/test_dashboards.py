@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from rnic_exporter import catalog, events
-from rnic_exporter.dashboards import generate
+from rnic_exporter.dashboards import generate, recording
 from rnic_exporter.dashboards.promql import metric_names
 from rnic_exporter.sim import SimHost
 from tests.support.processes import Prometheus, exporter, free_port, http_get, require_binary
@@ -166,9 +166,12 @@ def test_every_metric_in_a_query_is_in_the_catalogue(dashboards: dict[str, dict[
         for where, expr in _queries(dashboard):
             names = metric_names(expr)
             assert names, f"{filename} {where}: no metric found in {expr}"
-            unknown = names - set(catalog.BY_NAME)
-            assert not unknown, f"{filename} {where} names {sorted(unknown)}, which rnic_exporter/catalog.py lacks"
-            used |= names
+            unknown = names - set(catalog.BY_NAME) - set(recording.BY_RECORD)
+            assert not unknown, (
+                f"{filename} {where} names {sorted(unknown)}, which neither rnic_exporter/catalog.py nor the "
+                "recording rules have"
+            )
+            used |= _sources(names)
     # The headline signals of the issue are all on a dashboard.
     wanted = {
         catalog.DEVICE_PRESENT,
@@ -192,6 +195,36 @@ def test_every_metric_in_a_query_is_in_the_catalogue(dashboards: dict[str, dict[
         catalog.NCCL_CONFIGURED_GID_INDEX_VALID,
     }
     assert {spec.name for spec in wanted} - used == set()
+
+
+def _sources(names: set[str]) -> set[str]:
+    """The catalogue metrics behind `names`: a recorded series stands for what its rule reads."""
+    out: set[str] = set()
+    for name in names:
+        rule = recording.BY_RECORD.get(name)
+        out |= _sources(metric_names(rule.expr)) if rule else {name}
+    return out
+
+
+def test_every_fleet_panel_reads_recorded_series(dashboards: dict[str, dict[str, Any]]) -> None:
+    """A refresh over 10,000 nodes must not scan every raw series: each fleet panel query reads the
+    recording rules, or a raw metric that is one series per node already (no device label)."""
+    fleet = dashboards["rnic-fleet-overview.json"]
+    recorded_panels = 0
+    for where, expr in _queries(fleet):
+        raw = metric_names(expr) - set(recording.BY_RECORD)
+        per_node = {name for name in raw if "device" not in catalog.BY_NAME[name].labels}
+        assert raw == per_node, f"fleet {where} scans raw per-port series {sorted(raw - per_node)}: {expr}"
+        recorded_panels += bool(metric_names(expr) & set(recording.BY_RECORD))
+    # Time series step at least a minute: recorded series have one point per evaluation.
+    for panel in _panels(fleet):
+        if panel["type"] == "timeseries":
+            assert {t["interval"] for t in panel["targets"]} == {"1m"}, panel["title"]
+    assert recorded_panels >= 20
+    # Every recording rule is read by some panel (or by a rule a panel reads).
+    read = {n for _, expr in _queries(fleet) for n in metric_names(expr)}
+    read |= {n for rule in recording.RULES if rule.record in read for n in metric_names(rule.expr)}
+    assert set(recording.BY_RECORD) <= read, sorted(set(recording.BY_RECORD) - read)
 
 
 def test_metric_name_extraction_sees_through_promql() -> None:
@@ -274,7 +307,7 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
             log_path=tmp_path / "exporter.log",
             env={"NCCL_IB_GID_INDEX": "3"},
         ),
-        Prometheus(tmp_path / "prom", config) as prom,
+        Prometheus(tmp_path / "prom", config, [REPO / "alerts" / recording.FILENAME]) as prom,
     ):
         prom.wait_value('count(rnic_gid_table_hash{device="mlx5_0"})')
         host.gid_shift("mlx5_0")
@@ -287,6 +320,9 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
 
         exposed = {m["metric"]["__name__"] for m in prom.query('{__name__=~"rnic_.+"}')}
         assert {catalog.PORT_UP.name, catalog.GID_TABLE_HASH.name} <= exposed
+        # A recorded series must have data once its rule's own expression has some (sparse rules record
+        # only faults: no error counter grows here, so their panels only have to parse).
+        exposed |= {rule.record for rule in recording.RULES if _query(prom, rule.expr)}
         must_answer: dict[str, str] = {}
         for filename, dashboard in dashboards.items():
             for where, expr in _queries(dashboard):

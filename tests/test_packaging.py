@@ -288,6 +288,28 @@ COMPONENT_SCHEMAS: dict[str, dict[str, Any]] = {
                 "additionalProperties": False,
                 "properties": {"enabled": {"type": "boolean"}},
             },
+            "timeout": {"type": "string", "pattern": r"^\d+(ms|s|m)$"},
+            # Its config.go: RemoteWriteQueue (a 0 size with enabled drops everything, so it fails
+            # validation) and exporterhelper's RetrySettings.
+            "remote_write_queue": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "queue_size": {"type": "integer", "minimum": 1},
+                    "num_consumers": {"type": "integer", "minimum": 1},
+                },
+            },
+            "retry_on_failure": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "enabled": {"type": "boolean"},
+                    "initial_interval": {"type": "string", "pattern": r"^\d+(ms|s|m)$"},
+                    "max_interval": {"type": "string", "pattern": r"^\d+(ms|s|m)$"},
+                    "max_elapsed_time": {"type": "string", "pattern": r"^\d+(ms|s|m)$"},
+                },
+            },
         },
     },
     "otlphttp": {
@@ -370,6 +392,8 @@ def test_collector_pipelines_are_wired_from_defined_components() -> None:
         lambda c: c["service"]["pipelines"]["logs"]["exporters"].append("prometheusremotewrite"),
         lambda c: c["exporters"].update({"debug/unused": {}}),
         lambda c: c["processors"]["batch"].update({"send_batch_size_max": 10}),
+        lambda c: c["exporters"]["prometheusremotewrite"]["remote_write_queue"].update({"queue_size": 0}),
+        lambda c: c["exporters"]["prometheusremotewrite"]["remote_write_queue"].update({"num_workers": 4}),
         lambda c: c["service"]["pipelines"]["logs"]["processors"].reverse(),
     ],
 )
@@ -377,6 +401,18 @@ def test_collector_check_would_catch_a_broken_pipeline(breakage: Any) -> None:
     config = copy.deepcopy(_otel_config())
     breakage(config)
     assert collector_problems(config) != []
+
+
+def test_collector_batches_and_limits_fit_together() -> None:
+    """The fleet sizing (README, "Fleet scale"): batches bounded, the queue on, memory refused before it runs out."""
+    config = _otel_config()
+    batch = config["processors"]["batch"]
+    assert batch["send_batch_size"] <= batch["send_batch_max_size"]
+    limiter = config["processors"]["memory_limiter"]
+    assert 0 < limiter["spike_limit_percentage"] < limiter["limit_percentage"] <= 90
+    queue = config["exporters"]["prometheusremotewrite"]["remote_write_queue"]
+    assert queue["enabled"] and queue["queue_size"] > 0 and queue["num_consumers"] > 1
+    assert config["exporters"]["prometheusremotewrite"]["retry_on_failure"]["enabled"]
 
 
 def test_documented_otlp_endpoint_reaches_the_collector_receiver() -> None:

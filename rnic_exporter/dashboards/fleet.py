@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from grafanalib.core import Dashboard
+import attr
+from grafanalib.core import Dashboard, Target
 
 from rnic_exporter import catalog as c
+from rnic_exporter.dashboards import recording as r
 from rnic_exporter.dashboards.panels import (
     NEUTRAL,
     OK_BAD,
@@ -24,15 +26,38 @@ from rnic_exporter.dashboards.panels import (
 UID = "rnic-fleet-overview"
 HOST_DASHBOARD_UID = "rnic-host-detail"
 SEL = 'instance=~"$instance"'
+# Every panel reads the recorded series of alerts/rnic-recording.rules.yml (one per node, or per port only
+# while something is wrong), so a refresh over 10,000 nodes never scans every raw series. Raw metrics only
+# where they are one series per node already (build_info for the variable, rnic_devices).
+# host.py takes the counter sets from here; their one home is the recording rules.
+ERROR_COUNTERS = r.ERROR_COUNTERS
+RETRANSMISSION_COUNTERS = r.RETRANSMISSION_COUNTERS
+BUSIEST = 20
+# Recorded series have one point per evaluation (1 minute by default): a finer step redraws the same points
+# and costs Grafana's 1,000 points per panel in query time.
+MIN_STEP = "1m"
 
-# PMA counters that mean a damaged link or a dropped packet (IBTA PortCounters), as the kernel names them:
-# the ones OTLP exports as hw.errors.
-ERROR_COUNTERS = "|".join(c.PMA_ERROR_COUNTER_NAMES)
-# mlx5 hw_counters that count RoCE retransmissions and their causes.
-RETRANSMISSION_COUNTERS = (
-    "out_of_sequence|packet_seq_err|implied_nak_seq_err|local_ack_timeout_err|"
-    "rnr_nak_retry_err|duplicate_request|roce_adp_retrans|roce_slow_restart"
-)
+
+def _minutely(queries: list[Target]) -> list[Target]:
+    return [attr.evolve(t, interval=MIN_STEP) for t in queries]
+
+
+NETWORKMANAGER = 'reason="networkmanager", '
+
+
+def _s(rule: r.Rule, extra: str = "") -> str:
+    """The recorded series of `rule` for the selected nodes."""
+    return f"{rule.record}{{{extra}{SEL}}}"
+
+
+def _not(total: r.Rule, part: r.Rule) -> str:
+    """total - part per node: known minus present devices, ports minus ports up."""
+    return f"({_s(total)} - {_s(part)})"
+
+
+def _count_in_range(rule: r.Rule) -> str:
+    """How many ports/addresses a sparse rule recorded at some point of the time range (0 when none)."""
+    return f"count(max_over_time({_s(rule)}[$__range])) or vector(0)"
 
 
 def build() -> Dashboard:
@@ -65,7 +90,7 @@ def _health(lay: Layout) -> None:
             "RNICs missing",
             "Devices of the persisted inventory that are gone (rnic_device_present == 0): "
             "a NIC that fell off the PCIe bus, a driver reset or a firmware crash.",
-            [target(f"sum({name(c.DEVICE_PRESENT)}{{{SEL}}} == bool 0)", "missing")],
+            [target(f"sum{_not(r.DEVICES_KNOWN, r.DEVICES_PRESENT)}", "missing")],
         ),
         w=4,
         h=4,
@@ -74,7 +99,7 @@ def _health(lay: Layout) -> None:
         stat(
             "Ports not up",
             "RDMA ports that are not ACTIVE/LinkUp, including never-cabled ones.",
-            [target(f"sum({name(c.PORT_UP)}{{{SEL}}} == bool 0)", "not up")],
+            [target(f"sum({_s(r.PORTS_NOT_UP)}) or vector(0)", "not up")],
             thresholds=OK_WARN,
         ),
         w=4,
@@ -85,20 +110,7 @@ def _health(lay: Layout) -> None:
             "Links below rated",
             "Ports whose IB port rate, netdev speed or PCIe link runs below its rated "
             "speed or width; PCIe counted once per device.",
-            [
-                target(
-                    f"sum by (link) (max by (instance, device, port, link) "
-                    f'({name(c.LINK_BELOW_RATED)}{{link=~"port|netdev", {SEL}}}))',
-                    "{{link}}",
-                    "A",
-                ),
-                target(
-                    f"sum by (link) (max by (instance, device, link) "
-                    f'({name(c.LINK_BELOW_RATED)}{{link="pcie", {SEL}}}))',
-                    "{{link}}",
-                    "B",
-                ),
-            ],
+            [target(f"sum by (link) ({_s(r.LINKS_BELOW_RATED)})", "{{link}}")],
             thresholds=OK_WARN,
         ),
         w=6,
@@ -108,7 +120,7 @@ def _health(lay: Layout) -> None:
         stat(
             "Flapping ports",
             "Ports the exporter sees going down and up repeatedly.",
-            [target(f"sum({name(c.PORT_FLAPPING)}{{{SEL}}})", "flapping")],
+            [target(f"sum({_s(r.PORTS_FLAPPING)})", "flapping")],
             thresholds=OK_WARN,
         ),
         w=4,
@@ -120,7 +132,7 @@ def _health(lay: Layout) -> None:
             "RNIC netdevs managed by NetworkManager: a port flap removes their "
             "addresses and may move GID indices (incident 1). Configure them with ifupdown or "
             "systemd-networkd KeepConfiguration= instead.",
-            [target(f'sum({name(c.NETDEV_ADDRESS_LOSS_RISK)}{{reason="networkmanager", {SEL}}})', "netdevs")],
+            [target(f"sum({_s(r.ADDRESS_LOSS_RISK, NETWORKMANAGER)})", "netdevs")],
             thresholds=OK_WARN,
         ),
         w=6,
@@ -136,14 +148,14 @@ def _health(lay: Layout) -> None:
     lay.add(
         table(
             "RNICs present vs known per node",
-            "Per node: RDMA devices read in the last poll, devices the inventory knows, and how many of "
-            "those are present. Click a node for its detail.",
+            "Per node: RDMA devices read in the last poll, devices the inventory knows, how many of those "
+            "are present, and ports not up. Click a node for its detail.",
             # Every column aggregated by instance alone, so the merge joins them into one row per node.
             [
                 target(f"sum by (instance) ({name(c.DEVICES)}{{{SEL}}})", ref="A", instant=True, table=True),
-                target(f"count by (instance) ({name(c.DEVICE_PRESENT)}{{{SEL}}})", ref="B", instant=True, table=True),
-                target(f"sum by (instance) ({name(c.DEVICE_PRESENT)}{{{SEL}}})", ref="C", instant=True, table=True),
-                target(f"sum by (instance) ({name(c.PORT_UP)}{{{SEL}}} == bool 0)", ref="D", instant=True, table=True),
+                target(f"sum by (instance) ({_s(r.DEVICES_KNOWN)})", ref="B", instant=True, table=True),
+                target(f"sum by (instance) ({_s(r.DEVICES_PRESENT)})", ref="C", instant=True, table=True),
+                target(f"sum by (instance) {_not(r.PORTS, r.PORTS_UP)}", ref="D", instant=True, table=True),
             ],
             merge=True,
             rename={
@@ -163,8 +175,8 @@ def _health(lay: Layout) -> None:
     lay.add(
         timeseries(
             "Ports not up per node",
-            "RDMA ports not ACTIVE/LinkUp, per node.",
-            [target(f"sum by (instance) ({name(c.PORT_UP)}{{{SEL}}} == bool 0)", "{{instance}}")],
+            "RDMA ports not ACTIVE/LinkUp, per node; only nodes with one (10,000 lines help nobody).",
+            _minutely([target(f"sum by (instance) ({_s(r.PORTS_NOT_UP)})", "{{instance}}")]),
             "none",
             thresholds=OK_WARN,
             step=True,
@@ -178,10 +190,10 @@ def _gids_and_addresses(lay: Layout) -> None:
     lay.row("GIDs and addresses in the time range")
     lay.add(
         stat(
-            "GID table changes",
-            "Times a GID table changed (its hash) in the time range. Jobs that cached "
+            "Ports with GID table changes",
+            "Ports whose GID table changed (its hash) in the time range. Jobs that cached "
             "a GID index may use a wrong one afterwards.",
-            [target(f"sum(changes({name(c.GID_TABLE_HASH)}{{{SEL}}}[$__range]))", "changes")],
+            [target(_count_in_range(r.GID_TABLE_CHANGED), "ports")],
             thresholds=OK_WARN,
         ),
         w=6,
@@ -189,20 +201,20 @@ def _gids_and_addresses(lay: Layout) -> None:
     )
     lay.add(
         stat(
-            "RoCE v2 address index moves",
-            "Times the RoCE v2 GID index of an IPv4 address moved in the "
+            "Addresses whose RoCE v2 index moved",
+            "IPv4 addresses whose RoCE v2 GID index moved in the "
             "time range (incident 1): NCCL jobs started before the move break.",
-            [target(f"sum(changes({name(c.GID_V2_IPV4_INDEX)}{{{SEL}}}[$__range]))", "moves")],
+            [target(_count_in_range(r.GID_INDEX_MOVED), "addresses")],
         ),
         w=6,
         h=4,
     )
     lay.add(
         stat(
-            "NCCL GID index moves",
-            "Times the GID index NCCL would auto-select changed in the time range; "
+            "Ports whose NCCL GID index moved",
+            "Ports where the GID index NCCL would auto-select changed in the time range; "
             "running jobs keep the index they started with.",
-            [target(f"sum(changes({name(c.NCCL_GID_INDEX)}{{{SEL}}}[$__range]))", "moves")],
+            [target(_count_in_range(r.NCCL_INDEX_MOVED), "ports")],
             thresholds=OK_WARN,
         ),
         w=6,
@@ -213,7 +225,7 @@ def _gids_and_addresses(lay: Layout) -> None:
             "Address losses",
             "RNIC addresses that were missing at some point in the time range "
             "(rtnetlink). A loss with NetworkManager is how GID indices move.",
-            [target(f"sum(min_over_time({name(c.NETDEV_ADDRESS_PRESENT)}{{{SEL}}}[$__range]) == bool 0)", "addresses")],
+            [target(_count_in_range(r.ADDRESS_MISSING), "addresses")],
         ),
         w=6,
         h=4,
@@ -221,26 +233,16 @@ def _gids_and_addresses(lay: Layout) -> None:
     lay.add(
         table(
             "Ports with GID or address changes",
-            "Ports whose GID table, RoCE v2 address indices, NCCL index or addresses changed in the time range.",
+            "Ports whose GID table, RoCE v2 address indices or NCCL index changed in the time range: the most "
+            "changes seen within 15 minutes.",
             [
                 target(
-                    f"sum by (instance, device, port) (changes({name(c.GID_TABLE_HASH)}{{{SEL}}}[$__range])) > 0",
-                    ref="A",
+                    f"sum by (instance, device, port) (max_over_time({_s(rule)}[$__range]))",
+                    ref=ref,
                     instant=True,
                     table=True,
-                ),
-                target(
-                    f"sum by (instance, device, port) (changes({name(c.GID_V2_IPV4_INDEX)}{{{SEL}}}[$__range])) > 0",
-                    ref="B",
-                    instant=True,
-                    table=True,
-                ),
-                target(
-                    f"sum by (instance, device, port) (changes({name(c.NCCL_GID_INDEX)}{{{SEL}}}[$__range])) > 0",
-                    ref="C",
-                    instant=True,
-                    table=True,
-                ),
+                )
+                for ref, rule in (("A", r.GID_TABLE_CHANGED), ("B", r.GID_INDEX_MOVED), ("C", r.NCCL_INDEX_MOVED))
             ],
             merge=True,
             rename={"Value #A": "GID table changes", "Value #B": "address index moves", "Value #C": "NCCL index moves"},
@@ -256,16 +258,9 @@ def _counters(lay: Layout) -> None:
         table(
             "Top error counters",
             "PMA error counters (symbol errors, link downed, receive errors, "
-            "discards...) that grew most in the time range.",
-            [
-                target(
-                    f"topk(10, sum by (instance, device, port, counter) "
-                    f'(increase({name(c.PORT_PMA)}{{counter=~"{ERROR_COUNTERS}", {SEL}}}[$__range])))',
-                    instant=True,
-                    table=True,
-                )
-            ],
-            rename={"Value": "increase"},
+            "discards...) with the highest rate (5-minute average) in the time range.",
+            [target(f"topk(10, max_over_time({_s(r.ERRORS_PER_COUNTER)}[$__range]))", instant=True, table=True)],
+            rename={"Value": "peak per second"},
         ),
         w=12,
         h=8,
@@ -274,34 +269,28 @@ def _counters(lay: Layout) -> None:
         table(
             "Top retransmission counters",
             "RoCE retransmission counters (out of sequence, ACK timeouts, "
-            "sequence errors...) that grew most in the time range.",
+            "sequence errors...) with the highest rate (5-minute average) in the time range.",
             [
                 target(
-                    f"topk(10, sum by (instance, device, port, counter) "
-                    f'(increase({name(c.PORT_HW_STAT)}{{counter=~"{RETRANSMISSION_COUNTERS}", {SEL}}}'
-                    "[$__range])))",
-                    instant=True,
-                    table=True,
+                    f"topk(10, max_over_time({_s(r.RETRANSMISSIONS_PER_COUNTER)}[$__range]))", instant=True, table=True
                 )
             ],
-            rename={"Value": "increase"},
+            rename={"Value": "peak per second"},
         ),
         w=12,
         h=8,
     )
     lay.add(
         timeseries(
-            "RDMA throughput per node",
-            "Bytes per second over all RDMA ports of the node (on mlx5 RoCE: RDMA traffic only).",
-            targets(
-                (
-                    f"sum by (instance) (rate({name(c.PORT_DATA_TRANSMITTED)}{{{SEL}}}[$__rate_interval]))",
-                    "{{instance}} out",
-                ),
-                (
-                    f"sum by (instance) (rate({name(c.PORT_DATA_RECEIVED)}{{{SEL}}}[$__rate_interval]))",
-                    "{{instance}} in",
-                ),
+            "RDMA throughput, busiest nodes",
+            f"Bytes per second over all RDMA ports of the {BUSIEST} busiest nodes at each point, 5-minute "
+            "average (on mlx5 RoCE: RDMA traffic only); a line per node of 10,000 draws nothing readable. "
+            "The host dashboard has every node.",
+            _minutely(
+                targets(
+                    (f"topk({BUSIEST}, sum by (instance) ({_s(r.TRANSMITTED)}))", "{{instance}} out"),
+                    (f"topk({BUSIEST}, sum by (instance) ({_s(r.RECEIVED)}))", "{{instance}} in"),
+                )
             ),
             "Bps",
             thresholds=NEUTRAL,
@@ -312,14 +301,8 @@ def _counters(lay: Layout) -> None:
     lay.add(
         timeseries(
             "Error counter rate per node",
-            "PMA error counters per second, summed per node.",
-            [
-                target(
-                    f'sum by (instance) (rate({name(c.PORT_PMA)}{{counter=~"{ERROR_COUNTERS}", {SEL}}}'
-                    "[$__rate_interval]))",
-                    "{{instance}}",
-                )
-            ],
+            "PMA error counters per second, summed per node (5-minute average); only nodes with errors.",
+            _minutely([target(f"sum by (instance) ({_s(r.ERRORS_PER_COUNTER)})", "{{instance}}")]),
             "cps",
             thresholds=OK_BAD,
         ),
@@ -329,14 +312,8 @@ def _counters(lay: Layout) -> None:
     lay.add(
         timeseries(
             "Retransmission rate per node",
-            "RoCE retransmission counters per second, summed per node.",
-            [
-                target(
-                    f"sum by (instance) (rate({name(c.PORT_HW_STAT)}"
-                    f'{{counter=~"{RETRANSMISSION_COUNTERS}", {SEL}}}[$__rate_interval]))',
-                    "{{instance}}",
-                )
-            ],
+            "RoCE retransmission counters per second, summed per node (5-minute average); only nodes that retransmit.",
+            _minutely([target(f"sum by (instance) ({_s(r.RETRANSMISSIONS_PER_COUNTER)})", "{{instance}}")]),
             "cps",
             thresholds=OK_BAD,
         ),
