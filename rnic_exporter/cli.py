@@ -219,6 +219,26 @@ def host_path_options(f: F) -> F:
     )(f)
 
 
+def consumer_options(f: F) -> F:
+    """Who holds each RNIC open (issue 15): off by default, it must see the host's processes."""
+    from rnic_exporter.consumer_watch import DEFAULT_INTERVAL_S, INTERVAL
+
+    f = click.option(
+        "--collector.consumers.interval",
+        "consumers_interval",
+        type=NumberParam(INTERVAL),
+        default=DEFAULT_INTERVAL_S,
+        help="Seconds between scans of the process table for verbs users (also right after any event).",
+    )(f)
+    return click.option(
+        "--collector.consumers/--no-collector.consumers",
+        "consumers",
+        default=False,
+        help="Name the processes, Slurm jobs and pods holding each RNIC open (needs the host's PIDs: "
+        "--path.procfs, and pod names from --path.rootfs/var/log/pods).",
+    )(f)
+
+
 def _nccl_gid_index_env() -> int | None:
     """NCCL_IB_GID_INDEX as the jobs on this host would get it; a bad value is a usage error."""
     from rnic_exporter.nccl import gid_index_from_env
@@ -365,6 +385,7 @@ def _explicit(ctx: click.Context) -> frozenset[str]:
 @counter_filter_options
 @host_path_options
 @serve_options
+@consumer_options
 @otlp_options
 @click.pass_context
 def serve(
@@ -392,6 +413,8 @@ def serve(
     web_max_connections: int,
     web_max_requests: int,
     counter_wait: float,
+    consumers: bool,
+    consumers_interval: float,
     **otlp_flags: Any,
 ) -> None:
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
@@ -399,6 +422,7 @@ def serve(
 
     from rnic_exporter import agent
     from rnic_exporter.collectors import CounterFilter
+    from rnic_exporter.consumer_watch import ConsumerSettings
     from rnic_exporter.logsetup import configure
     from rnic_exporter.sinks import otel_settings
 
@@ -423,6 +447,7 @@ def serve(
             web_max_connections=web_max_connections,
             web_max_requests=web_max_requests,
             counter_wait_s=counter_wait,
+            consumers=ConsumerSettings(enabled=consumers, interval_s=consumers_interval),
         )
         explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())
         raise SystemExit(agent.run(config, explicit))
