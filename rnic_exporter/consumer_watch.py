@@ -92,10 +92,12 @@ class ConsumerWatch:
     def scan_now(self) -> ConsumerScan | None:
         """One scan, at most `timeout_s`; the new scan, or None when it failed or overran."""
         with self._lock:
-            if self._inflight is not None and not self._inflight.is_set():
-                self._fail("timeout", "the previous consumer scan has still not returned")
-                return None
-            done = self._inflight = threading.Event()
+            stuck = self._inflight is not None and not self._inflight.is_set()
+            if not stuck:
+                done = self._inflight = threading.Event()
+        if stuck:
+            self._fail("timeout", "the previous consumer scan has still not returned")
+            return None
         box: list[ConsumerScan | BaseException] = []
 
         def work() -> None:
