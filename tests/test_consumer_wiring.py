@@ -267,7 +267,8 @@ def test_an_event_older_than_nothing_carries_the_scan_and_its_age(users: SimProc
     assert attrs["k8s.pod.uid"] == [POD_UID]
     assert attrs["rnic.consumers.processes"] == 3
     assert attrs["rnic.consumers.scan.age"] == pytest.approx(42.0)
-    assert len(attrs["container.id"]) == 1 and len(attrs["container.id"][0]) == 64  # type: ignore[arg-type]
+    containers = attrs["container.id"]
+    assert isinstance(containers, list) and len(containers) == 1 and len(containers[0]) == 64
 
 
 def test_disabled_there_is_no_watch_and_events_carry_nothing(host: SimHost) -> None:
