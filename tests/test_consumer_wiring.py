@@ -351,3 +351,110 @@ def test_serve_names_the_job_and_pod_over_http_and_in_otlp(
     ]
     assert attrs["rnic.consumers.processes"] == 3 and attrs["rnic.consumers.scan.complete"] is True
     assert "consumers" not in attrs  # the log's spelling stays in the log
+
+
+# -- show and check ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sim_scanner(users: SimProcfs, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Path, Path, Path]]:
+    """The CLI's scan is the simulator's, bound to the paths the command was given (recorded)."""
+    from rnic_exporter import consumer_watch
+
+    calls: list[tuple[Path, Path, Path]] = []
+
+    def scanner(sysfs: Path, procfs: Path, rootfs: Path) -> Any:
+        calls.append((sysfs, procfs, rootfs))
+        return users.scan
+
+    monkeypatch.setattr(consumer_watch, "scanner", scanner)
+    return calls
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    from click.testing import CliRunner
+
+    from rnic_exporter.cli import main
+
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_show_has_a_users_column_naming_each_devices_workloads(
+    host: SimHost, users: SimProcfs, sim_scanner: list[tuple[Path, Path, Path]], tmp_path: Path
+) -> None:
+    root = str(tmp_path / "root")
+    paths = ("--path.sysfs", str(host.root), "--path.procfs", str(users.procfs), "--path.rootfs", root)
+    code, out, _ = _cli("show", *paths, "--collector.consumers")
+    assert code == 0, out
+    header, *rows = out.splitlines()
+    assert header.split()[-1] == "USERS"
+    users_of = {row.split()[0]: row[header.index("USERS") :].strip() for row in rows}
+    assert users_of == {
+        "mlx5_0": "process ib_write_bw",
+        "mlx5_1": "pod team-a/trainer-0, slurm job 4242",
+        "mlx5_2": "pod team-a/trainer-0",
+        "mlx5_3": "none",
+    }
+    assert sim_scanner == [(host.root, users.procfs, tmp_path / "root")]
+    code, out, _ = _cli("show", *paths, "--collector.consumers", "--json")
+    devices = {d["name"]: d for d in json.loads(out)["devices"]}
+    assert [u["slurm_job_id"] for u in devices["mlx5_1"]["users"] if u["kind"] == "slurm"] == ["4242", "4242"]
+    assert devices["mlx5_3"]["users"] == []
+    # Without the flag: no column, no key, no scan.
+    code, out, _ = _cli("show", *paths)
+    assert "USERS" not in out
+    assert len(sim_scanner) == 2  # the table and the JSON run; this one did not scan
+
+
+def test_check_names_the_jobs_and_pods_each_problem_puts_at_risk(
+    host: SimHost, users: SimProcfs, sim_scanner: list[tuple[Path, Path, Path]], tmp_path: Path
+) -> None:
+    args = (
+        "check",
+        "--path.sysfs",
+        str(host.root),
+        "--path.procfs",
+        str(users.procfs),
+        "--path.rootfs",
+        str(tmp_path / "root"),
+        "--state.dir",
+        "",
+        "--no-netlink",
+        "--nccl-gid-index",
+        "1",  # a link-local RoCE v2 GID: a critical problem on each RoCE port
+        "--collector.consumers",
+    )
+    code, out, _ = _cli(*args)
+    assert code == 1, out
+    hits: dict[str, str] = {}
+    where = ""
+    for line in out.splitlines():
+        if line.startswith("[CRITICAL]"):
+            where = line.split("] ", 1)[1].split(" ", 1)[0]
+        elif line.startswith("  hits:") and where:
+            hits.setdefault(where, line.removeprefix("  hits:").strip())
+    assert hits == {
+        "mlx5_0": "process ib_write_bw",
+        "mlx5_1": "pod team-a/trainer-0, slurm job 4242",
+        "mlx5_2": "pod team-a/trainer-0",
+    }
+    code, out, _ = _cli(*args, "--json")
+    problems = json.loads(out)["problems"]
+    on_1 = next(p for p in problems if p["where"].startswith("mlx5_1"))
+    assert {(r["kind"], r.get("slurm_job_id"), r.get("k8s_pod_name")) for r in on_1["at_risk"]} == {
+        ("slurm", "4242", None),
+        ("pod", None, "trainer-0"),
+    }
+
+
+def test_a_failing_scan_leaves_show_and_check_working(host: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rnic_exporter import consumer_watch
+
+    def broken() -> ConsumerScan:
+        raise PermissionError(13, "Permission denied", "/proc/1/fd")
+
+    monkeypatch.setattr(consumer_watch, "scanner", lambda *_: broken)
+    code, out, err = _cli("show", "--path.sysfs", str(host.root), "--collector.consumers")
+    assert code == 0 and "mlx5_0" in out and "USERS" not in out
+    assert "consumers unknown" in err and "Permission denied" in err
