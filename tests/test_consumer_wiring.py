@@ -458,3 +458,38 @@ def test_a_failing_scan_leaves_show_and_check_working(host: SimHost, monkeypatch
     code, out, err = _cli("show", "--path.sysfs", str(host.root), "--collector.consumers")
     assert code == 0 and "mlx5_0" in out and "USERS" not in out
     assert "consumers unknown" in err and "Permission denied" in err
+
+
+def test_demo_names_the_job_in_the_gid_shift_step(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.processes import stop_process
+
+    port = free_port()
+    log = tmp_path / "demo.err"
+    demo_flags = ("--poll.interval", "0.2", "--web.listen-address", f"127.0.0.1:{port}", "--log.format", "json")
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rnic_exporter", "demo", "--devices", "6", "--step.seconds", "4", *demo_flags],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        try:
+
+            def moved() -> list[dict[str, Any]]:
+                lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+                return _moved(lines)
+
+            line = wait_for(moved, timeout=40, what="the demo's GID-shift event")[0]
+            body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)[2]
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=15)
+        finally:
+            stop_process(proc)
+    assert line["device"] == "mlx5_1" and "slurm job 4242 step 0" in line["consumers"]
+    assert "step 1: GID index shift" in out and "Slurm job 4242 holds GID" in out
+    info = _series(body, catalog.DEVICE_WORKLOAD_INFO.name)
+    assert {(s["device"], s["kind"]) for s in info} == {("mlx5_1", "slurm"), ("mlx5_1", "pod"), ("mlx5_2", "pod")}
