@@ -354,7 +354,12 @@ def test_the_workloads_panel_names_the_job_and_pod_on_each_device(
     try:
         with Prometheus(tmp_path / "prom", scrape) as prom:
             promql = _substitute(panel["targets"][0]["expr"])
-            rows = wait_for(lambda: len(_query(prom, promql)) == 2 and _query(prom, promql), timeout=30, what="rows")
+
+            def both() -> list[dict[str, Any]] | None:
+                result = _query(prom, promql)
+                return result if len(result) == 2 else None
+
+            rows = wait_for(both, timeout=30, what="a row per device in the workloads table")
     finally:
         stop.set()
         daemon.join(30)
