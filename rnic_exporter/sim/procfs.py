@@ -43,10 +43,13 @@ def slurm_cgroup(job: str, step: str, layout: SlurmLayout = "v2", uid: int = 100
     if layout == "v2":
         return f"0::/system.slice/slurmstepd.scope/job_{job}/step_{step}/user/task_0\n"
     path = f"/slurm/uid_{uid}/job_{job}/step_{step}"
-    return "".join(
-        f"{n}:{controller}:{path}{'/task_0' if controller == 'memory' else ''}\n"
-        for n, controller in ((12, "freezer"), (11, "memory"), (4, "cpuset"), (3, "devices"))
-    ) + "1:name=systemd:/system.slice/slurmd.service\n0::/system.slice/slurmd.service\n"
+    return (
+        "".join(
+            f"{n}:{controller}:{path}{'/task_0' if controller == 'memory' else ''}\n"
+            for n, controller in ((12, "freezer"), (11, "memory"), (4, "cpuset"), (3, "devices"))
+        )
+        + "1:name=systemd:/system.slice/slurmd.service\n0::/system.slice/slurmd.service\n"
+    )
 
 
 def pod_cgroup(uid: str, container_id: str, layout: PodLayout = "systemd", qos: str = "burstable") -> str:
