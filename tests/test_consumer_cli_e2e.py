@@ -76,11 +76,12 @@ def test_serve_names_them_and_the_gid_shift_event_too(
     args += ["--state.dir", str(tmp_path / "state"), "--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
     with exporter([*args, "--collector.consumers"], ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=log):
 
-        def info() -> list[dict[str, str]]:
+        def info() -> list[dict[str, str]] | None:
             body = http_get(f"http://127.0.0.1:{port}/metrics")[2]
-            return [s for s in _series(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
+            rows = [s for s in _series(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
+            return rows if len(rows) == 2 else None
 
-        rows = wait_for(lambda: len(info()) == 2 and info(), timeout=20, what="two workloads on mlx5_1")
+        rows = wait_for(info, timeout=20, what="two workloads on mlx5_1")
         assert {(r["kind"], r["slurm_job_id"], r["k8s_pod_name"]) for r in rows} == {
             ("slurm", "4242", ""),
             ("pod", "", "trainer-0"),
