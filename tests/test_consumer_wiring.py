@@ -493,3 +493,41 @@ def test_demo_names_the_job_in_the_gid_shift_step(tmp_path: Path) -> None:
     assert "step 1: GID index shift" in out and "Slurm job 4242 holds GID" in out
     info = _series(body, catalog.DEVICE_WORKLOAD_INFO.name)
     assert {(s["device"], s["kind"]) for s in info} == {("mlx5_1", "slurm"), ("mlx5_1", "pod"), ("mlx5_2", "pod")}
+
+
+def test_the_config_file_turns_it_on_and_flags_beat_the_file(tmp_path: Path) -> None:
+    from rnic_exporter.config import resolve
+    from rnic_exporter.errors import ConfigError
+
+    conf = tmp_path / "rnic.toml"
+    conf.write_text("[collector.consumers]\nenabled = true\ninterval_seconds = 12\n")
+    assert resolve(conf).consumers == ConsumerSettings(enabled=True, interval_s=12.0)
+    flags = ConsumerSettings(enabled=False, interval_s=45.0)
+    given = resolve(conf, consumers=flags, explicit={"consumers", "consumers_interval"}).consumers
+    assert (given.enabled, given.interval_s) == (False, 45.0)
+    assert resolve(None).consumers.enabled is False  # off by default
+    conf.write_text("[collector.consumers]\nenabled = 1\ninterval_seconds = 0.1\n")
+    with pytest.raises(ConfigError) as exc:
+        resolve(conf)
+    assert "collector.consumers.enabled: expected true or false" in str(exc.value)
+    assert "collector.consumers.interval_seconds: expected a number >= 1" in str(exc.value)
+
+
+def test_serve_flags_reach_the_config(host: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rnic_exporter import agent
+
+    seen: list[ServeConfig] = []
+
+    def fake_run(config: ServeConfig, explicit: frozenset[str] = frozenset(), **_: Any) -> int:
+        seen.append(config)
+        assert {"consumers", "consumers_interval"} <= explicit  # so they beat the config file
+        return 0
+
+    monkeypatch.setattr(agent, "run", fake_run)
+    code, _, err = _cli(
+        "serve", "--path.sysfs", str(host.root), "--collector.consumers", "--collector.consumers.interval", "7"
+    )
+    assert code == 0, err
+    assert seen[0].consumers == ConsumerSettings(enabled=True, interval_s=7.0)
+    code, _, err = _cli("serve", "--collector.consumers.interval", "0.5")
+    assert code == 2 and "--collector.consumers.interval" in err
