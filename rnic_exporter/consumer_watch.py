@@ -78,6 +78,7 @@ class ConsumerWatch:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._families: tuple[ConsumerScan, tuple[str, ...], list[Family]] | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="consumer-watch", daemon=True)
@@ -150,32 +151,41 @@ class ConsumerWatch:
             self._wake.set()  # rescan now: the next scrape's info series show who is on it now
 
     def families(self) -> Iterable[Family]:
+        """Built once per scan (and device list), not per scrape: only the error counts move between."""
         scan = self.last
         errors = Family(catalog.CONSUMER_SCAN_ERRORS, [((r,), float(self.errors[r])) for r in ("error", "timeout")])
         if scan is None:
             return [errors]
-        processes, workloads, info = (
-            Family(catalog.DEVICE_CONSUMER_PROCESSES),
-            Family(catalog.DEVICE_WORKLOADS),
-            Family(catalog.DEVICE_WORKLOAD_INFO),
-        )
-        for device in sorted({*self._devices, *scan.by_device}):
-            used = scan.by_device.get(device, ())
-            if not used and not scan.complete:
-                continue  # a partial scan cannot say "unused"
-            processes.samples.append(((device,), float(len({c.pid for c in used}))))
-            workloads.samples.append(((device,), float(len({series_key(w) for w in scan.workloads(device)}))))
-            info.samples.extend((labels, 1.0) for labels in device_series(scan, device))
-        own = [
-            Family(catalog.CONSUMER_SCAN_DURATION, [((), scan.duration_s)]),
-            Family(catalog.CONSUMER_SCAN_TIMESTAMP, [((), scan.at)]),
-            Family(catalog.CONSUMER_SCAN_COMPLETE, [((), 1.0 if scan.complete else 0.0)]),
-            Family(catalog.CONSUMER_SCAN_SKIPPED, [((), float(scan.skipped))]),
-        ]
-        return [f for f in (processes, workloads, info) if f.samples] + own + [errors]
+        devices = self._devices
+        cached = self._families
+        if cached is None or cached[0] is not scan or cached[1] != devices:
+            cached = self._families = (scan, devices, _scan_families(scan, devices))
+        return [*cached[2], errors]
 
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(1.0)  # a hung scan is on its own daemon thread; this one returns
+
+
+def _scan_families(scan: ConsumerScan, devices: Sequence[str]) -> list[Family]:
+    processes, workloads, info = (
+        Family(catalog.DEVICE_CONSUMER_PROCESSES),
+        Family(catalog.DEVICE_WORKLOADS),
+        Family(catalog.DEVICE_WORKLOAD_INFO),
+    )
+    for device in sorted({*devices, *scan.by_device}):
+        used = scan.by_device.get(device, ())
+        if not used and not scan.complete:
+            continue  # a partial scan cannot say "unused"
+        processes.samples.append(((device,), float(len({c.pid for c in used}))))
+        workloads.samples.append(((device,), float(len({series_key(c.workload) for c in used}))))
+        info.samples.extend((labels, 1.0) for labels in device_series(scan, device))
+    own = [
+        Family(catalog.CONSUMER_SCAN_DURATION, [((), scan.duration_s)]),
+        Family(catalog.CONSUMER_SCAN_TIMESTAMP, [((), scan.at)]),
+        Family(catalog.CONSUMER_SCAN_COMPLETE, [((), 1.0 if scan.complete else 0.0)]),
+        Family(catalog.CONSUMER_SCAN_SKIPPED, [((), float(scan.skipped))]),
+    ]
+    return [f for f in (processes, workloads, info) if f.samples] + own
