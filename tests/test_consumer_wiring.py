@@ -510,7 +510,9 @@ def test_the_config_file_turns_it_on_and_flags_beat_the_file(tmp_path: Path) -> 
     with pytest.raises(ConfigError) as exc:
         resolve(conf)
     assert "collector.consumers.enabled: expected true or false" in str(exc.value)
-    assert "collector.consumers.interval_seconds: expected a number >= 1" in str(exc.value)
+    assert "collector.consumers.interval_seconds: expected a duration" in str(exc.value)
+    conf.write_text('[collector.consumers]\nenabled = true\ninterval_seconds = "1m30s"\n')
+    assert resolve(conf).consumers.interval_s == 90.0  # a Prometheus duration, as every time key takes
 
 
 def test_serve_flags_reach_the_config(host: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
