@@ -32,7 +32,7 @@ def _gid_shift(host: SimHost) -> str:
     return (
         f"mlx5_1: Slurm job {DEMO_JOB} holds GID {old}; the port flapped and NetworkManager dropped and "
         f"restored 10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. The event names the job "
-        f"(consumers=\"... slurm job {DEMO_JOB} step 0\"). Look at rnic_nccl_gid_index, rnic_gid_table_hash, "
+        f'(consumers="... slurm job {DEMO_JOB} step 0"). Look at rnic_nccl_gid_index, rnic_gid_table_hash, '
         f'rnic_gid_entry_info{{device="mlx5_1"}} and rnic_device_workload_info{{device="mlx5_1"}}.'
     )
 

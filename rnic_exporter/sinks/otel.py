@@ -373,9 +373,7 @@ class _LogShipper:
         self._wake.set()
 
     def record(self, event: Event) -> ReadableLogRecord:
-        attributes: dict[str, Any] = {
-            k: label_value(v) for k, v in event.fields().items() if k not in _NOT_ATTRIBUTES
-        }
+        attributes: dict[str, Any] = {k: label_value(v) for k, v in event.fields().items() if k not in _NOT_ATTRIBUTES}
         if event.consumers is not None:  # semantic-convention names (k8s.pod.name...), not the log's
             attributes.update(event.consumers.otel_attributes())
         now = time.time_ns()
