@@ -54,7 +54,7 @@ def scanner(sysfs: Path, procfs: Path, rootfs: Path) -> Scan:
     def scan() -> ConsumerScan:
         # Imported on the first scan: a broken or missing source is a counted scan error, not a
         # daemon that will not start.
-        from rnic_exporter.sources import consumers  # type: ignore[attr-defined,unused-ignore]
+        from rnic_exporter.sources import consumers
 
         result: ConsumerScan = consumers.scan(procfs=procfs, sysfs=sysfs, rootfs=rootfs)
         return result

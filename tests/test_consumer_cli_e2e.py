@@ -2,8 +2,7 @@
 commands: `serve` (HTTP scrape, and the GID-shift event log line), `show` and `check` name the right job
 and pod for the right device. Proves the simulator lays verbs users out as the scan reads a kernel's.
 
-Needs the scan module, built beside this wiring (issue 15 item 1); until both are merged the module
-is absent and this file is skipped. The lead removes the importorskip line at merge.
+The scan is the real one (issue 15 item 1), bound by `consumer_watch.scanner`, the daemon's one seam.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from tests.support.processes import exporter, free_port, http_get
 from tests.support.wait import wait_for
 from tests.test_consumer_wiring import POD_UID, _series
 
-pytest.importorskip("rnic_exporter.sources.consumers", reason="the consumer scan is not merged yet (issue 15 item 1)")
 pytestmark = pytest.mark.e2e
 
 
