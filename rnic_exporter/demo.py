@@ -124,7 +124,7 @@ def run_demo(
             host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
             consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),
         )
-        return agent.run(config, stop=stop, scan=users.scan)
+        return agent.run(config, stop=stop)  # the real scan, over the fake procfs
     finally:
         stop.set()
         shutil.rmtree(workdir, ignore_errors=True)
