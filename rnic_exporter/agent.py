@@ -27,6 +27,7 @@ from typing import Protocol
 
 from rnic_exporter import __version__
 from rnic_exporter.config import apply_file  # one resolver: check uses it too
+from rnic_exporter.consumer_watch import ConsumerSettings, ConsumerWatch, Scan
 from rnic_exporter.detect.conditions import AddressLike
 from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.inputs import Inputs, gather_inputs
@@ -100,6 +101,7 @@ class ServeConfig:
     otlp: OtlpSettings | None = None  # None: OTLP off, OpenTelemetry never imported
     counter_wait_s: float = DEFAULT_COUNTER_WAIT_S  # --web.counter-wait
     read_deadline_s: float = DEFAULT_DEADLINE_S
+    consumers: ConsumerSettings = field(default_factory=ConsumerSettings)  # --collector.consumers
 
     @property
     def detection_settings(self) -> DetectionSettings:
@@ -128,6 +130,7 @@ class Agent:
         self.config_reload_ok = True
         self.web_config_reload_ok: Callable[[], bool] = lambda: True  # the web server's, wired by run()
         self.sinks: list[EventSink] = []
+        self.consumers: ConsumerWatch | None = None  # --collector.consumers: names each event's users
         self.detection_families: tuple[Family, ...] = ()  # the last detection's, shared by every sink
         self.detector = Detector(config.detection_settings, StateStore(config.state_dir))
         self.ethtool = EthtoolReader()
@@ -172,6 +175,8 @@ class Agent:
         self.rnic_netdevs = MappingProxyType({n: port.device for port in snap.ports for n in port.netdevs})
         self._log_changes(snap)
         events = self._detect(snap)
+        if self.consumers is not None:
+            events = self.consumers.annotate(events)
         for event_ in events:
             event_log.log(_EVENT_LEVEL[event_.severity], event_.message, extra={"fields": event_.fields()})
         if self.ethtool.errors:
@@ -370,7 +375,12 @@ def capture_signals(stop: threading.Event, wake: threading.Event, reload: thread
             signal.signal(s, handler)
 
 
-def run(config: ServeConfig, explicit: frozenset[str] = frozenset(), stop: threading.Event | None = None) -> int:
+def run(
+    config: ServeConfig,
+    explicit: frozenset[str] = frozenset(),
+    stop: threading.Event | None = None,
+    scan: Scan | None = None,
+) -> int:
     """Run until stopped. Returns the process exit code; raises ConfigError before serving."""
     from rnic_exporter.web.server import LandingPage, WebServer
 
@@ -384,6 +394,9 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(), stop: threa
         from rnic_exporter.sinks.otel import OtelSink
 
         agent.sinks.append(OtelSink(config.otlp, counters=agent.counter_view))
+    if config.consumers.enabled:
+        agent.consumers = start_consumer_watch(config, scan)
+        agent.sinks.append(agent.consumers)
     schedule = PollSchedule(config.poll_interval_s, wake)
     web = WebServer(
         listen_addresses=config.listen,
@@ -437,6 +450,16 @@ def run(config: ServeConfig, explicit: frozenset[str] = frozenset(), stop: threa
     state_lock.release()
     log.info("stopped")
     return 0
+
+
+def start_consumer_watch(config: ServeConfig, scan: Scan | None = None) -> ConsumerWatch:
+    """The consumer scan on its own thread; `scan` replaces the real one (the simulator's)."""
+    from rnic_exporter.consumer_watch import scanner
+
+    paths = config.host_paths
+    watch = ConsumerWatch(scan or scanner(config.sysfs, paths.procfs, paths.rootfs), config.consumers)
+    watch.start()
+    return watch
 
 
 def settle_garbage_collector() -> None:

@@ -400,6 +400,83 @@ PROCESS_METRICS: Mapping[str, MetricSpec] = MappingProxyType(
     }
 )
 
+# -- consumers (issue 15): who holds each RDMA device open. Processes are never series: a device's
+# processes are counted, and its workloads (a Slurm job, a pod, else a bare command) each get one
+# info series, at most CONSUMER_WORKLOADS_MAX per device (rnic_device_workloads stays exact).
+CONSUMER_WORKLOAD_LABELS = (
+    "device",
+    "kind",
+    "slurm_job_id",
+    "k8s_namespace_name",
+    "k8s_pod_name",
+    "k8s_pod_uid",
+    "command",
+)
+CONSUMER_WORKLOADS_MAX = 16
+DEVICE_CONSUMER_PROCESSES = _m(
+    "rnic_device_consumer_processes",
+    "gauge",
+    DEVICE_LABELS,
+    "Processes holding the RDMA device's verbs device (/dev/infiniband/uverbsN) open, as of the last "
+    "consumer scan; absent when an incomplete scan found none.",
+)
+DEVICE_WORKLOADS = _m(
+    "rnic_device_workloads",
+    "gauge",
+    DEVICE_LABELS,
+    "Distinct workloads (Slurm jobs, Kubernetes pods, bare commands) using the RDMA device, as of the last "
+    "consumer scan.",
+)
+DEVICE_WORKLOAD_INFO = _m(
+    "rnic_device_workload_info",
+    "info",
+    CONSUMER_WORKLOAD_LABELS,
+    "A workload using the RDMA device (kind slurm, pod or process); always 1. Join on device and instance "
+    "to name who a problem hits.",
+)
+CONSUMER_SCAN_DURATION = _m(
+    "rnic_exporter_consumer_scan_duration_seconds",
+    "gauge",
+    (),
+    "Wall time the last consumer scan of the process table took.",
+    "seconds",
+)
+CONSUMER_SCAN_TIMESTAMP = _m(
+    "rnic_exporter_consumer_scan_timestamp_seconds",
+    "gauge",
+    (),
+    "Unix time the last consumer scan finished.",
+    "seconds",
+)
+CONSUMER_SCAN_COMPLETE = _m(
+    "rnic_exporter_consumer_scan_complete",
+    "gauge",
+    (),
+    "1 when the last consumer scan saw the whole process table, 0 when it stopped at its budget.",
+)
+CONSUMER_SCAN_SKIPPED = _m(
+    "rnic_exporter_consumer_scan_skipped_processes",
+    "gauge",
+    (),
+    "Processes the last consumer scan could not inspect (permission denied, or gone mid-scan).",
+)
+CONSUMER_SCAN_ERRORS = _m(
+    "rnic_exporter_consumer_scan_errors_total",
+    "counter",
+    ("reason",),
+    "Consumer scans that failed (reason error) or did not finish within their deadline (reason timeout).",
+)
+CONSUMER_METRICS: tuple[MetricSpec, ...] = (
+    DEVICE_CONSUMER_PROCESSES,
+    DEVICE_WORKLOADS,
+    DEVICE_WORKLOAD_INFO,
+    CONSUMER_SCAN_DURATION,
+    CONSUMER_SCAN_TIMESTAMP,
+    CONSUMER_SCAN_COMPLETE,
+    CONSUMER_SCAN_SKIPPED,
+    CONSUMER_SCAN_ERRORS,
+)
+
 METRICS: tuple[MetricSpec, ...] = (
     DEVICE_INFO,
     PORT_INFO,
@@ -461,6 +538,7 @@ METRICS: tuple[MetricSpec, ...] = (
     ATTRIBUTE_BACKOFF,
     COUNTERS_STALE,
     *PROCESS_METRICS.values(),
+    *CONSUMER_METRICS,
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})

@@ -130,21 +130,76 @@ def _emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
+def proc_root_options(f: F) -> F:
+    """Where the host's other trees are, node_exporter style (a container mounts them elsewhere)."""
+    f = click.option(
+        "--path.procfs",
+        "procfs",
+        default="/proc",
+        metavar="DIR",
+        help="procfs mount point (IPv6 keep_addr_on_down per netdev; the processes using each RNIC).",
+    )(f)
+    f = click.option(
+        "--path.rootfs",
+        "rootfs",
+        default="/",
+        metavar="DIR",
+        help="Host root (NetworkManager's /run/NetworkManager/devices state; kubelet's /var/log/pods).",
+    )(f)
+    return f
+
+
+def consumers_flag(f: F) -> F:
+    """Who holds each RNIC open (issue 15): off by default, it must see the host's processes."""
+    return click.option(
+        "--collector.consumers/--no-collector.consumers",
+        "consumers",
+        default=False,
+        help="Name the processes, Slurm jobs and pods holding each RNIC open (needs the host's PIDs: "
+        "--path.procfs, and pod names from --path.rootfs/var/log/pods).",
+    )(f)
+
+
+def _consumer_scan(enabled: bool, sysfs: str, procfs: str, rootfs: str) -> Any:
+    """One scan for `show` and `check`, or None (not asked, or it failed: said on stderr, exit unchanged)."""
+    if not enabled:
+        return None
+    from rnic_exporter import consumer_watch
+
+    try:
+        return consumer_watch.scanner(Path(sysfs), Path(procfs), Path(rootfs))()
+    except Exception as exc:  # the RNIC verdict must not depend on seeing the process table
+        click.echo(f"note: consumers unknown, the process scan failed: {type(exc).__name__}: {exc}", err=True)
+        return None
+
+
 @main.command()
 @sysfs_option
 @device_filter_options
+@proc_root_options
+@consumers_flag
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the stable scripting interface).")
-def show(sysfs: str, device_include: str | None, device_exclude: str | None, as_json: bool) -> None:
-    """One row per RDMA port: state, rate, netdev, PCIe, IPv4, NCCL's GID index, unreadable files."""
+def show(
+    sysfs: str,
+    device_include: str | None,
+    device_exclude: str | None,
+    procfs: str,
+    rootfs: str,
+    consumers: bool,
+    as_json: bool,
+) -> None:
+    """One row per RDMA port: state, rate, netdev, PCIe, IPv4, NCCL's GID index, unreadable files
+    (and with --collector.consumers, USERS: the jobs, pods or commands holding the device open)."""
     from rnic_exporter import views
 
     snap = _snapshot(sysfs, device_include, device_exclude)
+    users = _consumer_scan(consumers, sysfs, procfs, rootfs)
     if as_json:
-        _emit_json(views.show_json(snap, sysfs))
+        _emit_json(views.show_json(snap, sysfs, users))
         return
     if _say_if_empty(snap, sysfs):
         return
-    click.echo(views.format_table(views.SHOW_COLUMNS, views.show_rows(snap)))
+    click.echo(views.format_table(views.show_columns(users), views.show_rows(snap, users)))
     if snap.errors:
         click.echo(f"\n{len(snap.errors)} attribute(s) could not be read:", err=True)
         for e in snap.errors:
@@ -193,21 +248,8 @@ def gids(sysfs: str, device: str | None, as_json: bool) -> None:
 
 
 def host_path_options(f: F) -> F:
-    """Where the host's other trees are, node_exporter style (a container mounts them elsewhere)."""
-    f = click.option(
-        "--path.procfs",
-        "procfs",
-        default="/proc",
-        metavar="DIR",
-        help="procfs mount point (IPv6 keep_addr_on_down per netdev).",
-    )(f)
-    f = click.option(
-        "--path.rootfs",
-        "rootfs",
-        default="/",
-        metavar="DIR",
-        help="Host root (NetworkManager's /run/NetworkManager/devices state).",
-    )(f)
+    """--path.procfs, --path.rootfs and the daemon's state directory."""
+    f = proc_root_options(f)
     from rnic_exporter.detect.state import DEFAULT_STATE_DIR
 
     return click.option(
@@ -217,6 +259,20 @@ def host_path_options(f: F) -> F:
         metavar="DIR",
         help="Where the device inventory, baselines and expected addresses persist (empty: keep them in memory only).",
     )(f)
+
+
+def consumer_options(f: F) -> F:
+    """serve's: the flag and the scan's interval."""
+    from rnic_exporter.consumer_watch import DEFAULT_INTERVAL_S, INTERVAL
+
+    f = click.option(
+        "--collector.consumers.interval",
+        "consumers_interval",
+        type=NumberParam(INTERVAL),
+        default=DEFAULT_INTERVAL_S,
+        help="Seconds between scans of the process table for verbs users (also right after any event).",
+    )(f)
+    return consumers_flag(f)
 
 
 def _nccl_gid_index_env() -> int | None:
@@ -365,6 +421,7 @@ def _explicit(ctx: click.Context) -> frozenset[str]:
 @counter_filter_options
 @host_path_options
 @serve_options
+@consumer_options
 @otlp_options
 @click.pass_context
 def serve(
@@ -392,6 +449,8 @@ def serve(
     web_max_connections: int,
     web_max_requests: int,
     counter_wait: float,
+    consumers: bool,
+    consumers_interval: float,
     **otlp_flags: Any,
 ) -> None:
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
@@ -399,6 +458,7 @@ def serve(
 
     from rnic_exporter import agent
     from rnic_exporter.collectors import CounterFilter
+    from rnic_exporter.consumer_watch import ConsumerSettings
     from rnic_exporter.logsetup import configure
     from rnic_exporter.sinks import otel_settings
 
@@ -423,6 +483,7 @@ def serve(
             web_max_connections=web_max_connections,
             web_max_requests=web_max_requests,
             counter_wait_s=counter_wait,
+            consumers=ConsumerSettings(enabled=consumers, interval_s=consumers_interval),
         )
         explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())
         raise SystemExit(agent.run(config, explicit))
@@ -473,6 +534,7 @@ def serve(
     help="The least severe problem that makes the exit code 1: `critical` lets a job start on a node "
     "with warnings only. Notes (attributes a driver does not provide, no inventory) never count.",
 )
+@consumers_flag
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the stable scripting interface).")
 def check(
     sysfs: str,
@@ -486,6 +548,7 @@ def check(
     expected_devices: int | None,
     no_netlink: bool,
     fail_on: str,
+    consumers: bool,
     as_json: bool,
 ) -> None:
     """Find every RNIC problem on this host now; exit 0 healthy, 1 problems found (at --fail-on or worse),
@@ -524,6 +587,7 @@ def check(
             resolved.reader,
             HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
             use_netlink=not no_netlink,
+            users=_consumer_scan(consumers, sysfs, procfs, rootfs),
         )
     except ConfigError as exc:
         fail(str(exc))

@@ -16,6 +16,9 @@ environment variable beats the file; the file beats the built-in default.
     ib_addr_family = "AF_INET"
     ib_addr_range = "10.0.0.0/8"
     ib_roce_version_num = 2
+    [collector.consumers]
+    enabled = true                # who holds each RNIC open (off by default)
+    interval_seconds = 30
     [inventory]
     expected_devices = 8          # check and alerts: fewer present is a problem
     [flapping]
@@ -58,6 +61,8 @@ from rnic_exporter.bounds import (
     within,
 )
 from rnic_exporter.collectors import CounterFilter
+from rnic_exporter.consumer_watch import INTERVAL as CONSUMER_INTERVAL
+from rnic_exporter.consumer_watch import ConsumerSettings
 from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sources.snapshot import ReaderSettings
@@ -81,6 +86,8 @@ class FileConfig:
     flap_clear_after_seconds: float | None = None
     address_forget_after_seconds: float | None = None
     rated: tuple[RatedExpectation, ...] = ()
+    consumers_enabled: bool | None = None
+    consumers_interval_seconds: float | None = None
 
     def detection(self, base: DetectionSettings, keep_gid_index: bool = False) -> DetectionSettings:
         """`base` (built-in defaults, flags) overlaid with what this file sets. `keep_gid_index`:
@@ -193,6 +200,8 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "flapping.clear_after_seconds": (within(CLEAR_AFTER), "flap_clear_after_seconds"),
     "addresses.forget_after_seconds": (within(FORGET_AFTER), "address_forget_after_seconds"),
     "rated": (_rated, "rated"),
+    "collector.consumers.enabled": (_bool, "consumers_enabled"),
+    "collector.consumers.interval_seconds": (within(CONSUMER_INTERVAL), "consumers_interval_seconds"),
 }
 _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}
 
@@ -309,6 +318,7 @@ class Resolved:
     poll_interval_s: float
     reader: ReaderSettings
     detection: DetectionSettings
+    consumers: ConsumerSettings = field(default_factory=ConsumerSettings)
 
 
 def resolve(
@@ -320,6 +330,7 @@ def resolve(
     counters: CounterFilter | None = None,
     detection: DetectionSettings | None = None,
     explicit: Collection[str] = (),
+    consumers: ConsumerSettings | None = None,
 ) -> Resolved:
     """Flags and environment, the config file, built-in defaults: in that order, for serve and check.
 
@@ -354,11 +365,17 @@ def resolve(
             pick("hw_counters_exclude", _pattern(flags.hw_exclude), loaded.hw_counters_exclude),
         ),
     )
+    wanted = consumers or ConsumerSettings()  # names "consumers", "consumers_interval" in `explicit`
     return Resolved(
         poll_interval_s=pick("poll_interval", poll_interval_s, loaded.poll_interval_seconds),
         reader=reader,
-        detection=replace(merged, nccl=reader.nccl),
-    )  # judged as the reader picks
+        detection=replace(merged, nccl=reader.nccl),  # judged as the reader picks
+        consumers=replace(
+            wanted,
+            enabled=pick("consumers", wanted.enabled, loaded.consumers_enabled),
+            interval_s=pick("consumers_interval", wanted.interval_s, loaded.consumers_interval_seconds),
+        ),
+    )
 
 
 def _pattern(compiled: re.Pattern[str] | None) -> str | None:
@@ -378,6 +395,8 @@ class Configurable(Protocol):
     def detection(self) -> DetectionSettings: ...
     @property
     def config_file(self) -> Path | None: ...
+    @property
+    def consumers(self) -> ConsumerSettings: ...
 
 
 C = TypeVar("C", bound=Configurable)
@@ -397,7 +416,12 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
         counters=reader.counters,
         detection=config.detection,
         explicit=explicit,
+        consumers=config.consumers,
     )
     return replace(
-        config, poll_interval_s=resolved.poll_interval_s, reader=resolved.reader, detection=resolved.detection
+        config,
+        poll_interval_s=resolved.poll_interval_s,
+        reader=resolved.reader,
+        detection=resolved.detection,
+        consumers=resolved.consumers,
     )

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rnic_exporter import agent
-from rnic_exporter.sim import SimHost
+from rnic_exporter.consumer_watch import ConsumerSettings
+from rnic_exporter.sim import SimHost, SimProcfs
+from rnic_exporter.sources.hostnet import HostPaths
 from rnic_exporter.sources.snapshot import ReaderSettings
 
 
@@ -20,12 +22,18 @@ class Step:
     act: Callable[[SimHost], str]  # does the change, returns what to look for
 
 
+# The fake verbs users the demo attaches (sim/procfs.py): who the GID-shift step hits.
+DEMO_JOB = "4242"
+DEMO_POD = ("team-a", "trainer-0", "6c1f3a52-8d0e-4b7e-9a43-1b2c3d4e5f60")
+
+
 def _gid_shift(host: SimHost) -> str:
     old, new = host.gid_shift("mlx5_1")
     return (
-        f"mlx5_1: a job holds GID {old}; the port flapped and NetworkManager dropped and restored "
-        f"10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. Look at rnic_nccl_gid_index, "
-        f'rnic_gid_table_hash and rnic_gid_entry_info{{device="mlx5_1"}}.'
+        f"mlx5_1: Slurm job {DEMO_JOB} holds GID {old}; the port flapped and NetworkManager dropped and "
+        f"restored 10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. The event names the job "
+        f'(consumers="... slurm job {DEMO_JOB} step 0"). Look at rnic_nccl_gid_index, rnic_gid_table_hash, '
+        f'rnic_gid_entry_info{{device="mlx5_1"}} and rnic_device_workload_info{{device="mlx5_1"}}.'
     )
 
 
@@ -97,6 +105,10 @@ def run_demo(
             f"Simulated host with {devices} RNICs ({devices - ib} RoCE, {ib} InfiniBand) in {workdir / 'sys'}; "
             f"mlx5_{devices - ib - 1}'s PMA does not answer (counters N/A: unsupported, not broken)"
         )
+        users = SimProcfs(host, workdir / "proc", workdir / "root")
+        users.slurm_job(DEMO_JOB, ["mlx5_1"])
+        users.pod(*DEMO_POD, devices=["mlx5_1", "mlx5_2"])
+        echo(f"Slurm job {DEMO_JOB} uses mlx5_1; pod {DEMO_POD[0]}/{DEMO_POD[1]} uses mlx5_1 and mlx5_2")
         echo(f"Try: rnic-exporter show --path.sysfs {workdir / 'sys'}")
         echo(f"Metrics: http://{listen[0].lstrip(':') if listen[0].startswith(':') else listen[0]}/metrics")
         player = threading.Thread(
@@ -109,8 +121,10 @@ def run_demo(
             poll_interval_s=poll_interval,
             reader=ReaderSettings.build(),
             state_dir=workdir / "state",
+            host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
+            consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),
         )
-        return agent.run(config, stop=stop)
+        return agent.run(config, stop=stop)  # the real scan, over the fake procfs
     finally:
         stop.set()
         shutil.rmtree(workdir, ignore_errors=True)

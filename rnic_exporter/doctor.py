@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rnic_exporter.consumer_fields import as_json as consumers_json
+from rnic_exporter.consumer_fields import workload_names
+from rnic_exporter.consumers import ConsumerScan, Workload
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
 from rnic_exporter.detect.inputs import gather_inputs, host_risks
 from rnic_exporter.detect.problems import Problem, fails, find_problems
@@ -33,6 +36,16 @@ class CheckReport:
     notes: tuple[str, ...]  # what limited the check (no inventory, no netlink...), unsupported attributes
     devices: int
     ports: int
+    users: ConsumerScan | None = None  # check --collector.consumers: who each problem puts at risk
+
+    def at_risk(self, problem: Problem) -> tuple[Workload, ...]:
+        """The workloads on the problem's device; a host-wide problem (a NIC short) puts all at risk."""
+        if self.users is None:
+            return ()
+        device = problem.where.split(" ", 1)[0]
+        if device == "host":
+            return tuple(sorted({w for d in self.users.by_device for w in self.users.workloads(d)}))
+        return self.users.workloads(device)
 
     @property
     def healthy(self) -> bool:
@@ -50,9 +63,17 @@ class CheckReport:
             "failed": self.failed(fail_on),
             "devices": self.devices,
             "ports": self.ports,
-            "problems": [p.to_json() for p in self.problems],
+            "problems": [self._problem_json(p) for p in self.problems],
             "notes": list(self.notes),
         }
+
+    def _problem_json(self, problem: Problem) -> dict[str, Any]:
+        out = problem.to_json()
+        if self.users is not None:  # absent: not scanned; [] : nobody was using the device
+            device = problem.where.split(" ", 1)[0]
+            devices = list(self.users.by_device) if device == "host" else [device]
+            out["at_risk"] = [w for d in devices for w in consumers_json(self.users, d)]
+        return out
 
 
 def _netlink_addresses(notes: list[str]) -> dict[str, tuple[AddressLike, ...]] | None:
@@ -102,6 +123,7 @@ def run_check(
     paths: HostPaths,
     use_netlink: bool = True,
     root: SysfsRoot | None = None,
+    users: ConsumerScan | None = None,
 ) -> CheckReport:
     """Raises ConfigError for an unusable sysfs path (exit 2). `root`: read through this one instead
     (a test's errno overlay)."""
@@ -112,8 +134,13 @@ def run_check(
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
     notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))
+    if users is not None and not users.complete:
+        notes.append(
+            f"the consumer scan was incomplete ({users.skipped} process(es) not inspectable): "
+            "a problem may put more workloads at risk than it names"
+        )
     return CheckReport(
-        tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices), len(snap.ports)
+        tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices), len(snap.ports), users
     )
 
 
@@ -135,6 +162,9 @@ def format_report(report: CheckReport, fail_on: str = "warning") -> str:
                 f"  means: {problem.meaning}",
                 f"  do:    {problem.fix}",
             ]
+            if report.users is not None:
+                names = workload_names(report.at_risk(problem))
+                lines.append(f"  hits:  {', '.join(names) if names else 'no running workload uses it'}")
     for note in report.notes:
         lines.append(f"note: {note}")
     return "\n".join(lines)

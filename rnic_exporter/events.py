@@ -10,7 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from rnic_exporter.consumer_fields import DeviceConsumers
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -138,6 +141,7 @@ class Event:
     attributes: Mapping[str, str] = field(default_factory=dict)  # event-specific extras (address, link...)
     severity_override: Severity | None = None
     time: float = 0.0  # wall clock of the snapshot that showed it
+    consumers: DeviceConsumers | None = None  # who used the device at the last scan (--collector.consumers)
 
     @property
     def name(self) -> str:
@@ -159,4 +163,6 @@ class Event:
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         out.update(self.attributes)
+        if self.consumers is not None:
+            out.update(self.consumers.log_fields())
         return out

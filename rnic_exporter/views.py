@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rnic_exporter.consumer_fields import as_json as consumers_json
+from rnic_exporter.consumer_fields import users_text
+from rnic_exporter.consumers import ConsumerScan
 from rnic_exporter.model import Device, GidEntry, Netdev, PcieLink, Port, ReadError, Snapshot, pcie_generation
 
 JSON_SCHEMA = 1
@@ -86,11 +89,19 @@ def port_ipv4(port: Port) -> list[str]:
 SHOW_COLUMNS = ("DEVICE", "PORT", "LINK", "STATE", "RATE", "NETDEV", "PCIE", "IPV4", "NCCL_GID", "UNREADABLE")
 
 
-def show_rows(snap: Snapshot) -> list[tuple[str, ...]]:
+def show_columns(users: ConsumerScan | None = None) -> tuple[str, ...]:
+    """With a consumer scan (`show --collector.consumers`), a last USERS column: who holds the device."""
+    return SHOW_COLUMNS if users is None else (*SHOW_COLUMNS, "USERS")
+
+
+def show_rows(snap: Snapshot, users: ConsumerScan | None = None) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
+    extra: tuple[str, ...] = ()
     for device in snap.devices:
         link = snap.pcie.get(device.pci_address) if device.pci_address else None
         dev_errors = _device_errors(snap, device)
+        if users is not None:
+            extra = (users_text(users, device.name),)
         for port in device.ports:
             errors = dev_errors + _port_errors(snap, port)
             rows.append(
@@ -105,6 +116,7 @@ def show_rows(snap: Snapshot) -> list[tuple[str, ...]]:
                     ",".join(port_ipv4(port)) or "-",
                     ("-" if port.nccl_gid_index is None else str(port.nccl_gid_index)) if port.gid_table_size else "?",
                     _unreadable_text(errors),
+                    *extra,
                 )
             )
         if not device.ports:
@@ -120,6 +132,7 @@ def show_rows(snap: Snapshot) -> list[tuple[str, ...]]:
                     "-",
                     "-",
                     _unreadable_text(dev_errors),
+                    *extra,
                 )
             )
     return rows
@@ -224,7 +237,25 @@ def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
     }
 
 
-def show_json(snap: Snapshot, sysfs: str) -> dict[str, Any]:
+def show_json(snap: Snapshot, sysfs: str, users: ConsumerScan | None = None) -> dict[str, Any]:
+    out = _show_json(snap, sysfs)
+    if users is not None:  # only asked for: the key's absence means "not scanned", not "unused"
+        for device in out["devices"]:
+            device["users"] = consumers_json(users, device["name"])
+        out["consumer_scan"] = scan_json(users)
+    return out
+
+
+def scan_json(users: ConsumerScan) -> dict[str, Any]:
+    return {
+        "at": users.at,
+        "complete": users.complete,
+        "processes_scanned": users.processes_scanned,
+        "skipped": users.skipped,
+    }
+
+
+def _show_json(snap: Snapshot, sysfs: str) -> dict[str, Any]:
     return {
         "schema": JSON_SCHEMA,
         "sysfs": sysfs,

@@ -348,3 +348,57 @@ def _query(prom: Prometheus, promql: str) -> list[dict[str, Any]]:
     assert status == 200 and data["status"] == "success", f"{promql}: {data.get('error', body[:300])}"
     result: list[dict[str, Any]] = data["data"]["result"]
     return result
+
+
+def test_the_workloads_panel_names_the_job_and_pod_on_each_device(
+    tmp_path: Path, dashboards: dict[str, dict[str, Any]]
+) -> None:
+    """The host dashboard's workload table, on a real Prometheus scraping the daemon with the simulator's
+    fake verbs users (its scan plugged into the daemon's one scan seam)."""
+    import threading
+
+    from rnic_exporter.agent import ServeConfig, run
+    from rnic_exporter.consumer_watch import ConsumerSettings
+    from rnic_exporter.sim import SimProcfs
+    from rnic_exporter.sources.hostnet import HostPaths
+
+    host = SimHost.build(tmp_path / "sys", roce=2, gid_table_size=16)
+    users = SimProcfs(host, tmp_path / "proc", tmp_path / "root")
+    users.slurm_job("4242", ["mlx5_1"])
+    users.pod("team-a", "trainer-0", "6c1f3a52-8d0e-4b7e-9a43-1b2c3d4e5f60", ["mlx5_0"])
+    port = free_port()
+    config = ServeConfig(
+        sysfs=host.root,
+        listen=(f"127.0.0.1:{port}",),
+        poll_interval_s=0.5,
+        state_dir=None,
+        watch_netlink=False,
+        watch_udev=False,
+        ethtool=False,
+        host_paths=HostPaths(procfs=users.procfs, rootfs=tmp_path / "root"),
+        consumers=ConsumerSettings(enabled=True),
+    )
+    stop = threading.Event()
+    daemon = threading.Thread(target=run, args=(config,), kwargs={"stop": stop, "scan": users.scan})
+    daemon.start()
+    panel = next(p for p in _panels(dashboards["rnic-host-detail.json"]) if p["title"] == "Jobs and pods per device")
+    assert metric_names(panel["targets"][0]["expr"]) == {catalog.DEVICE_WORKLOAD_INFO.name}
+    scrape = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+    }
+    try:
+        with Prometheus(tmp_path / "prom", scrape) as prom:
+            promql = _substitute(panel["targets"][0]["expr"])
+
+            def both() -> list[dict[str, Any]] | None:
+                result = _query(prom, promql)
+                return result if len(result) == 2 else None
+
+            rows = wait_for(both, timeout=30, what="a row per device in the workloads table")
+    finally:
+        stop.set()
+        daemon.join(30)
+    by_device = {r["metric"]["device"]: r["metric"] for r in rows}
+    assert by_device["mlx5_1"]["kind"] == "slurm" and by_device["mlx5_1"]["slurm_job_id"] == "4242"
+    assert (by_device["mlx5_0"]["k8s_namespace_name"], by_device["mlx5_0"]["k8s_pod_name"]) == ("team-a", "trainer-0")

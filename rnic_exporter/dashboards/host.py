@@ -65,6 +65,7 @@ def event_expr(specs: Sequence[e.EventSpec]) -> str:
 
 def build() -> Dashboard:
     lay = Layout()
+    _workloads(lay)
     _link(lay)
     _traffic(lay)
     _errors(lay)
@@ -96,6 +97,48 @@ def build() -> Dashboard:
             ),
         ],
         panels=lay.panels,
+    )
+
+
+def _workloads(lay: Layout) -> None:
+    """Who an event hits (--collector.consumers): beside the annotations, at the top."""
+    lay.row("Workloads on the RNICs")
+    lay.add(
+        table(
+            "Jobs and pods per device",
+            "The Slurm jobs, Kubernetes pods and bare commands holding each RNIC's verbs device open at any "
+            "time in the shown range (rnic_device_workload_info; needs --collector.consumers). A job that "
+            "died with an event is still listed.",
+            [
+                target(
+                    f"max by (device, kind, slurm_job_id, k8s_namespace_name, k8s_pod_name, k8s_pod_uid, command) "
+                    f"(max_over_time({name(c.DEVICE_WORKLOAD_INFO)}{{{DEVICE_SEL}}}[$__range]))",
+                    instant=True,
+                    table=True,
+                )
+            ],
+            hide=("Value",),
+            rename={
+                "slurm_job_id": "Slurm job",
+                "k8s_namespace_name": "namespace",
+                "k8s_pod_name": "pod",
+                "k8s_pod_uid": "pod uid",
+            },
+        ),
+        w=16,
+        h=7,
+    )
+    lay.add(
+        timeseries(
+            "Verbs processes per device",
+            "Processes holding each RNIC's /dev/infiniband/uverbsN open, from the last consumer scan; "
+            "the event annotations show when a job lost its NIC.",
+            [target(f"{name(c.DEVICE_CONSUMER_PROCESSES)}{{{DEVICE_SEL}}}", "{{device}}")],
+            "none",
+            step=True,
+        ),
+        w=8,
+        h=7,
     )
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rnic_exporter import __version__, catalog
+from rnic_exporter.consumer_fields import LOG_KEYS
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
 from rnic_exporter.labels import label_value
@@ -301,21 +302,26 @@ class _Observer:
         with self._lock:
             stats, generation = state.stats, 0
             groups: list[tuple[str, CounterGroup]] = []
+            health: tuple[Family, ...] = ()  # the sinks' own (consumer scan, OTLP health), as of now
             if self._counters is not None:
                 view = self._counters(COUNTER_WAIT_S)
-                stats, generation = view.stats, view.generation
+                stats, generation, health = view.stats, view.generation, view.families
                 groups = [(key[0], group) for key, group in view.groups.items()]
             if self._built_for is None or self._built_for[0] is not state or self._built_for[1] != generation:
-                self._observations = self._build(state, stats, groups)
+                self._observations = self._build(state, stats, groups, health)
                 self._built_for = (state, generation)
             return self._observations
 
     def _build(
-        self, state: Published, stats: ExporterStats, groups: list[tuple[str, CounterGroup]]
+        self,
+        state: Published,
+        stats: ExporterStats,
+        groups: list[tuple[str, CounterGroup]],
+        health: tuple[Family, ...] = (),
     ) -> dict[str, list[Observation]]:
         out: dict[str, list[Observation]] = {}
         attrs_cache: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
-        families = [*snapshot_families(state.snapshot, stats), *counter_families(groups), *state.families]
+        families = [*snapshot_families(state.snapshot, stats), *counter_families(groups), *state.families, *health]
         for family in families:
             mapping = otel_metrics.BY_SPEC.get(family.spec.name)
             if mapping is None:
@@ -330,6 +336,10 @@ class _Observer:
                 out.setdefault(cached[0], []).append(Observation(otel_metrics.otlp_number(value), cached[1]))
         self._attrs = attrs_cache  # keeps only live series: a removed NIC's attributes go
         return out
+
+
+# In the record's own fields (event_name, severity) or spelled the OTel way (consumer_fields).
+_NOT_ATTRIBUTES = frozenset(("event", "severity", *LOG_KEYS))
 
 
 class _LogShipper:
@@ -363,7 +373,9 @@ class _LogShipper:
         self._wake.set()
 
     def record(self, event: Event) -> ReadableLogRecord:
-        attributes = {k: label_value(v) for k, v in event.fields().items() if k not in ("event", "severity")}
+        attributes: dict[str, Any] = {k: label_value(v) for k, v in event.fields().items() if k not in _NOT_ATTRIBUTES}
+        if event.consumers is not None:  # semantic-convention names (k8s.pod.name...), not the log's
+            attributes.update(event.consumers.otel_attributes())
         now = time.time_ns()
         return ReadableLogRecord(
             log_record=LogRecord(

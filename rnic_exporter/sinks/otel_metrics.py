@@ -179,6 +179,29 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.WAKEUPS, "rnic.exporter.wakeups", "counter", "{wakeup}"),
     _one(c.ATTRIBUTE_UNSUPPORTED, "rnic.attribute.unsupported.info", "gauge", "1"),
     _one(c.NCCL_GID_USABLE, "rnic.nccl.gid.usable", "gauge", "1"),
+    _one(c.DEVICE_CONSUMER_PROCESSES, "rnic.device.consumer.processes", "gauge", "{process}"),
+    _one(c.DEVICE_WORKLOADS, "rnic.device.workloads", "gauge", "{workload}"),
+    MetricMapping(
+        c.DEVICE_WORKLOAD_INFO,
+        (
+            Route(
+                _i("rnic.device.workload.info", "gauge", "1", c.DEVICE_WORKLOAD_INFO),
+                rename=(
+                    ("kind", "rnic.workload.kind"),
+                    ("slurm_job_id", "slurm.job.id"),
+                    ("k8s_namespace_name", "k8s.namespace.name"),
+                    ("k8s_pod_name", "k8s.pod.name"),
+                    ("k8s_pod_uid", "k8s.pod.uid"),
+                    ("command", "process.command"),
+                ),
+            ),
+        ),
+    ),
+    _one(c.CONSUMER_SCAN_DURATION, "rnic.exporter.consumer_scan.duration", "gauge", "s"),
+    _one(c.CONSUMER_SCAN_TIMESTAMP, "rnic.exporter.consumer_scan.last_time", "gauge", "s"),
+    _one(c.CONSUMER_SCAN_COMPLETE, "rnic.exporter.consumer_scan.complete", "gauge", "1"),
+    _one(c.CONSUMER_SCAN_SKIPPED, "rnic.exporter.consumer_scan.skipped", "gauge", "{process}"),
+    _one(c.CONSUMER_SCAN_ERRORS, "rnic.exporter.consumer_scan.errors", "counter", "{error}"),
 )
 
 EXCLUDED: MappingProxyType[str, str] = MappingProxyType(
