@@ -33,7 +33,15 @@ from rnic_exporter.samples import (
     snapshot_families,
     snapshot_parts,
 )
-from rnic_exporter.sinks.exposition import Assembler, Fragment, Renderer, go_float, negotiate, series_line
+from rnic_exporter.sinks.exposition import (
+    Assembler,
+    Exposition,
+    Fragment,
+    Renderer,
+    go_float,
+    negotiate,
+    series_line,
+)
 
 # Level 1 already shrinks the exposition about 8x; higher levels cost several times the CPU for
 # a few percent more.
@@ -56,19 +64,25 @@ class CounterFeed(Protocol):
 
 
 class _CounterLines:
-    """One counter group's series lines, re-formatted only for values that moved."""
+    """One counter group's series lines, re-formatted only for values that moved.
+
+    The lines sit in one flat list, metric after metric (`_spans`), so a pass writes each moved
+    value's line into its cell and joins each metric's run of cells: a handful of operations per
+    value, whatever the metric."""
 
     __slots__ = (
-        "_by_metric",
+        "_cells",
         "_last",
         "_lines",
         "_metric",
-        "_order",
-        "_pos",
         "_prefix",
         "_sat",
         "_sat_metric",
+        "_sat_pos",
+        "_spans",
+        "_value_pos",
         "chunks",
+        "layout",
         "specs",
         "version",
     )
@@ -77,15 +91,17 @@ class _CounterLines:
         c = catalog
         self.version = -1
         self.chunks: list[tuple[MetricSpec, str]] = []
+        self.layout: tuple[str, ...] = ()
         n = len(group.names)
         self._last: list[int | None] = [None] * n
         self._lines: list[str] = [""] * n
         self._prefix: list[str] = []
         self._metric: list[int] = []
         self._sat: list[str] = []  # counters: the port's saturation line for 0..n counters stuck
-        self._pos: list[int] = [0] * n  # where each value's line sits in its metric's lines
-        self._by_metric: list[list[str]] = []
-        self._order: list[int] = []  # metrics in first-seen order, as `chunks`
+        self._cells: list[str] = []
+        self._spans: list[tuple[MetricSpec, int, int]] = []
+        self._value_pos: list[int] = [0] * n  # each value's cell
+        self._sat_pos = -1  # the cell of the port's saturation line
         specs: list[MetricSpec] = []
         port = "" if group.port is None else str(group.port)
 
@@ -123,11 +139,12 @@ class _CounterLines:
         self.version = group.version
 
     def _rebuild(self, group: CounterGroup) -> None:
+        """Lay the cells out again: which values are present decides which lines and metrics exist."""
         values, saturated = group.values, group.saturated
-        by_metric: list[list[str]] = [[] for _ in self.specs]
+        by_metric: list[list[int]] = [[] for _ in self.specs]  # per metric, its values' k
         order: list[int] = []
         sat, s = self._sat, self._sat_metric
-        last, lines, prefix, metric, pos = self._last, self._lines, self._prefix, self._metric, self._pos
+        last, lines, prefix, metric = self._last, self._lines, self._prefix, self._metric
         for k, value in enumerate(values):
             if value is None:
                 continue
@@ -137,38 +154,41 @@ class _CounterLines:
             m = metric[k]
             if not by_metric[m]:
                 order.append(m)
-            pos[k] = len(by_metric[m])
-            by_metric[m].append(lines[k])
-        if sat and order:
-            order.append(s)
-            by_metric[s].append(sat[sum(saturated)])
-        self._by_metric, self._order = by_metric, order
-        self.chunks = [(self.specs[m], "".join(by_metric[m])) for m in order]
+            by_metric[m].append(k)
+        cells: list[str] = []
+        spans: list[tuple[MetricSpec, int, int]] = []
+        for m in order:
+            start = len(cells)
+            for k in by_metric[m]:
+                self._value_pos[k] = len(cells)
+                cells.append(lines[k])
+            spans.append((self.specs[m], start, len(cells)))
+        self._sat_pos = -1
+        if sat and order:  # one line per port, after its counters
+            self._sat_pos = len(cells)
+            cells.append(sat[sum(saturated)])
+            spans.append((self.specs[s], self._sat_pos, len(cells)))
+        self._cells, self._spans = cells, spans
+        self.layout = tuple(spec.name for spec, _, _ in spans)
+        self._join()
 
     def _patch(self, group: CounterGroup) -> None:
         values, saturated = group.values, group.saturated
-        by_metric, metric, pos, sat, s = self._by_metric, self._metric, self._pos, self._sat, self._sat_metric
-        dirty: set[int] = set()
+        cells, value_pos, prefix, lines, last = self._cells, self._value_pos, self._prefix, self._lines, self._last
         for k in group.changed:
             value = values[k]
             if value is None:
                 continue
-            if self._last[k] != value:
-                line = self._lines[k] = f"{self._prefix[k]}{go_float(value)}\n"
-                self._last[k] = value
-                m = metric[k]
-                by_metric[m][pos[k]] = line
-                dirty.add(m)
-        if sat and by_metric[s]:
-            line = sat[sum(saturated)]
-            if by_metric[s][0] is not line:
-                by_metric[s][0] = line
-                dirty.add(s)
-        if dirty:
-            self.chunks = [
-                (spec, "".join(by_metric[m])) if m in dirty else (spec, chunk)
-                for m, (spec, chunk) in zip(self._order, self.chunks, strict=True)
-            ]
+            line = lines[k] = f"{prefix[k]}{go_float(value)}\n"
+            last[k] = value
+            cells[value_pos[k]] = line
+        if self._sat_pos >= 0:
+            cells[self._sat_pos] = self._sat[sum(saturated)]
+        self._join()
+
+    def _join(self) -> None:
+        cells = self._cells
+        self.chunks = [(spec, cells[a] if b - a == 1 else "".join(cells[a:b])) for spec, a, b in self._spans]
 
 
 @dataclass(slots=True)
@@ -197,7 +217,8 @@ class PrometheusSink:
         self._model_counters: dict[tuple[str, ...], _Rendered] = {}
         self._tail: dict[tuple[str, ...], _Rendered] = {}
         self._key: tuple[int, int] | None = None
-        self._bodies: dict[tuple[bool, bool], bytes] = {}  # (openmetrics, gzip) -> body
+        self._exposition: Exposition | None = None
+        self._gzipped: dict[bool, bytes] = {}  # openmetrics? -> the exposition's gzipped body
         self._negotiated: dict[str | None, tuple[str, bool]] = {}
 
     # -- the agent's side -------------------------------------------------------------------
@@ -264,25 +285,33 @@ class PrometheusSink:
         with self._lock:
             key = (self._state_generation, view.generation if view is not None else 0)
             if key != self._key:
-                self._bodies = self._assemble(view)
+                self._exposition = self._assemble(view)
+                self._gzipped = {}
                 self._key = key
-            bodies = self._bodies
-            body = bodies.get((openmetrics, gz))
-            if body is None:
-                body = bodies.get((openmetrics, False), b"# EOF\n" if openmetrics else b"")
-                if gz:
+            exposition = self._exposition
+            if not gz:
+                body = self._plain(exposition, openmetrics)  # the format asked for, once per exposition
+            else:
+                body = self._gzipped.get(openmetrics, b"")
+                if not body:
                     # Once per exposition, for the first scraper that asks: under the lock, so
                     # concurrent gzip scrapers wait for that one instead of compressing again.
-                    body = bodies[(openmetrics, True)] = _gzip(body)
+                    body = self._gzipped[openmetrics] = _gzip(self._plain(exposition, openmetrics))
         headers = {"Content-Type": content_type}
         if gz:
             headers["Content-Encoding"] = "gzip"
         return body, headers
 
-    def _assemble(self, view: CounterView | None) -> dict[tuple[bool, bool], bytes]:
+    @staticmethod
+    def _plain(exposition: Exposition | None, openmetrics: bool) -> bytes:
+        if exposition is None:  # before the first poll
+            return b"# EOF\n" if openmetrics else b""
+        return exposition.body(openmetrics)
+
+    def _assemble(self, view: CounterView | None) -> Exposition | None:
         published = self._published
         if published is None:
-            return {}
+            return None
         snap, stats, order, extra = published
         fragments: list[Any] = []
         lines: dict[tuple[str, str, int | None], tuple[CounterGroup, _CounterLines]] = {}
@@ -323,8 +352,7 @@ class PrometheusSink:
                 )
             )
         self._tail = tail
-        text, om = self._assembler.join(fragments)
-        return {(False, False): text, (True, False): om}
+        return self._assembler.assemble(fragments)
 
 
 def _part(
