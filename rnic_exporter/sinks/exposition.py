@@ -150,27 +150,38 @@ class Fragment:
 
 
 class Exposition:
-    """One assembled exposition; each format's body is built the first time it is asked for."""
+    """One assembled exposition; each format is built the first time it is asked for."""
 
-    __slots__ = ("_bodies", "_chunks", "_plan")
+    __slots__ = ("_bodies", "_chunks", "_pieces", "_plan")
 
     def __init__(self, plan: _Plan, chunks: list[list[tuple[MetricSpec, str]]]) -> None:
         self._plan = plan
         self._chunks = chunks
+        self._pieces: dict[bool, list[str]] = {}
         self._bodies: dict[bool, bytes] = {}
 
-    def body(self, openmetrics: bool) -> bytes:
-        body = self._bodies.get(openmetrics)
-        if body is None:
+    def pieces(self, openmetrics: bool) -> list[str]:
+        """The body's strings in order: headers and chunks are the very objects of the last
+        exposition where they did not change (a compressor can start where they differ)."""
+        pieces = self._pieces.get(openmetrics)
+        if pieces is None:
             chunks = self._chunks
-            pieces: list[str] = []
+            pieces = self._pieces[openmetrics] = []
             for heads, refs in self._plan:
                 pieces.append(heads[openmetrics])
                 pieces += [chunks[i][j][1] for i, j in refs]
             if openmetrics:
-                pieces.append("# EOF\n")
-            body = self._bodies[openmetrics] = "".join(pieces).encode()
+                pieces.append(_EOF)
+        return pieces
+
+    def body(self, openmetrics: bool) -> bytes:
+        body = self._bodies.get(openmetrics)
+        if body is None:
+            body = self._bodies[openmetrics] = "".join(self.pieces(openmetrics)).encode()
         return body
+
+
+_EOF = "# EOF\n"
 
 
 # Per metric in first-seen order: (text header, OpenMetrics header), and where its chunks are

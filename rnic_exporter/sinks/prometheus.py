@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,6 +47,7 @@ from rnic_exporter.sinks.exposition import (
 # Level 1 already shrinks the exposition about 8x; higher levels cost several times the CPU for
 # a few percent more.
 _GZIP_LEVEL = 1
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer, as gzip.compress writes
 DEFAULT_COUNTER_WAIT_S = 2.0  # above the read deadline: a scrape still gets the other devices' fresh counters
 
 
@@ -219,6 +221,7 @@ class PrometheusSink:
         self._key: tuple[int, int] | None = None
         self._exposition: Exposition | None = None
         self._gzipped: dict[bool, bytes] = {}  # openmetrics? -> the exposition's gzipped body
+        self._compressors = {False: _PrefixGzip(), True: _PrefixGzip()}
         self._negotiated: dict[str | None, tuple[str, bool]] = {}
 
     # -- the agent's side -------------------------------------------------------------------
@@ -296,7 +299,11 @@ class PrometheusSink:
                 if not body:
                     # Once per exposition, for the first scraper that asks: under the lock, so
                     # concurrent gzip scrapers wait for that one instead of compressing again.
-                    body = self._gzipped[openmetrics] = _gzip(self._plain(exposition, openmetrics))
+                    body = self._gzipped[openmetrics] = (
+                        _gzip(self._plain(None, openmetrics))
+                        if exposition is None
+                        else self._compressors[openmetrics].compress(exposition.pieces(openmetrics))
+                    )
         headers = {"Content-Type": content_type}
         if gz:
             headers["Content-Encoding"] = "gzip"
@@ -382,6 +389,42 @@ def _device_sources(snap: Snapshot, dev: Any) -> tuple[object, ...]:
 
 def _gzip(body: bytes) -> bytes:
     return gzip.compress(body, compresslevel=_GZIP_LEVEL, mtime=0)
+
+
+class _PrefixGzip:
+    """gzip of bodies that begin as the last one did: what did not change since is compressed once.
+
+    On a quiet host every exposition differs from the last only in the exporter's own series at
+    its end. The compressor's state after the common beginning is kept (flushed to a byte
+    boundary), and each body copies it and compresses only the rest: one valid gzip stream.
+    Only the thread holding the sink's lock calls it.
+    """
+
+    __slots__ = ("_compressor", "_count", "_head", "_pieces")
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []  # the last body's
+        self._count = 0  # how many of them `_compressor` has compressed
+        self._compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+        self._head = b""  # what it wrote for them
+
+    def compress(self, pieces: list[str]) -> bytes:
+        previous = self._pieces
+        same = 0
+        for a, b in zip(pieces, previous, strict=False):  # the common beginning of two lengths
+            if a is not b:
+                break
+            same += 1
+        if same < self._count:  # the beginning moved: start over from where it still holds
+            self._compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+            self._head, self._count = b"", 0
+        if same > self._count:
+            grown = self._compressor.compress("".join(pieces[self._count : same]).encode())
+            self._head += grown + self._compressor.flush(zlib.Z_SYNC_FLUSH)
+            self._count = same
+        self._pieces = pieces
+        rest = self._compressor.copy()
+        return self._head + rest.compress("".join(pieces[self._count :]).encode()) + rest.flush()
 
 
 def render_text(snap: Snapshot, stats: ExporterStats | None = None) -> str:
