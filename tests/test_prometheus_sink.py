@@ -302,6 +302,24 @@ def test_gzip_is_compressed_once_per_poll_for_whoever_asks(tmp_path: Path) -> No
     assert value(gzip.decompress(second).decode(), catalog.POLLS.name) == 2
 
 
+def test_gzip_resumes_after_what_did_not_change_and_still_decompresses_to_the_body(tmp_path: Path) -> None:
+    """The compressor's state after the unchanged beginning is reused; whatever moved (the own series
+    at the end, a port in the middle, back to quiet), each body decompresses to the plain one."""
+    host = SimHost.build(tmp_path / "sys", roce=2, gid_table_size=8)
+    sink = PrometheusSink()
+    for polls, change in enumerate([None, None, None, "down", None, None, "traffic", None], start=1):
+        if change == "down":
+            host.set_port_up("mlx5_1", False)
+        elif change == "traffic":
+            host.add_traffic(1.0)
+        sink.update(read(host.root, host), ExporterStats(polls=polls))
+        for accept in (None, "application/openmetrics-text; version=1.0.0"):
+            plain, _ = sink.render(accept, None)
+            gz, headers = sink.render(accept, "gzip")
+            assert headers["Content-Encoding"] == "gzip" and gzip.decompress(gz) == plain
+            assert value(plain.decode().replace("# EOF\n", ""), catalog.POLLS.name) == polls
+
+
 def test_the_sink_renders_with_its_own_renderer() -> None:
     """prometheus-client's generate_latest costs 60 ms or more per exposition of a 16-RNIC host (CPU,
     not memory: inside the daemon the library costs about 1 MB): the sink uses only its negotiation

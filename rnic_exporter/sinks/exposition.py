@@ -11,7 +11,7 @@ the content negotiation is prometheus-client's own.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from prometheus_client.exposition import choose_encoder
@@ -91,6 +91,11 @@ class Chunks(Protocol):
     @property
     def chunks(self) -> list[tuple[MetricSpec, str]]: ...
 
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """The names of the metrics in `chunks`, in order: where its chunks go depends on nothing else."""
+        ...
+
 
 class Fragment:
     """The series of one part of the exposition (one port's counters, say), grouped by metric.
@@ -99,13 +104,14 @@ class Fragment:
     `chunks` holds, per metric in first-seen order, its lines joined.
     """
 
-    __slots__ = ("_by_metric", "_previous", "chunks", "lines")
+    __slots__ = ("_by_metric", "_previous", "chunks", "layout", "lines")
 
     def __init__(self, previous: Lines | None = None) -> None:
         self._previous: Lines = previous or {}
         self.lines: Lines = {}
         self._by_metric: dict[str, tuple[MetricSpec, list[str]]] = {}
         self.chunks: list[tuple[MetricSpec, str]] = []
+        self.layout: tuple[str, ...] = ()
 
     def declare(self, spec: MetricSpec) -> None:
         """A metric with no series yet still gets its HELP and TYPE, as prometheus-client prints it."""
@@ -137,56 +143,90 @@ class Fragment:
 
     def done(self) -> Fragment:
         self.chunks = [(spec, "".join(lines)) for spec, lines in self._by_metric.values()]
+        self.layout = tuple(self._by_metric)
         self._by_metric = {}
         self._previous = {}
         return self
 
 
-class Assembler:
-    """Joins fragments into both formats, each metric declared once, in first-seen order.
+class Exposition:
+    """One assembled exposition; each format is built the first time it is asked for."""
 
-    A metric whose chunks are the very strings of the last join keeps its encoded text: on a
-    quiet host only the exporter's own metrics are encoded again.
+    __slots__ = ("_bodies", "_chunks", "_pieces", "_plan")
+
+    def __init__(self, plan: _Plan, chunks: list[list[tuple[MetricSpec, str]]]) -> None:
+        self._plan = plan
+        self._chunks = chunks
+        self._pieces: dict[bool, list[str]] = {}
+        self._bodies: dict[bool, bytes] = {}
+
+    def pieces(self, openmetrics: bool) -> list[str]:
+        """The body's strings in order: headers and chunks are the very objects of the last
+        exposition where they did not change (a compressor can start where they differ)."""
+        pieces = self._pieces.get(openmetrics)
+        if pieces is None:
+            chunks = self._chunks
+            pieces = self._pieces[openmetrics] = []
+            for heads, refs in self._plan:
+                pieces.append(heads[openmetrics])
+                pieces += [chunks[i][j][1] for i, j in refs]
+            if openmetrics:
+                pieces.append(_EOF)
+        return pieces
+
+    def body(self, openmetrics: bool) -> bytes:
+        body = self._bodies.get(openmetrics)
+        if body is None:
+            body = self._bodies[openmetrics] = "".join(self.pieces(openmetrics)).encode()
+        return body
+
+
+_EOF = "# EOF\n"
+
+
+# Per metric in first-seen order: (text header, OpenMetrics header), and where its chunks are
+# (fragment index, chunk index), in fragment order.
+_Plan = list[tuple[tuple[str, str], list[tuple[int, int]]]]
+
+
+class Assembler:
+    """Joins fragments into an exposition, each metric declared once, in first-seen order.
+
+    Where each fragment's chunks go depends only on which metrics each fragment holds (its
+    `layout`), which changes when a series appears or goes, not when values move: the plan is
+    made again only then, and a pass only gathers the chunks in the plan's order.
     """
 
     def __init__(self) -> None:
-        self._headers: dict[str, tuple[bytes, bytes]] = {}
-        self._encoded: dict[str, tuple[list[str], bytes]] = {}
+        self._headers: dict[str, tuple[str, str]] = {}
+        self._layouts: list[tuple[str, ...]] = []
+        self._plan: _Plan = []
 
-    def join(self, fragments: Iterable[Chunks]) -> tuple[bytes, bytes]:
+    def assemble(self, fragments: Sequence[Chunks]) -> Exposition:
+        layouts = [f.layout for f in fragments]
+        if layouts != self._layouts:
+            self._plan = self._make_plan(fragments)
+            self._layouts = layouts
+        return Exposition(self._plan, [f.chunks for f in fragments])
+
+    def join(self, fragments: Sequence[Chunks]) -> tuple[bytes, bytes]:
         """(text 0.0.4 body, OpenMetrics body)."""
-        bodies: dict[str, tuple[MetricSpec, list[str]]] = {}
-        for fragment in fragments:
-            for spec, chunk in fragment.chunks:
-                entry = bodies.get(spec.name)
+        exposition = self.assemble(fragments)
+        return exposition.body(False), exposition.body(True)
+
+    def _make_plan(self, fragments: Sequence[Chunks]) -> _Plan:
+        by_name: dict[str, tuple[tuple[str, str], list[tuple[int, int]]]] = {}
+        for i, fragment in enumerate(fragments):
+            for j, (spec, _) in enumerate(fragment.chunks):
+                entry = by_name.get(spec.name)
                 if entry is None:
-                    bodies[spec.name] = (spec, [chunk])
+                    heads = self._headers.get(spec.name)
+                    if heads is None:
+                        heads = self._headers[spec.name] = headers(spec)
+                    by_name[spec.name] = (heads, [(i, j)])
                 else:
-                    entry[1].append(chunk)
-        text: list[bytes] = []
-        om: list[bytes] = []
-        encoded: dict[str, tuple[list[str], bytes]] = {}
-        previous = self._encoded
-        for name, (spec, chunks) in bodies.items():
-            head = self._headers.get(name)
-            if head is None:
-                text_head, om_head = headers(spec)
-                head = self._headers[name] = (text_head.encode(), om_head.encode())
-            before = previous.get(name)
-            if (
-                before is not None
-                and len(before[0]) == len(chunks)
-                and all(a is b for a, b in zip(before[0], chunks, strict=True))
-            ):
-                body = before[1]
-            else:
-                body = "".join(chunks).encode()
-            encoded[name] = (chunks, body)
-            text += (head[0], body)
-            om += (head[1], body)
-        self._encoded = encoded
-        om.append(b"# EOF\n")
-        return b"".join(text), b"".join(om)
+                    entry[1].append((i, j))
+        return list(by_name.values())
 
 
 class Renderer:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,11 +34,20 @@ from rnic_exporter.samples import (
     snapshot_families,
     snapshot_parts,
 )
-from rnic_exporter.sinks.exposition import Assembler, Fragment, Renderer, go_float, negotiate, series_line
+from rnic_exporter.sinks.exposition import (
+    Assembler,
+    Exposition,
+    Fragment,
+    Renderer,
+    go_float,
+    negotiate,
+    series_line,
+)
 
 # Level 1 already shrinks the exposition about 8x; higher levels cost several times the CPU for
 # a few percent more.
 _GZIP_LEVEL = 1
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer, as gzip.compress writes
 DEFAULT_COUNTER_WAIT_S = 2.0  # above the read deadline: a scrape still gets the other devices' fresh counters
 
 
@@ -56,19 +66,25 @@ class CounterFeed(Protocol):
 
 
 class _CounterLines:
-    """One counter group's series lines, re-formatted only for values that moved."""
+    """One counter group's series lines, re-formatted only for values that moved.
+
+    The lines sit in one flat list, metric after metric (`_spans`), so a pass writes each moved
+    value's line into its cell and joins each metric's run of cells: a handful of operations per
+    value, whatever the metric."""
 
     __slots__ = (
-        "_by_metric",
+        "_cells",
         "_last",
         "_lines",
         "_metric",
-        "_order",
-        "_pos",
         "_prefix",
         "_sat",
         "_sat_metric",
+        "_sat_pos",
+        "_spans",
+        "_value_pos",
         "chunks",
+        "layout",
         "specs",
         "version",
     )
@@ -77,15 +93,17 @@ class _CounterLines:
         c = catalog
         self.version = -1
         self.chunks: list[tuple[MetricSpec, str]] = []
+        self.layout: tuple[str, ...] = ()
         n = len(group.names)
         self._last: list[int | None] = [None] * n
         self._lines: list[str] = [""] * n
         self._prefix: list[str] = []
         self._metric: list[int] = []
         self._sat: list[str] = []  # counters: the port's saturation line for 0..n counters stuck
-        self._pos: list[int] = [0] * n  # where each value's line sits in its metric's lines
-        self._by_metric: list[list[str]] = []
-        self._order: list[int] = []  # metrics in first-seen order, as `chunks`
+        self._cells: list[str] = []
+        self._spans: list[tuple[MetricSpec, int, int]] = []
+        self._value_pos: list[int] = [0] * n  # each value's cell
+        self._sat_pos = -1  # the cell of the port's saturation line
         specs: list[MetricSpec] = []
         port = "" if group.port is None else str(group.port)
 
@@ -123,11 +141,12 @@ class _CounterLines:
         self.version = group.version
 
     def _rebuild(self, group: CounterGroup) -> None:
+        """Lay the cells out again: which values are present decides which lines and metrics exist."""
         values, saturated = group.values, group.saturated
-        by_metric: list[list[str]] = [[] for _ in self.specs]
+        by_metric: list[list[int]] = [[] for _ in self.specs]  # per metric, its values' k
         order: list[int] = []
         sat, s = self._sat, self._sat_metric
-        last, lines, prefix, metric, pos = self._last, self._lines, self._prefix, self._metric, self._pos
+        last, lines, prefix, metric = self._last, self._lines, self._prefix, self._metric
         for k, value in enumerate(values):
             if value is None:
                 continue
@@ -137,38 +156,41 @@ class _CounterLines:
             m = metric[k]
             if not by_metric[m]:
                 order.append(m)
-            pos[k] = len(by_metric[m])
-            by_metric[m].append(lines[k])
-        if sat and order:
-            order.append(s)
-            by_metric[s].append(sat[sum(saturated)])
-        self._by_metric, self._order = by_metric, order
-        self.chunks = [(self.specs[m], "".join(by_metric[m])) for m in order]
+            by_metric[m].append(k)
+        cells: list[str] = []
+        spans: list[tuple[MetricSpec, int, int]] = []
+        for m in order:
+            start = len(cells)
+            for k in by_metric[m]:
+                self._value_pos[k] = len(cells)
+                cells.append(lines[k])
+            spans.append((self.specs[m], start, len(cells)))
+        self._sat_pos = -1
+        if sat and order:  # one line per port, after its counters
+            self._sat_pos = len(cells)
+            cells.append(sat[sum(saturated)])
+            spans.append((self.specs[s], self._sat_pos, len(cells)))
+        self._cells, self._spans = cells, spans
+        self.layout = tuple(spec.name for spec, _, _ in spans)
+        self._join()
 
     def _patch(self, group: CounterGroup) -> None:
         values, saturated = group.values, group.saturated
-        by_metric, metric, pos, sat, s = self._by_metric, self._metric, self._pos, self._sat, self._sat_metric
-        dirty: set[int] = set()
+        cells, value_pos, prefix, lines, last = self._cells, self._value_pos, self._prefix, self._lines, self._last
         for k in group.changed:
             value = values[k]
             if value is None:
                 continue
-            if self._last[k] != value:
-                line = self._lines[k] = f"{self._prefix[k]}{go_float(value)}\n"
-                self._last[k] = value
-                m = metric[k]
-                by_metric[m][pos[k]] = line
-                dirty.add(m)
-        if sat and by_metric[s]:
-            line = sat[sum(saturated)]
-            if by_metric[s][0] is not line:
-                by_metric[s][0] = line
-                dirty.add(s)
-        if dirty:
-            self.chunks = [
-                (spec, "".join(by_metric[m])) if m in dirty else (spec, chunk)
-                for m, (spec, chunk) in zip(self._order, self.chunks, strict=True)
-            ]
+            line = lines[k] = f"{prefix[k]}{go_float(value)}\n"
+            last[k] = value
+            cells[value_pos[k]] = line
+        if self._sat_pos >= 0:
+            cells[self._sat_pos] = self._sat[sum(saturated)]
+        self._join()
+
+    def _join(self) -> None:
+        cells = self._cells
+        self.chunks = [(spec, cells[a] if b - a == 1 else "".join(cells[a:b])) for spec, a, b in self._spans]
 
 
 @dataclass(slots=True)
@@ -197,7 +219,9 @@ class PrometheusSink:
         self._model_counters: dict[tuple[str, ...], _Rendered] = {}
         self._tail: dict[tuple[str, ...], _Rendered] = {}
         self._key: tuple[int, int] | None = None
-        self._bodies: dict[tuple[bool, bool], bytes] = {}  # (openmetrics, gzip) -> body
+        self._exposition: Exposition | None = None
+        self._gzipped: dict[bool, bytes] = {}  # openmetrics? -> the exposition's gzipped body
+        self._compressors = {False: _PrefixGzip(), True: _PrefixGzip()}
         self._negotiated: dict[str | None, tuple[str, bool]] = {}
 
     # -- the agent's side -------------------------------------------------------------------
@@ -264,25 +288,37 @@ class PrometheusSink:
         with self._lock:
             key = (self._state_generation, view.generation if view is not None else 0)
             if key != self._key:
-                self._bodies = self._assemble(view)
+                self._exposition = self._assemble(view)
+                self._gzipped = {}
                 self._key = key
-            bodies = self._bodies
-            body = bodies.get((openmetrics, gz))
-            if body is None:
-                body = bodies.get((openmetrics, False), b"# EOF\n" if openmetrics else b"")
-                if gz:
+            exposition = self._exposition
+            if not gz:
+                body = self._plain(exposition, openmetrics)  # the format asked for, once per exposition
+            else:
+                body = self._gzipped.get(openmetrics, b"")
+                if not body:
                     # Once per exposition, for the first scraper that asks: under the lock, so
                     # concurrent gzip scrapers wait for that one instead of compressing again.
-                    body = bodies[(openmetrics, True)] = _gzip(body)
+                    body = self._gzipped[openmetrics] = (
+                        _gzip(self._plain(None, openmetrics))
+                        if exposition is None
+                        else self._compressors[openmetrics].compress(exposition.pieces(openmetrics))
+                    )
         headers = {"Content-Type": content_type}
         if gz:
             headers["Content-Encoding"] = "gzip"
         return body, headers
 
-    def _assemble(self, view: CounterView | None) -> dict[tuple[bool, bool], bytes]:
+    @staticmethod
+    def _plain(exposition: Exposition | None, openmetrics: bool) -> bytes:
+        if exposition is None:  # before the first poll
+            return b"# EOF\n" if openmetrics else b""
+        return exposition.body(openmetrics)
+
+    def _assemble(self, view: CounterView | None) -> Exposition | None:
         published = self._published
         if published is None:
-            return {}
+            return None
         snap, stats, order, extra = published
         fragments: list[Any] = []
         lines: dict[tuple[str, str, int | None], tuple[CounterGroup, _CounterLines]] = {}
@@ -323,8 +359,7 @@ class PrometheusSink:
                 )
             )
         self._tail = tail
-        text, om = self._assembler.join(fragments)
-        return {(False, False): text, (True, False): om}
+        return self._assembler.assemble(fragments)
 
 
 def _part(
@@ -354,6 +389,42 @@ def _device_sources(snap: Snapshot, dev: Any) -> tuple[object, ...]:
 
 def _gzip(body: bytes) -> bytes:
     return gzip.compress(body, compresslevel=_GZIP_LEVEL, mtime=0)
+
+
+class _PrefixGzip:
+    """gzip of bodies that begin as the last one did: what did not change since is compressed once.
+
+    On a quiet host every exposition differs from the last only in the exporter's own series at
+    its end. The compressor's state after the common beginning is kept (flushed to a byte
+    boundary), and each body copies it and compresses only the rest: one valid gzip stream.
+    Only the thread holding the sink's lock calls it.
+    """
+
+    __slots__ = ("_compressor", "_count", "_head", "_pieces")
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []  # the last body's
+        self._count = 0  # how many of them `_compressor` has compressed
+        self._compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+        self._head = b""  # what it wrote for them
+
+    def compress(self, pieces: list[str]) -> bytes:
+        previous = self._pieces
+        same = 0
+        for a, b in zip(pieces, previous, strict=False):  # the common beginning of two lengths
+            if a is not b:
+                break
+            same += 1
+        if same < self._count:  # the beginning moved: start over from where it still holds
+            self._compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+            self._head, self._count = b"", 0
+        if same > self._count:
+            grown = self._compressor.compress("".join(pieces[self._count : same]).encode())
+            self._head += grown + self._compressor.flush(zlib.Z_SYNC_FLUSH)
+            self._count = same
+        self._pieces = pieces
+        rest = self._compressor.copy()
+        return self._head + rest.compress("".join(pieces[self._count :]).encode()) + rest.flush()
 
 
 def render_text(snap: Snapshot, stats: ExporterStats | None = None) -> str:

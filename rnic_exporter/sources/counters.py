@@ -118,38 +118,54 @@ class CounterPlan:
         return tuple(failed)
 
     def _apply(self, raws: list[Raw | None]) -> None:
+        """Parse and store what moved, group by group: a busy host changes every file each pass,
+        so the per-value path is a handful of operations (the kernel's digits go to `int` as they are)."""
         previous = self._raws
-        touched: dict[int, tuple[list[int | None], list[bool], list[int], list[bool]]] = {}
-        for i, raw in enumerate(raws):
-            if raw == previous[i] or raw is None:
+        reasons = self._reasons
+        for group in self.groups:
+            start, end = group.start, group.end
+            new = raws[start:end]
+            old = previous[start:end]
+            if new == old:
                 continue
-            g = self._group_of[i]
-            group = self.groups[g]
-            lists = touched.get(g)
-            if lists is None:
-                lists = touched[g] = (list(group.values), list(group.saturated), [], [False])
-            k = i - group.start
-            lists[2].append(k)
-            value, self._reasons[i] = interpret(raw, parse_counter, frozenset())
-            if value is None:
-                lists[3][0] = lists[3][0] or lists[0][k] is not None
-                lists[0][k], lists[1][k] = None, False
-                continue
-            self._backoff.pop(i, None)  # it answers again: the next failure starts from the bottom
-            self._streak.pop(i, None)
-            self._answered.add(i)
-            lists[3][0] = lists[3][0] or lists[0][k] is None
-            ceiling = group.ceilings[k]
-            lists[0][k] = value * group.scales[k]
-            lists[1][k] = ceiling is not None and value == ceiling
-        self._raws = list(raws)
-        for g, (values, saturated, changed, reshaped) in touched.items():
-            group = self.groups[g]
+            values, saturated = list(group.values), list(group.saturated)
+            ceilings, scales = group.ceilings, group.scales
+            changed: list[int] = []
+            reshaped = False
+            for k, raw in enumerate(new):
+                if raw == old[k] or raw is None:
+                    continue
+                changed.append(k)
+                i = start + k
+                if type(raw) is bytes and 1 < len(raw) < 21 and raw[-1] == 10 and raw[:-1].isdigit():
+                    value: int | None = int(raw)  # what the kernel prints: the one check a pass pays
+                    reason = None
+                else:
+                    value, reason = interpret(raw, parse_counter, frozenset())
+                if reasons[i] is not None or old[k] is None:
+                    self._answered_again(i, reason)
+                reasons[i] = reason
+                if value is None:
+                    reshaped = reshaped or values[k] is not None
+                    values[k], saturated[k] = None, False
+                    continue
+                reshaped = reshaped or values[k] is None
+                ceiling = ceilings[k]
+                values[k] = value * scales[k]
+                saturated[k] = ceiling is not None and value == ceiling
             group.values, group.saturated = values, saturated
-            group.changed, group.reshaped = tuple(changed), reshaped[0]
+            group.changed, group.reshaped = tuple(changed), reshaped
             group.version += 1
-        self._failing = [i for i, reason in enumerate(self._reasons) if reason is not None]
+        self._raws = list(raws)
+        self._failing = [i for i, reason in enumerate(reasons) if reason is not None]
         self.errors = tuple(self._error(i) for i in self._failing)
+
+    def _answered_again(self, index: int, reason: str | None) -> None:
+        """A file that failed (or was never read) gave a value: the next failure starts from the bottom."""
+        if reason is None:
+            self._backoff.pop(index, None)
+            self._streak.pop(index, None)
+            self._answered.add(index)
 
     def _error(self, index: int) -> ReadError:
         port, attribute = self.slot_label(index)

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from rnic_exporter.model import ZERO_GID, GidEntry, ReadError
-from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, Raw, Tree, interpret
+from rnic_exporter.sources.sysfs import ErrorLog, FdCache, MalformedValueError, Raw, ReadBatch, Tree, interpret
 
 _GID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){7}$")
 # An empty or pending-delete slot answers EINVAL from types/ and ndevs/ by design; an absent
@@ -103,6 +103,7 @@ class GidTable:
     files: list[str] = field(default_factory=list)
     file_raws: list[Raw] = field(default_factory=list)
     slice_at: int = 0
+    slices: list[ReadBatch] = field(default_factory=list)  # `files` in slices, made at the first pass
 
     @property
     def partly_unreadable(self) -> bool:
@@ -170,17 +171,21 @@ def sweep(root: Tree, table: GidTable, slots: int) -> bool:
 
 
 def slice_moved(root: Tree, table: GidTable, passes: int) -> bool:
-    """Re-read the next 1/`passes` of the files the last whole read found; True when one differs.
-    Every file is compared once every `passes` calls."""
+    """Re-read the next of the `passes` slices of the files the last whole read found; True when
+    one differs. Every file is compared once every `passes` calls. Each slice keeps its batch of
+    held descriptors: the pass that makes the most reads makes them in one comprehension."""
     files = table.files
     if not files:
         return False
     count = -(-len(files) // passes)
-    start = table.slice_at % len(files)
-    window = [*range(start, min(start + count, len(files))), *range(0, max(0, start + count - len(files)))]
-    table.slice_at = start + count
-    raws = root.read_many([files[i] for i in window])
-    return any(raw != table.file_raws[i] for i, raw in zip(window, raws, strict=True))
+    batches = table.slices
+    if not batches:
+        batches = table.slices = [ReadBatch(files[s : s + count]) for s in range(0, len(files), count)]
+    k = table.slice_at % len(batches)
+    table.slice_at = k + 1
+    batch = batches[k]
+    raws = root.read_batch(batch) if isinstance(root, FdCache) else root.read_many(batch.rels)
+    return raws != table.file_raws[k * count : k * count + len(raws)]
 
 
 def keep_listing(table: GidTable, before: GidTable) -> GidTable:

@@ -1,0 +1,98 @@
+"""The reading layer's fast paths: a batch whose descriptors are all held is read in one
+comprehension, counters the kernel printed plainly skip the general parser. Both must answer
+exactly what the per-file path answers, also when a read fails in the middle of a batch."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.counters import CounterPlan
+from rnic_exporter.sources.infiniband import parse_counter
+from rnic_exporter.sources.sysfs import ReadBatch, SysfsRoot, interpret
+from tests.support.faultfs import FaultyMount
+
+COUNTERS = "class/infiniband/mlx5_1/ports/1/counters"
+NAMES = ("port_rcv_data", "port_xmit_data", "symbol_error", "link_downed")
+
+
+def test_a_held_batch_reads_as_file_by_file_also_when_one_read_fails(
+    faulty_sysfs: FaultyMount, sim_host: SimHost
+) -> None:
+    root = SysfsRoot(faulty_sysfs.mount, hold_fds=True)  # no errno overlay: the fast path is taken
+    fds = root.cache()
+    rels = [f"{COUNTERS}/{name}" for name in NAMES]
+    long_rel = "class/infiniband/mlx5_1/node_desc"
+    (sim_host.root / long_rel).write_text("x" * 300 + "\n")  # beyond the first 128-byte read
+    batch = ReadBatch([*rels, long_rel])
+
+    def on_disk() -> list[bytes]:
+        return [(sim_host.root / rel).read_bytes() for rel in batch.rels]
+
+    assert fds.read_batch(batch) == on_disk()  # opens and holds every descriptor
+    assert batch.complete
+    sim_host.add_traffic(1.0)
+    assert fds.read_batch(batch) == on_disk() and batch.complete  # the fast path, fresh bytes
+    reads = fds.reads
+
+    faulty_sysfs.fail(rels[1], errno.EIO)
+    got = fds.read_batch(batch)
+    want = on_disk()
+    assert got[1] == errno.EIO and got[:1] + got[2:] == want[:1] + want[2:]
+    assert not batch.complete  # the failed file's descriptor was dropped
+    assert fds.reads == reads + len(batch.rels)  # one read counted per file, not two
+
+    faulty_sysfs.clear()
+    sim_host.add_traffic(1.0)
+    assert fds.read_batch(batch) == on_disk() and batch.complete  # reopened: fast again
+    assert fds.read_batch(batch) == on_disk()
+
+
+def test_a_held_batch_of_a_removed_device_answers_enodev(faulty_sysfs: FaultyMount, sim_host: SimHost) -> None:
+    root = SysfsRoot(faulty_sysfs.mount, hold_fds=True)
+    fds = root.cache()
+    batch = ReadBatch([f"{COUNTERS}/{name}" for name in NAMES])
+    fds.read_batch(batch)
+    fds.read_batch(batch)
+    sim_host.remove_device("mlx5_1")
+    got = fds.read_batch(batch)
+    assert all(isinstance(raw, int) and raw in (errno.ENODEV, errno.ENOENT) for raw in got), got
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0\n",
+        "7\n",
+        "18446744073709551615\n",  # u64 max: 20 digits, the general parser's path
+        "9999999999999999999\n",  # 19 digits: the fast path's longest
+        "0012\n",
+        "12\n\n",
+        "12",
+        "+12\n",
+        "-1\n",
+        " 12\n",
+        "1_000\n",
+        "12a\n",
+        "N/A (no PMA)\n",
+        "\n",
+        "",
+        "18446744073709551616\n",  # beyond 64 bits
+        "1" * 30 + "\n",
+        "\u0661\u0662\n",  # Arabic-Indic digits: str.isdigit() says yes, the kernel never prints them
+    ],
+)
+def test_counters_parse_as_the_general_parser_does(tmp_path: Path, text: str) -> None:
+    (tmp_path / "counters").mkdir()
+    (tmp_path / "counters" / "port_rcv_errors").write_bytes(text.encode())
+    root = SysfsRoot(tmp_path, hold_fds=True)
+    plan = CounterPlan("mlx5_0", [("hw", 1, "counters", ["port_rcv_errors"])])
+    fds = root.cache()
+    for _ in range(2):  # the first pass opens, the second is the held batch's
+        plan.refresh(fds)
+    want, reason = interpret(text.encode(), parse_counter, frozenset())
+    assert plan.groups[0].values == [want]
+    assert [e.reason for e in plan.errors] == ([] if reason is None else [reason])
