@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,3 +222,74 @@ def test_a_non_root_scanner_needs_ptrace_read_and_dac_read_search(
     assert (holder.pid in seen["pids"]) is sees_it
     if not sees_it:
         assert seen["skipped"].get("EACCES", 0) >= 1  # counted as not inspected, never "unused"
+
+
+def _rnic(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rnic_exporter", *args], capture_output=True, text=True, timeout=120)
+
+
+def _hits(check_output: str, where: str) -> str:
+    """The `hits:` line of the problem reported at `where`."""
+    lines = check_output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("[") and f"] {where}" in line)
+    return next(line for line in lines[start + 1 :] if line.startswith("  hits:"))
+
+
+def test_show_check_and_serve_name_real_jobs_and_pods(groups: Cgroups, started: list[Holder], tmp_path: Path) -> None:
+    """Issue 15's whole path on the kernel's procfs: real holders in real cgroups, the real commands."""
+    from tests.support.processes import exporter, free_port
+    from tests.support.wait import wait_for
+
+    host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=32)
+    for name, (major, minor) in zip(sorted(host.devices), OPENABLE_CHAR_DEVICES, strict=True):
+        host.set_verbs_rdev(name, major, minor)
+    rootfs = tmp_path / "root"
+    (rootfs / f"var/log/pods/training_llama-70b-0_{POD_UID}").mkdir(parents=True)
+    job = start(started, node(0))
+    groups.place(job.pid, "system.slice/slurmstepd.scope/job_4242/step_0/user/task_0")
+    pod = start(started, node(1))
+    groups.place(
+        pod.pid,
+        f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{POD_UID.replace('-', '_')}.slice"
+        f"/cri-containerd-{CID}.scope",
+    )
+    paths = ["--path.sysfs", str(host.root), "--path.procfs", str(PROCFS), "--path.rootfs", str(rootfs)]
+
+    shown = json.loads(_rnic("show", *paths, "--collector.consumers", "--json").stdout)
+    users = {
+        d["name"]: {(u["kind"], u.get("slurm_job_id"), u.get("k8s_pod_name")) for u in d["users"]}
+        for d in shown["devices"]
+    }
+    assert ("slurm", "4242", None) in users["mlx5_0"] and ("pod", None, "llama-70b-0") in users["mlx5_1"]
+    assert not any(u[1] == "4242" for u in users["mlx5_1"] | users["mlx5_2"])  # the job only on its NIC
+
+    checked = _rnic(
+        "check", *paths, "--state.dir", "", "--no-netlink", "--nccl-gid-index", "1", "--collector.consumers"
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "slurm job 4242" in _hits(checked.stdout, "mlx5_0 port 1")
+    assert "pod training/llama-70b-0" in _hits(checked.stdout, "mlx5_1 port 1")
+    assert "slurm job 4242" not in _hits(checked.stdout, "mlx5_1 port 1")
+
+    port = free_port()
+    log = tmp_path / "exporter.log"
+    args = ["serve", *paths, "--web.listen-address", f"127.0.0.1:{port}", "--poll.interval", "0.3"]
+    args += ["--state.dir", str(tmp_path / "state"), "--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
+    args += ["--collector.consumers", "--collector.consumers.interval", "1s"]
+    with exporter(args, ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=log):
+
+        def scanned() -> bool:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            rows = [x for x in body.splitlines() if x.startswith("rnic_device_workload_info{")]
+            return any('device="mlx5_0"' in x and 'slurm_job_id="4242"' in x for x in rows)
+
+        wait_for(scanned, timeout=30, what="the real job in the exposition")
+        host.gid_shift("mlx5_0")
+
+        def moved() -> list[dict[str, str]]:
+            lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+            return [x for x in lines if x.get("event") == "rnic.gid.address_moved"]
+
+        line = wait_for(moved, timeout=30, what="the GID-shift event")[0]
+    assert line["device"] == "mlx5_0" and "slurm job 4242" in line["consumers"]
+    assert "llama-70b-0" not in line["consumers"]  # the pod uses mlx5_1, not the shifted NIC
