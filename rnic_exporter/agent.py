@@ -97,7 +97,7 @@ class ServeConfig:
     detection: DetectionSettings = field(default_factory=DetectionSettings)
     watch_netlink: bool = True
     watch_udev: bool = True
-    ethtool: bool = True  # advertised link modes as a rated source (loads pyroute2, ~10 MB)
+    ethtool: bool = True  # advertised link modes as a rated source (loads pyroute2's ethtool module)
     otlp: OtlpSettings | None = None  # None: OTLP off, OpenTelemetry never imported
     counter_wait_s: float = DEFAULT_COUNTER_WAIT_S  # --web.counter-wait
     read_deadline_s: float = DEFAULT_DEADLINE_S
