@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.processes import require_binary, stop_process
+from tests.support.processes import pid_alive, require_binary, stop_process
 
 PREFIX = "rnx"
 INSIDE_MGMT = "rnmgmt0"
@@ -117,16 +117,6 @@ def _setns(path: str) -> Iterator[None]:
         os.close(back)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner(name: str, prefix: str) -> int | None:
     match = re.match(rf"^{re.escape(prefix)}([0-9a-f]+)x", name)
     return int(match[1], 16) if match else None
@@ -138,7 +128,7 @@ def remove_leftovers(prefix: str = PREFIX) -> list[str]:
     for line in _ip("netns", "list").stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
         pid = _owner(name, prefix)
-        if pid is not None and not _pid_alive(pid):
+        if pid is not None and not pid_alive(pid):
             _kill_inside(name)
             _ip("netns", "del", name, check=False)
             removed.append(name)
@@ -148,7 +138,7 @@ def remove_leftovers(prefix: str = PREFIX) -> list[str]:
             continue
         name = parts[1].strip().split("@")[0]
         pid = _owner(name, prefix)
-        if pid is not None and not _pid_alive(pid):
+        if pid is not None and not pid_alive(pid):
             _ip("link", "del", name, check=False)
             removed.append(name)
     return removed

@@ -20,6 +20,17 @@ from typing import Any, Self
 from tests.support.wait import wait_for
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` exists (a process of another user still counts: EPERM means it is there)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

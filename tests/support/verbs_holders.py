@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.processes import require_binary
+from tests.support.processes import pid_alive, require_binary
 from tests.support.wait import wait_for
 
 # Device numbers a holder's node can have, one per uverbs node it opens (see the module doc).
@@ -68,16 +68,6 @@ def _remove_tree(top: Path) -> None:
             return True
 
         wait_for(removed, timeout=10, what=f"cgroup {path} to be removable")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -140,7 +130,7 @@ def _destroy_named_hierarchy(target: Path) -> None:
 def _remove_leftovers(root: Path) -> None:
     for entry in root.iterdir():
         match = re.fullmatch(rf"{re.escape(PREFIX)}(\d+)", entry.name)
-        if match and entry.is_dir() and not _pid_alive(int(match[1])):
+        if match and entry.is_dir() and not pid_alive(int(match[1])):
             _remove_tree(entry)
 
 
