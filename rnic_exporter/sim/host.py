@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rnic_exporter.catalog import PMA_ERROR_COUNTER_NAMES
 from rnic_exporter.model import ROCE_V1, ROCE_V2, ZERO_GID
 from rnic_exporter.sim.gid_table import GidTable, format_gid, mac_default_gid
 from rnic_exporter.sources.infiniband import LANE_GBPS
@@ -64,18 +65,7 @@ MLX5_HW_COUNTERS = (
     "np_cnp_sent",
 )
 PMA_EXTENDED_COUNTERS = (
-    "symbol_error",
-    "link_error_recovery",
-    "link_downed",
-    "port_rcv_errors",
-    "port_rcv_remote_physical_errors",
-    "port_rcv_switch_relay_errors",
-    "port_xmit_discards",
-    "port_xmit_constraint_errors",
-    "port_rcv_constraint_errors",
-    "local_link_integrity_errors",
-    "excessive_buffer_overrun_errors",
-    "VL15_dropped",
+    *PMA_ERROR_COUNTER_NAMES,
     "port_xmit_wait",
     "port_xmit_data",
     "port_rcv_data",

@@ -465,7 +465,7 @@ class _DeviceReader:
 
     def _present(self, errors: Sequence[ReadError]) -> bool:
         """ENOENT may mean the device is going away under us: then nothing it lacks is "unsupported"."""
-        return all(e.kind != "ENOENT" for e in errors) or self.root.identity(self.base) == self.ident
+        return all(e.kind != "ENOENT" for e in errors) or not self._unregistered()
 
     def with_counters(self, device: Device) -> Device:
         """`device` with its counters (one-shot reads); the same object while nothing changed."""
@@ -541,7 +541,7 @@ class _DeviceReader:
         shape = self.shape
         if shape is None or not _settled(shape) or self._dev_netdevs_changed(shape):
             shape = self._discover()
-            if self.root.identity(self.base) != self.ident:
+            if self._unregistered():
                 # Unregistered (or re-registered) while being learned: what was read is the husk of
                 # a leaving device (no `device` link reads as "no PCI parent", every file ENOENT).
                 # Publishing it would page a ghost; the next listing retires this registration.
@@ -574,7 +574,7 @@ class _DeviceReader:
             plan = self._build_plan(shape)
             changed = plan.refresh(self.fds)
         self._watch_raws = [plan.raws[i] for i in self._watch_index]
-        if (changed or fresh_gids) and self.root.identity(self.base) != self.ident:
+        if (changed or fresh_gids) and self._unregistered():
             # Unregistered while being read (one stat, paid only when something changed): the files
             # read after it left answer ENOENT, and an empty GID listing would read as "every
             # address left". Keep what was last published; the next listing retires the device.
@@ -590,6 +590,10 @@ class _DeviceReader:
             # what was last published; a device never read whole waits (its errors still count).
             self.device = self._published
         self._published = self.device
+
+    def _unregistered(self) -> bool:
+        """This registration is gone (or replaced) since the reader was made: one stat."""
+        return self.root.identity(self.base) != self.ident
 
     def _dev_netdevs_changed(self, shape: _Shape) -> bool:
         """IPoIB and representor netdevs come and go without the RDMA device re-registering."""
