@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -96,3 +97,85 @@ def test_counters_parse_as_the_general_parser_does(tmp_path: Path, text: str) ->
     want, reason = interpret(text.encode(), parse_counter, frozenset())
     assert plan.groups[0].values == [want]
     assert [e.reason for e in plan.errors] == ([] if reason is None else [reason])
+
+
+# Each step writes these bytes (None: the read fails with EIO) into a port's PMA counters, in the
+# order of _PMA_NAMES.
+_PMA_NAMES = ("port_rcv_data", "port_xmit_data", "symbol_error", "link_downed")
+_STEPS: list[tuple[bytes | None, ...]] = [
+    (b"10\n", b"20\n", b"0\n", b"1\n"),
+    (b"11\n", b"21\n", b"65535\n", b"2\n"),
+    (b"12\n", None, b"65535\n", b"3\n"),
+    (b"13\n", b"22\n", b"4\n", b"4\n"),
+    (b"14\n", b"18446744073709551616\n", b"5\n", b"5\n"),
+    (b"15\n", b"23\n", b"6\n", b"6\n"),
+    (b"16", b"24\n25\n", b"7\n", b"7\n"),
+    (b"", b"1\n2\n", b"8\n", b"8\n"),
+    (b"17\n", b"26\n", b"9\n", b"255\n"),
+    (b"9999999999999999999\n", b"27\n", b"10\n", b"9\n"),
+    (b"0018\n", b"+28\n", b"1_1\n", b" 10\n"),
+    (b"19\n", b"29\n", b"12\n", b"11\n"),
+    (b"20\n", b"30\n", b"12\n", b"12\n"),
+    (b"21\n", b"31\n", b"65535\n", b"13\n"),
+]
+
+
+def _run_steps(
+    mount: FaultyMount, backing: Path, monkeypatch: pytest.MonkeyPatch, whole_groups: bool
+) -> tuple[list[tuple[object, ...]], int]:
+    from rnic_exporter.sources import counters
+
+    taken = 0
+    real = counters.CounterPlan._apply_kernel_digits
+
+    def counted(self: CounterPlan, *args: Any) -> bool:
+        nonlocal taken
+        took = real(self, *args) if whole_groups else False
+        taken += took
+        return took
+
+    monkeypatch.setattr(counters.CounterPlan, "_apply_kernel_digits", counted)
+    names = list(_PMA_NAMES)
+    plan = CounterPlan("mlx5_1", [("counters", 1, COUNTERS, names)])
+    fds = SysfsRoot(mount.mount, hold_fds=True).cache()
+    seen: list[tuple[object, ...]] = []
+    for step in _STEPS:
+        mount.clear()
+        for name, raw in zip(_PMA_NAMES, step, strict=True):
+            (backing / COUNTERS / name).write_bytes(raw if raw is not None else b"0\n")
+            if raw is None:
+                mount.fail(f"{COUNTERS}/{name}", errno.EIO)
+        failed = plan.refresh(fds)
+        group = plan.groups[0]
+        seen.append(
+            (
+                list(group.values),
+                list(group.saturated),
+                group.changed,
+                group.reshaped,
+                group.version,
+                [(e.attribute, e.reason) for e in plan.errors],
+                len(failed),
+            )
+        )
+    mount.clear()
+    monkeypatch.undo()
+    return seen, taken
+
+
+def test_a_whole_group_of_kernel_digits_stores_what_the_per_file_path_does(
+    faulty_sysfs: FaultyMount, sim_host: SimHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The busy host's path (one match and one map(int) per group) against the per-file path, pass
+    by pass over saturation, scaling, a failing and healing file, 2**64 and malformed values."""
+    whole, taken = _run_steps(faulty_sysfs, sim_host.root, monkeypatch, whole_groups=True)
+    per_file, _ = _run_steps(faulty_sysfs, sim_host.root, monkeypatch, whole_groups=False)
+    assert whole == per_file
+    assert taken == 4, taken  # steps 1, 9, 12, 13: plain digits after a pass with every file clean
+    values = [step[0] for step in whole]
+    assert values[1] == [44, 84, 65535, 2]  # the data counters are x4: bytes
+    assert whole[1][1] == [False, False, True, False]  # symbol_error is 16 bits: 65535 is stuck
+    assert whole[2][5] == [("counters/port_xmit_data", "EIO")]
+    assert whole[8][1] == [False, False, False, True]  # link_downed is 8 bits: 255 is stuck
+    assert values[-3] == [76, 116, 12, 11]
+    assert whole[-1][2] == (0, 1, 2, 3) and whole[-1][1] == [False, False, True, False]
