@@ -26,20 +26,33 @@ class HostPaths:
 
 def networkmanager_manages(paths: HostPaths, ifindex: int) -> bool:
     """True when NetworkManager's runtime state marks the device managed."""
-    state = paths.rootfs / "run/NetworkManager/devices" / str(ifindex)
+    text = _read(f"{paths.rootfs}/run/NetworkManager/devices/{ifindex}")
+    if text is None:
+        return False  # the usual answer on a host without NetworkManager: no parser built for it
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        parser.read_string(state.read_text())
-    except (OSError, UnicodeDecodeError, configparser.Error):
+        parser.read_string(text)
+    except configparser.Error:
         return False
     # NetworkManager writes managed=true/false; a state file without the key is a device it manages.
     return parser.get("device", "managed", fallback="true").strip().lower() in ("true", "1", "yes")
 
 
-def _keep_addr(paths: HostPaths, conf: str) -> int | None:
+def _read(path: str) -> str | None:
+    """A small file's text, None when it cannot be read. Plain strings, no pathlib: detection asks
+    this for every RoCE netdev each minute, and most of the files do not exist."""
     try:
-        return int((paths.procfs / "sys/net/ipv6/conf" / conf / "keep_addr_on_down").read_text().strip())
-    except (OSError, ValueError):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _keep_addr(paths: HostPaths, conf: str) -> int | None:
+    text = _read(f"{paths.procfs}/sys/net/ipv6/conf/{conf}/keep_addr_on_down")
+    try:
+        return None if text is None else int(text.strip())
+    except ValueError:
         return None
 
 
