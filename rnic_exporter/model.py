@@ -108,20 +108,13 @@ class GidEntry:
     @property
     def ipv4(self) -> str | None:
         """The IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`), else None."""
-        if not self.gid.startswith(_IPV4_MAPPED_PREFIX):
-            return None
-        ip = _ipv6(self.gid)
-        return None if ip is None else str(ip.ipv4_mapped)
+        return _gid_addresses(self.gid)[0]
 
     @property
     def address(self) -> str:
         """The GID as an IP address string (IPv4 for mapped GIDs, compressed IPv6 otherwise); a
         GID that is no IPv6 address (parse_gid never gives one) stays as it is."""
-        ipv4 = self.ipv4
-        if ipv4 is not None:
-            return ipv4
-        ip = _ipv6(self.gid)
-        return self.gid if ip is None else str(ip)
+        return _gid_addresses(self.gid)[1]
 
     @property
     def is_link_local(self) -> bool:
@@ -147,11 +140,18 @@ class GidEntry:
         return self.type[pos:] if pos >= 0 else self.type
 
 
-def _ipv6(text: str) -> ipaddress.IPv6Address | None:
+@functools.lru_cache(maxsize=1024)
+def _gid_addresses(gid: str) -> tuple[str | None, str]:
+    """(IPv4 of a mapped GID or None, the GID as an address string). Cached: detection asks for
+    every populated GID of every port each time it runs, and a host has a few dozen of them."""
     try:
-        return ipaddress.IPv6Address(text)
+        ip = ipaddress.IPv6Address(gid)
     except ValueError:
-        return None
+        return None, gid
+    if gid.startswith(_IPV4_MAPPED_PREFIX) and ip.ipv4_mapped is not None:
+        ipv4 = str(ip.ipv4_mapped)
+        return ipv4, ipv4
+    return None, str(ip)
 
 
 def finite_float(value: float) -> float | None:
