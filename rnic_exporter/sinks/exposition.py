@@ -27,6 +27,7 @@ OPENMETRICS_1_0_0 = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
 _EXACT_INT = 2**53  # every int below is a float exactly
+_EXPONENTS = tuple(f"e+{n:02d}" for n in range(16))  # the exponents of ints below _EXACT_INT
 
 
 def go_float(value: float) -> str:
@@ -35,10 +36,11 @@ def go_float(value: float) -> str:
         # Counters are ints, and a busy scrape formats every changed one: below 2**53 a float
         # holds them exactly and its repr is their digits plus ".0", so skip float() and repr().
         digits = str(value)
-        if len(digits) <= 6:
-            return f"{digits}.0"
-        mantissa = f"{digits[0]}.{digits[1:]}".rstrip("0.")
-        return f"{mantissa}e+{len(digits) - 1:02d}"
+        n = len(digits)
+        if n <= 6:
+            return digits + ".0"
+        tail = digits[1:].rstrip("0")
+        return (f"{digits[0]}.{tail}" if tail else digits[0]) + _EXPONENTS[n - 1]
     try:
         d = float(value)
     except OverflowError:  # an int beyond float range: what float64 would hold is an infinity
