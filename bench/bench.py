@@ -193,6 +193,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs rnic-exporter")
     parser.add_argument("--src", type=Path, default=None, help="source tree of the rnic-exporter to run")
+    parser.add_argument(
+        "--ours-flag",
+        action="append",
+        default=[],
+        help="one more `rnic-exporter serve` flag, e.g. --ours-flag=--no-collector.hw_counters (repeatable)",
+    )
     parser.add_argument("--devices", type=int, default=16)
     parser.add_argument("--gid-slots", type=int, default=255)
     parser.add_argument("--seconds", type=float, default=30, help="length of each CPU window")
@@ -224,7 +230,7 @@ def main() -> None:
         sys.exit(_in_namespace(opts.devices))
     require("wrk", "wrk")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the daemons and the writer
-    ours = Ours(opts.python, opts.src.resolve() if opts.src else None)
+    ours = Ours(opts.python, opts.src.resolve() if opts.src else None, tuple(opts.ours_flag))
     ne_version = subprocess.run([node_exporter_binary(), "--version"], capture_output=True, text=True)
     ne_version_line = (ne_version.stdout or ne_version.stderr).splitlines()[0]
 

@@ -242,6 +242,7 @@ class Ours:
 
     python: str = sys.executable
     src: Path | None = None
+    flags: tuple[str, ...] = ()  # more `serve` flags, after the benchmark's own (--ours-flag)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -268,6 +269,7 @@ class Ours:
             "--log.level",
             "warn",
             *extra,
+            *self.flags,
         ]
 
     def describe(self) -> str:
@@ -289,7 +291,9 @@ class Ours:
             capture_output=True,
             text=True,
         ).stdout.strip()
-        return f"{package_root} @ {commit[:72] or 'not a git checkout'}{' (uncommitted changes)' if dirty else ''}"
+        state = " (uncommitted changes)" if dirty else ""
+        flags = f"; serve flags: {' '.join(self.flags)}" if self.flags else ""
+        return f"{package_root} @ {commit[:72] or 'not a git checkout'}{state}{flags}"
 
 
 def ours_args(sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
