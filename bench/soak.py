@@ -106,6 +106,9 @@ class SoakConfig:
     # of the tables, which may take up to 60 passes.
     step_timeout_s: float | None = None
     log_copy: Path | None = None  # every line the exporter logs, appended here
+    memtrace_dir: Path | None = None  # trace the daemon's memory from inside (bench/memtrace.py)
+    memtrace_trim: bool = False  # and malloc_trim(0) at each snapshot, recording RSS before and after
+    memtrace_frames: int = 10  # tracemalloc's frames per trace; 0: RSS and mallinfo2 only
 
     @property
     def timeout_s(self) -> float:
@@ -377,7 +380,7 @@ class Soak:
                 "debug",
             )
             proc = subprocess.Popen(
-                args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=c.ours.env(), cwd=c.ours.cwd()
+                args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=self._env(), cwd=c.ours.cwd()
             )
             stack.callback(self._stop, proc)
             assert proc.stderr is not None
@@ -388,6 +391,20 @@ class Soak:
             self._settle()
             self._check_metric("end")
         return self.result
+
+    def _env(self) -> dict[str, str]:
+        c = self.config
+        env = c.ours.env()
+        if c.memtrace_dir is not None:
+            import memtrace
+
+            site = self.work / "memtrace-site"
+            snapshot_every = max(c.sample_s, c.seconds / 4)
+            env.update(
+                memtrace.install(site, c.memtrace_dir, c.sample_s, snapshot_every, c.memtrace_trim, c.memtrace_frames)
+            )
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+        return env
 
     def _wait_started(self, proc: subprocess.Popen[bytes]) -> None:
         discovered = [k for k in self.result.expected if k[0] == ev.DEVICE_DISCOVERED.name]
@@ -657,6 +674,20 @@ def main() -> None:
     parser.add_argument("--step-timeout", type=float, default=None, help="seconds a step may take to be seen")
     parser.add_argument("--log", type=Path, default=None, help="append every line the exporter logs to this file")
     parser.add_argument(
+        "--memtrace",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run the daemon under tracemalloc: a memory line every --sample seconds and four snapshots in DIR "
+        "(bench/memtrace.py diff/curve reads them)",
+    )
+    parser.add_argument(
+        "--memtrace-trim", action="store_true", help="malloc_trim(0) at each snapshot (RSS before/after)"
+    )
+    parser.add_argument(
+        "--memtrace-frames", type=int, default=10, help="tracemalloc frames (0: no tracemalloc, RSS and mallinfo2 only)"
+    )
+    parser.add_argument(
         "--netns",
         action=argparse.BooleanOptionalAction,
         default=os.geteuid() == 0,
@@ -686,6 +717,9 @@ def main() -> None:
         seed=opts.seed,
         step_timeout_s=opts.step_timeout,
         log_copy=opts.log,
+        memtrace_dir=opts.memtrace.resolve() if opts.memtrace else None,
+        memtrace_trim=opts.memtrace_trim,
+        memtrace_frames=opts.memtrace_frames,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     print(
