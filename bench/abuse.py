@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,30 +91,39 @@ def client_context(cafile: Path) -> ssl.SSLContext:
 # -- scraper role (own process, so the attacker's event loop does not skew its clock) ---------
 
 
-def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -> None:
+def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str, phase: str) -> None:
     ctx = client_context(cafile)
     headers = {"Authorization": auth_header(USER, PASSWORD), "Accept-Encoding": "gzip"}
     done: list[tuple[float, float]] = []  # (when it started, how long it took), monotonic clock
     failed: list[float] = []  # when it started
-    phases: list[tuple[float, float, float, float]] = []  # fresh: (when, connect, TLS, request) seconds
+    # Per scrape, the client's side of its timeline (monotonic, as the exporter's trace): started,
+    # TCP connected, TLS done (fresh only), request sent, response read; keyed by its X-Trace id.
+    timeline: dict[str, dict[str, float]] = {}
     conn: http.client.HTTPSConnection | None = None
+    count = 0
 
-    def one(c: http.client.HTTPSConnection) -> None:
-        c.request("GET", "/metrics", headers=headers)
+    def one(c: http.client.HTTPSConnection, marks: dict[str, float]) -> None:
+        marks["sent"] = time.monotonic()
+        c.request("GET", "/metrics", headers={**headers, "X-Trace": trace_id})
         response = c.getresponse()
         response.read()
+        marks["received"] = time.monotonic()
         if response.status != 200:
             raise OSError(f"status {response.status}")
 
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.monotonic()
+        count += 1
+        trace_id = f"{phase}/{mode}/{count}"
+        marks = {"started": started}
         if mode == "keep_alive":
             try:
                 if conn is None:
                     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
-                one(conn)
+                one(conn, marks)
                 done.append((started, time.monotonic() - started))
+                timeline[trace_id] = marks
             except (OSError, http.client.HTTPException):
                 failed.append(started)
                 if conn is not None:
@@ -125,18 +135,18 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str) -
                 # Where a fresh scrape waits: TCP connect (the kernel answers it, also for a connection
                 # left in the listen backlog), accept and TLS (a backlogged connection waits here), the answer.
                 raw = socket.create_connection(("127.0.0.1", port), timeout=10)
-                connected = time.monotonic()
+                marks["connected"] = time.monotonic()
                 fresh_conn.sock = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
-                handshaken = time.monotonic()
-                one(fresh_conn)
+                marks["tls"] = time.monotonic()
+                one(fresh_conn, marks)
                 done.append((started, time.monotonic() - started))
-                phases.append((started, connected - started, handshaken - connected, time.monotonic() - handshaken))
+                timeline[trace_id] = marks
             except (OSError, http.client.HTTPException):
                 failed.append(started)
             finally:
                 fresh_conn.close()
         time.sleep(max(0.0, INTERVAL - (time.monotonic() - started)))
-    out.write_text(json.dumps({"done": done, "failed": failed, "phases": phases}))
+    out.write_text(json.dumps({"done": done, "failed": failed, "timeline": timeline}))
 
 
 # -- attacker role ------------------------------------------------------------------------------
@@ -251,16 +261,29 @@ def attack_role(
 # -- orchestration -------------------------------------------------------------------------------
 
 
+def quantiles(samples: list[float]) -> tuple[float, float, float]:
+    """p50, p99 and max of `samples` (seconds), in ms."""
+    ms = sorted(x * 1000 for x in samples)
+    p99 = statistics.quantiles(ms, n=100, method="inclusive")[98] if len(ms) > 1 else ms[0]
+    return statistics.median(ms), p99, ms[-1]
+
+
 def percentiles(samples: list[float]) -> str:
     if len(samples) < 2:
         return f"n={len(samples)}"
-    ms = sorted(s * 1000 for s in samples)
-    p99 = statistics.quantiles(ms, n=100, method="inclusive")[98]
-    return f"n={len(ms)} p50={statistics.median(ms):.1f} ms p99={p99:.1f} ms max={ms[-1]:.1f} ms"
+    p50, p99, top = quantiles(samples)
+    return f"n={len(samples)} p50={p50:.1f} ms p99={p99:.1f} ms max={top:.1f} ms"
 
 
 def role(name: str, *args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, __file__, "--role", name, *args])
+
+
+PHASES = {
+    "quiet": "no attack",
+    "floor": "the attack on a decoy exporter (same code, same config) on this machine: the machine's cost",
+    "attack": "the attack on the scraped exporter",
+}
 
 
 def main() -> None:
@@ -276,8 +299,13 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=1000)
     parser.add_argument("--wrong-password", type=int, default=60)
     parser.add_argument("--silent-tls", type=int, default=200)
-    parser.add_argument("--baseline-seconds", type=float, default=5)
-    parser.add_argument("--attack-seconds", type=float, default=25)
+    parser.add_argument("--baseline-seconds", type=float, default=5, help="the quiet phase's measured seconds")
+    parser.add_argument("--attack-seconds", type=float, default=25, help="each attack phase's measured seconds")
+    parser.add_argument(
+        "--phases",
+        default="quiet,floor,attack",
+        help="comma-separated, in this order: " + "; ".join(f"{k}: {v}" for k, v in PHASES.items()),
+    )
     parser.add_argument(
         "--attacker-nice",
         type=int,
@@ -302,7 +330,9 @@ def main() -> None:
     parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.role == "scrape":
-        scrape_role(int(opts.args[0]), Path(opts.args[1]), float(opts.args[2]), Path(opts.args[3]), opts.args[4])
+        scrape_role(
+            int(opts.args[0]), Path(opts.args[1]), float(opts.args[2]), Path(opts.args[3]), opts.args[4], opts.args[5]
+        )
         return
     if opts.role == "attack":
         attack_role(
@@ -315,15 +345,19 @@ def main() -> None:
             int(opts.args[6]),
         )
         return
+    phases = [p for p in opts.phases.split(",") if p]
+    if not phases or set(phases) - set(PHASES):
+        raise SystemExit(f"--phases: choose from {', '.join(PHASES)}")
 
     import bcrypt
 
     from rnic_exporter.sim import SimHost
 
-    # A stopped bench still stops its exporter (the finally blocks below).
+    # A stopped bench still stops its exporters (the finally blocks below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
     work = Path(tempfile.mkdtemp(prefix="rnic-abuse-"))
+    servers: dict[str, Exporter] = {}
     try:
         SimHost.build(work / "sys", roce=opts.devices, gid_table_size=255)
         make_certs(work)
@@ -332,8 +366,30 @@ def main() -> None:
             "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
             f"basic_auth_users:\n  {USER}: '{hashed}'\n"
         )
+        servers["target"] = Exporter.start(opts, work, "target", trace=work / "trace.json")
+        if "floor" in phases:
+            servers["decoy"] = Exporter.start(opts, work, "decoy")
+        run(opts, servers, work, phases)
+    finally:
+        for server in servers.values():
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class Exporter:
+    """One `rnic-exporter serve` over the simulated host, TLS and basic auth."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
+        self.proc = proc
+        self.port = port
+        self.pid = proc.pid
+
+    @classmethod
+    def start(cls, opts: Any, work: Path, name: str, trace: Path | None = None) -> Exporter:
         port = free_port()
         env = tree_env(opts.tree)
+        if trace is not None:
+            env["RNIC_EXPORTER_WEB_TRACE"] = str(trace)  # rnic_exporter/web/trace.py
         args = [
             sys.executable,
             "-S",
@@ -345,7 +401,7 @@ def main() -> None:
             "--web.listen-address",
             f"127.0.0.1:{port}",
             "--state.dir",
-            str(work / "state"),
+            str(work / f"state-{name}"),
             "--web.config.file",
             str(work / "web.yml"),
             "--log.level",
@@ -357,23 +413,24 @@ def main() -> None:
         ]
         # A container's descriptor limit is usually far above a login shell's 1024; give the
         # exporter room so what is measured is its own behaviour, not EMFILE.
-        server = subprocess.Popen(
+        proc = subprocess.Popen(
             args,
             env=env,
             cwd=work,
             stderr=subprocess.DEVNULL,
             preexec_fn=lambda: raise_nofile(16384),  # noqa: PLW1509 (before any thread)
         )
+        return cls(proc, port)
+
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            run(opts, server, port, work)
-        finally:
-            server.send_signal(signal.SIGTERM)
-            try:
-                server.wait(15)
-            except subprocess.TimeoutExpired:
-                server.kill()
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def tree_env(tree: Path) -> dict[str, str]:
@@ -406,30 +463,30 @@ def wait_ready(port: int, cafile: Path, server: subprocess.Popen[bytes]) -> None
     raise SystemExit("the exporter did not serve metrics within 60 s")
 
 
-def window(result: dict[str, Any], start: float, end: float) -> str:
-    samples = [took for when, took in result["done"] if start <= when < end]
-    failed = sum(1 for when in result["failed"] if start <= when < end)
-    return f"{percentiles(samples)}, failed {failed}"
-
-
-def sample_for(seconds: float, pid: int, peak: dict[str, int]) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def sample_while(procs: list[subprocess.Popen[bytes]], pid: int, peak: dict[str, int]) -> None:
+    while any(proc.poll() is None for proc in procs):
         for key, value in proc_status(pid).items():
             peak[key] = max(peak.get(key, 0), value)
         time.sleep(0.25)
 
 
-def sample_while(proc: subprocess.Popen[bytes], pid: int, peak: dict[str, int]) -> None:
-    while proc.poll() is None:
-        for key, value in proc_status(pid).items():
-            peak[key] = max(peak.get(key, 0), value)
-        time.sleep(0.25)
+@dataclass
+class PhaseRun:
+    name: str
+    start: float = 0.0  # when its measured window opens (after the ramp-up), monotonic
+    end: float = 0.0
+    results: dict[str, Any] = field(default_factory=dict)  # scraper mode -> its JSON
+    attack: dict[str, dict[str, int]] = field(default_factory=dict)
+    peak: dict[str, int] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> share of a core over the window
+    loadavg: str = ""
 
 
-def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> None:
+def run(opts: Any, servers: dict[str, Exporter], work: Path, phases: list[str]) -> None:
     cafile = work / "server.crt"
-    wait_ready(port, cafile, server)
+    target = servers["target"]
+    for server in servers.values():
+        wait_ready(server.port, cafile, server.proc)
     version = subprocess.run(
         [sys.executable, "-S", "-c", "import rnic_exporter; print(rnic_exporter.__file__)"],
         env=tree_env(opts.tree),
@@ -438,88 +495,196 @@ def run(opts: Any, server: subprocess.Popen[bytes], port: int, work: Path) -> No
         text=True,
     ).stdout.strip()
     print(f"exporter code: {version}")
-    idle = proc_status(server.pid)
+    idle = proc_status(target.pid)
     print(f"exporter at rest: RSS {idle['rss_kb'] / 1024:.1f} MiB, {idle['threads']} threads, {idle['fds']} fds")
-
-    # The keep-alive scraper connects before the attack, as Prometheus' connection would exist;
-    # the fresh-connection one opens a new connection for every scrape.
-    total = opts.baseline_seconds + RAMP_UP + opts.attack_seconds
-    scrapers = {
-        mode: role("scrape", str(port), str(cafile), str(total), str(work / f"{mode}.json"), mode)
-        for mode in ("keep_alive", "fresh")
-    }
-    started = time.monotonic()
-    peak: dict[str, int] = {}
-    sample_for(opts.baseline_seconds, server.pid, {})
     counts = {
         "slowloris": opts.slowloris,
         "idle": opts.idle,
         "silent_tls": opts.silent_tls,
         "wrong_password": opts.wrong_password,
     }
-    attack_start = time.monotonic()
-    cpu_before = cpu_seconds(server.pid)
-    groups = {
-        "connections": {k: v for k, v in counts.items() if k != "wrong_password"},
-        "guesses": {"wrong_password": counts["wrong_password"]},
-    }
-    attackers = [
-        role(
-            "attack",
-            str(port),
-            str(cafile),
-            str(RAMP_UP + opts.attack_seconds + 5),
-            json.dumps(group),
-            str(work / f"attack-{name}.json"),
-            str(opts.attacker_nice),
-            str(opts.attacker_addresses),
-        )
-        for name, group in groups.items()
-    ]
-    sample_for(RAMP_UP, server.pid, peak)
-    measured = time.monotonic()
-    for proc in scrapers.values():
-        sample_while(proc, server.pid, peak)
-    measured_end = time.monotonic()
-    cpu = cpu_seconds(server.pid) - cpu_before
-    attacker_cpu = sum(cpu_seconds(attacker.pid) for attacker in attackers if attacker.poll() is None)
-    for attacker in attackers:
-        attacker.wait(120)
-    results = {mode: json.loads((work / f"{mode}.json").read_text()) for mode in scrapers}
-    attack: dict[str, dict[str, int]] = {"peak_open": {}, "opened": {}, "statuses": {}}
-    for name in groups:
-        path = work / f"attack-{name}.json"
-        for key, values in (json.loads(path.read_text()) if path.exists() else {}).items():
-            for kind, n in values.items():
-                attack[key][kind] = attack[key].get(kind, 0) + n
-    for mode, result in results.items():
-        print(f"no attack, {mode} scrape: {window(result, started, attack_start)}")
     sources = (
         f"from {opts.attacker_addresses} addresses of their own (127.0.0.2 and up)"
         if opts.attacker_addresses
         else "from the scrapers' address"
     )
-    print(f"attack: {counts}, {sources}, measured after a {RAMP_UP:.0f} s ramp-up")
-    print(
-        f"attackers' concurrent connections at peak (as they saw them): {attack.get('peak_open')}; "
-        f"opened in all: {attack.get('opened')}; wrong-password answers by status: {attack.get('statuses')}"
-    )
-    for mode, result in results.items():
-        print(f"under attack, {mode} scrape: {window(result, measured, measured_end)}")
-        phases = [p for p in result.get("phases", []) if measured <= p[0] < measured_end]
-        for i, phase in enumerate(("TCP connect", "accept + TLS handshake", "request")):
-            if phases:
-                print(f"  {phase}: {percentiles([p[i + 1] for p in phases])}")
-    print(
-        f"exporter under attack: peak RSS {peak.get('rss_kb', 0) / 1024:.1f} MiB (DaemonSet limit "
-        f"{DAEMONSET_LIMIT_MIB} MiB), peak {peak.get('threads')} threads, peak {peak.get('fds')} fds, "
-        f"{cpu / (measured_end - attack_start) * 100:.0f}% of a core"
-    )
+    print(f"attack: {counts}, {sources}; each phase measured after a {RAMP_UP:.0f} s ramp-up")
+    runs = [
+        run_phase(opts, name, target, servers.get("decoy"), counts, work) for name in phases
+    ]
+    target.stop()  # the exporter writes its timing trace as it shuts down
+    trace_file = work / "trace.json"
+    trace = json.loads(trace_file.read_text()) if trace_file.exists() else None
+    report(runs, trace)
+
+
+def run_phase(
+    opts: Any, name: str, target: Exporter, decoy: Exporter | None, counts: dict[str, int], work: Path
+) -> PhaseRun:
+    cafile = work / "server.crt"
+    seconds = opts.baseline_seconds if name == "quiet" else opts.attack_seconds
+    phase = PhaseRun(name)
+    # The keep-alive scraper connects before the attack, as Prometheus' connection would exist;
+    # the fresh-connection one opens a new connection for every scrape.
+    scrapers = {
+        mode: role("scrape", str(target.port), str(cafile), str(RAMP_UP + seconds), str(work / f"{name}-{mode}.json"),
+                   mode, name)
+        for mode in ("keep_alive", "fresh")
+    }  # fmt: skip
+    attackers: list[subprocess.Popen[bytes]] = []
+    if name != "quiet":
+        attacked = target if name == "attack" else decoy
+        assert attacked is not None
+        groups = {
+            "connections": {k: v for k, v in counts.items() if k != "wrong_password"},
+            "guesses": {"wrong_password": counts["wrong_password"]},
+        }
+        attackers = [
+            role(
+                "attack",
+                str(attacked.port),
+                str(cafile),
+                str(RAMP_UP + seconds + 5),
+                json.dumps(group),
+                str(work / f"{name}-attack-{group_name}.json"),
+                str(opts.attacker_nice),
+                str(opts.attacker_addresses),
+            )
+            for group_name, group in groups.items()
+        ]
+    time.sleep(RAMP_UP)
+    phase.start = time.monotonic()
+    cpu_before = {"exporter": cpu_seconds(target.pid)}
+    if decoy is not None:
+        cpu_before["decoy"] = cpu_seconds(decoy.pid)
+    sample_while(list(scrapers.values()), target.pid, phase.peak)
+    phase.end = time.monotonic()
+    window = phase.end - phase.start
+    phase.cpu = {"exporter": (cpu_seconds(target.pid) - cpu_before["exporter"]) / window}
+    if decoy is not None:
+        phase.cpu["decoy"] = (cpu_seconds(decoy.pid) - cpu_before["decoy"]) / window
     # The attackers share this machine's cores: what they burn (reconnecting after the exporter
     # closes them costs them TLS handshakes) is taken from the exporter and the scrapers too.
-    print(f"attackers' own CPU: {attacker_cpu / (measured_end - attack_start) * 100:.0f}% of a core")
-    if server.poll() is not None:
-        print(f"the exporter died: exit {server.returncode}")
+    phase.cpu["attackers"] = sum(cpu_seconds(a.pid) for a in attackers if a.poll() is None) / (RAMP_UP + window)
+    phase.loadavg = Path("/proc/loadavg").read_text().split(" ", 3)[2]
+    for attacker in attackers:
+        attacker.wait(120)
+    phase.results = {mode: json.loads((work / f"{name}-{mode}.json").read_text()) for mode in scrapers}
+    phase.attack = {"peak_open": {}, "opened": {}, "statuses": {}}
+    for path in work.glob(f"{name}-attack-*.json"):
+        for key, values in json.loads(path.read_text()).items():
+            for kind, n in values.items():
+                phase.attack[key][kind] = phase.attack[key].get(kind, 0) + n
+    if attackers:  # let the attacked exporter close what the attackers left before the next phase
+        time.sleep(2)
+    return phase
+
+
+# The stages of a scrape, from the client's and the exporter's clocks (one monotonic clock per host).
+STAGES = {
+    "keep_alive": [
+        ("client sent -> head read", "sent", "head"),
+        ("head read -> worker took it", "head", "picked"),
+        ("worker -> response written", "picked", "written"),
+        ("written -> client read it", "written", "received"),
+    ],
+    "fresh": [
+        ("connect -> accepted", "started", "accepted"),
+        ("accepted -> TLS done", "accepted", "handshaken"),
+        ("TLS done -> client sent", "handshaken", "sent"),
+        ("client sent -> head read", "sent", "head"),
+        ("head read -> worker took it", "head", "picked"),
+        ("worker -> response written", "picked", "written"),
+        ("written -> client read it", "written", "received"),
+    ],
+}
+
+
+def report(runs: list[PhaseRun], trace: dict[str, Any] | None) -> None:
+    print("\n## a well-behaved scraper (every 0.1 s) by phase: p50 / p99 / max in ms")
+    for phase in runs:
+        print(f"  {phase.name}: {PHASES[phase.name]}; load average (1 min) at its end {phase.loadavg}")
+    print(f"  {'scrape':<11} " + " ".join(f"{p.name:>26}" for p in runs))
+    for mode in ("keep_alive", "fresh"):
+        cells = []
+        for phase in runs:
+            result = phase.results[mode]
+            samples = [took for when, took in result["done"] if phase.start <= when < phase.end]
+            failed = sum(1 for when in result["failed"] if phase.start <= when < phase.end)
+            if len(samples) < 2:
+                cells.append(f"{'n=' + str(len(samples)):>26}")
+                continue
+            p50, p99, top = quantiles(samples)
+            cells.append(f"{p50:7.1f} {p99:7.1f} {top:7.1f}" + (f" F{failed}" if failed else "   "))
+        print(f"  {mode:<11} " + " ".join(f"{c:>26}" for c in cells))
+    for phase in runs:
+        if phase.attack.get("peak_open"):
+            print(
+                f"  {phase.name}: attackers' connections at peak (as they saw them) {phase.attack['peak_open']}; "
+                f"opened {phase.attack['opened']}; wrong-password answers {phase.attack['statuses']}"
+            )
+    print("\n## the scraped exporter by phase")
+    for phase in runs:
+        cpu = ", ".join(f"{k} {v * 100:.0f}%" for k, v in phase.cpu.items())
+        print(
+            f"  {phase.name:<7} peak RSS {phase.peak.get('rss_kb', 0) / 1024:5.1f} MiB (DaemonSet limit "
+            f"{DAEMONSET_LIMIT_MIB} MiB), peak {phase.peak.get('threads')} threads, {phase.peak.get('fds')} fds; "
+            f"CPU (of one core): {cpu}"
+        )
+    if trace is None:
+        print("(no timing trace from the exporter: a tree without rnic_exporter/web/trace.py)")
+        return
+    print("\n## where a scrape's time goes (p50 / p99 / max ms; the exporter's timing trace joined with the client's)")
+    requests = {r["id"]: r for r in trace["requests"]}
+    for phase in runs:
+        for mode, stages in STAGES.items():
+            joined = [
+                {**marks, **requests[tid]}
+                for tid, marks in phase.results[mode]["timeline"].items()
+                if tid in requests and phase.start <= marks["started"] < phase.end
+            ]
+            if len(joined) < 2:
+                continue
+            parts = []
+            for label, a, b in stages:
+                spans = [j[b] - j[a] for j in joined if j.get(a) and j.get(b)]
+                if len(spans) > 1:
+                    p50, p99, top = quantiles(spans)
+                    parts.append(f"{label} {p50:.1f} / {p99:.1f} / {top:.1f}")
+            keeper = sum(1 for j in joined if j.get("keeper"))
+            print(f"  {phase.name} {mode} (n={len(joined)}, {keeper} on a keeper thread):")
+            for part in parts:
+                print(f"      {part}")
+    print("\n## the exporter's threads, by phase")
+    for phase in runs:
+        rounds = [r for r in trace["rounds"] if phase.start <= r[0] < phase.end]
+        probe = [late for when, late in trace["probe"] if phase.start <= when < phase.end]
+        if rounds:
+            p50, p99, top = quantiles([r[1] for r in rounds])
+            print(
+                f"  {phase.name}: reactor {len(rounds) / (phase.end - phase.start):.0f} rounds/s, work per round "
+                f"p50 {p50:.2f} / p99 {p99:.2f} / max {top:.2f} ms; per round at most "
+                f"{max(r[2] for r in rounds)} reads, {max(r[3] for r in rounds)} handshake steps, "
+                f"{max(r[4] for r in rounds)} accepts"
+            )
+        if probe:
+            p50, p99, top = quantiles(probe)
+            print(
+                f"  {phase.name}: a thread waking from a 2 ms sleep runs again late by p50 {p50:.2f} / "
+                f"p99 {p99:.2f} / max {top:.2f} ms (waiting for the GIL and for a core)"
+            )
+        threads = sorted(cpu_by_thread(trace["cpu"], phase.start, phase.end).items(), key=lambda kv: -kv[1])
+        if threads:
+            shares = ", ".join(f"{n} {v * 100:.0f}%" for n, v in threads if v >= 0.005)
+            print(f"  {phase.name}: CPU by thread (of one core): {shares}")
+
+
+def cpu_by_thread(samples: list[tuple[float, dict[str, float]]], start: float, end: float) -> dict[str, float]:
+    inside = [(t, c) for t, c in samples if start <= t <= end]
+    if len(inside) < 2:
+        return {}
+    (t0, first), (t1, last) = inside[0], inside[-1]
+    return {name: (seconds - first.get(name, 0.0)) / (t1 - t0) for name, seconds in last.items()}
 
 
 if __name__ == "__main__":

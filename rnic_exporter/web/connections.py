@@ -43,6 +43,8 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any, cast
 
+from rnic_exporter.web import trace
+
 log = logging.getLogger(__name__)
 
 # The request line and headers together; http.server allows 64 KiB per line and 100 headers.
@@ -77,7 +79,20 @@ class Phase(enum.Enum):
 class Connection:
     """One client connection. The reactor owns it except while BUSY, when one worker does."""
 
-    __slots__ = ("_want", "address", "buffer", "deadline", "phase", "proven", "requests", "since", "sock")
+    __slots__ = (
+        "_want",
+        "accepted_at",
+        "address",
+        "buffer",
+        "deadline",
+        "handshaken_at",
+        "head_at",
+        "phase",
+        "proven",
+        "requests",
+        "since",
+        "sock",
+    )
 
     def __init__(self, sock: socket.socket, address: Any) -> None:
         self.sock = sock
@@ -89,6 +104,9 @@ class Connection:
         self.requests = 0
         self.since = 0.0  # when it started waiting
         self._want = 0  # the events the reactor's selector watches for; 0: not registered
+        # When it was accepted, finished its handshake, and completed its latest request head
+        # (time.monotonic(); for the timing trace, web/trace.py).
+        self.accepted_at = self.handshaken_at = self.head_at = 0.0
 
     def take_head(self) -> bytes | None:
         """The next complete request head from the buffer (removing it), or None."""
@@ -97,6 +115,7 @@ class Connection:
             return None
         head = bytes(self.buffer[: match.end()])
         del self.buffer[: match.end()]
+        self.head_at = time.monotonic()
         return head
 
 
@@ -188,7 +207,10 @@ class Reactor:
             while not self._stopping.is_set():
                 handshakes: list[Connection] = []
                 listeners: list[socket.socket] = []
-                for key, _ in self._selector.select(self._timeout()):
+                reads = 0
+                ready = self._selector.select(self._timeout())
+                started = time.monotonic()
+                for key, _ in ready:
                     target = key.data
                     if target is None:
                         self._drain_wake()
@@ -197,15 +219,17 @@ class Reactor:
                     elif target.phase is Phase.HANDSHAKE:
                         handshakes.append(target)
                     elif target.phase is Phase.WAITING:
+                        reads += 1
                         self._guarded(self._read, target)
                 self._take_resumed()
                 self._admit_from_lobby()
                 for conn in handshakes[:_HANDSHAKES_PER_ROUND]:
                     if conn.phase is Phase.HANDSHAKE and conn in self._open:
                         self._guarded(self._handshake, conn)
-                for listener in listeners:
-                    self._accept(listener)
+                accepts = sum(self._accept(listener) for listener in listeners)
                 self._expire()
+                if trace.TRACE is not None:
+                    trace.TRACE.round(started, reads, min(len(handshakes), _HANDSHAKES_PER_ROUND), accepts)
         finally:
             self._close_everything()
 
@@ -246,23 +270,24 @@ class Reactor:
 
     # -- accepting -----------------------------------------------------------------------------
 
-    def _accept(self, listener: socket.socket) -> None:
-        admitted = refused = 0
+    def _accept(self, listener: socket.socket) -> int:
+        """Accept what this round may from `listener`; how many were accepted (refused ones too)."""
+        admitted = refused = lobbied = 0
         hog: str | None = None
         for _ in range(_ACCEPTS_PER_ROUND + _REFUSALS_PER_ROUND):
             if admitted >= _ACCEPTS_PER_ROUND or refused >= _REFUSALS_PER_ROUND:
-                return
+                break
             at_cap = len(self._open) >= self.max_connections
             if at_cap and hog is None:
                 hog = self._hog()  # once per round: it changes by a connection or two
             victim = self._victim() if at_cap else None
             if at_cap and victim is None and len(self._lobby) >= _LOBBY:
                 self._pause_at_cap()  # let the backlog hold the rest
-                return
+                break
             try:
                 sock, address = listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:
                 spare = self._victim()
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM) and spare is not None:
@@ -272,7 +297,7 @@ class Reactor:
                 # The listener stays readable; pause instead of spinning a core.
                 self._listen(False)
                 self._accept_paused_until = time.monotonic() + _EMFILE_PAUSE
-                return
+                break
             if at_cap and hog is not None:
                 host = _host(address)
                 if host == hog and len(self._by_host) > 1:
@@ -285,11 +310,13 @@ class Reactor:
                     victim = self._victim(hog) or victim
                 if victim is None:
                     self._lobby.append((sock, address))  # waits as it would have in the backlog
+                    lobbied += 1
                     continue
             if victim is not None:
                 self._evict(victim)
             self._admit(sock, address)
             admitted += 1
+        return admitted + refused + lobbied
 
     def _admit_from_lobby(self) -> None:
         while self._lobby:
@@ -307,6 +334,7 @@ class Reactor:
         with suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Connection(sock, address)
+        conn.accepted_at = time.monotonic()
         self._open.add(conn)
         host = _host(address)
         self._by_host[host] = self._by_host.get(host, 0) + 1
@@ -406,7 +434,8 @@ class Reactor:
             self._close(conn)
             return
         conn.phase = Phase.WAITING
-        self._wait(conn, time.monotonic() + self.request_timeout)
+        conn.handshaken_at = time.monotonic()
+        self._wait(conn, conn.handshaken_at + self.request_timeout)
         if tls.pending():
             self._read(conn)
 

@@ -45,6 +45,7 @@ from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.web import trace
 from rnic_exporter.web.auth import Credential
 from rnic_exporter.web.connections import EVICT_AFTER, MAX_HEAD, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
@@ -266,6 +267,7 @@ class WebServer:
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL))
         _freeze_long_lived_objects()
         _limit_malloc_arenas()
+        trace.start_from_environment()
         self._reactor.start()
         scheme = "https" if self.tls_enabled else "http"
         for host, port in bound:
@@ -277,6 +279,7 @@ class WebServer:
             return
         self._stopping.set()
         self._reactor.stop(_SHUTDOWN_GRACE)
+        trace.dump()
         for conn in self._reactor.busy():
             # The base-class shutdown acts on the descriptor even for an SSLSocket whose TLS
             # object a worker is using; it wakes that worker's blocking write.
@@ -341,6 +344,8 @@ class WebServer:
 
     def _begin(self, conn: Connection, head: bytes) -> None:
         handler = _Handler(self, conn, head, self.watcher.current())
+        if trace.TRACE is not None:
+            handler.picked_at = time.monotonic()
         try:
             if not handler.parse():
                 self._finish(handler, keep_alive=False)
@@ -365,6 +370,8 @@ class WebServer:
             log.debug("request from %s failed", handler.conn.address, exc_info=True)
         if authorized:
             handler.conn.proven = True
+        if trace.TRACE is not None:
+            _record(handler, keep_alive)
         self._finish(handler, keep_alive)
 
     def _finish(self, handler: _Handler, keep_alive: bool) -> None:
@@ -541,6 +548,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.request_version = self.default_request_version
         self.requestline = ""
         self._body = b""  # sent with the head by flush_headers
+        self.picked_at = 0.0  # when a worker took it (timing trace only)
 
     def parse(self) -> bool:
         """Parse the head; False when it was answered with an error (or was empty)."""
@@ -628,6 +636,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._headers_buffer.append(self._body)
             self._body = b""
         super().flush_headers()
+
+
+def _record(handler: _Handler, keep_alive: bool) -> None:
+    """A traced request's timeline (web/trace.py); the client names it with the X-Trace header."""
+    headers = getattr(handler, "headers", None)
+    trace_id = headers.get(trace.HEADER) if headers is not None else None
+    if trace_id is None or trace.TRACE is None:
+        return
+    conn = handler.conn
+    times = {
+        "accepted": conn.accepted_at,
+        "handshaken": conn.handshaken_at,
+        "head": conn.head_at,
+        "picked": handler.picked_at,
+        "written": time.monotonic(),
+    }
+    times["keeper"] = float(getattr(handler.front._keeping, "conn", None) is conn)
+    trace.TRACE.request(trace_id, times)
 
 
 _frozen = threading.Lock()
