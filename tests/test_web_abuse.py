@@ -186,6 +186,39 @@ def test_at_the_cap_a_client_on_its_own_address_does_not_wait_behind_a_flood_fro
         scraper.close()
 
 
+def test_at_the_cap_a_flood_from_several_addresses_is_closed_rather_than_left_ahead_of_a_scraper(
+    serve: ServerFactory, sockets: list[socket.socket]
+) -> None:
+    # Two flooding addresses, neither clearly less served than the other: the hog's newcomers are
+    # closed at accept, the other's wait in the lobby. Once the lobby is full the other's are closed
+    # too; pausing the accepts instead (as before) left the scraper's new connection in the kernel's
+    # backlog behind theirs until the oldest could be evicted (30 s here).
+    server = serve(max_connections=4, evict_after=30.0)
+    address = server.bound[0]
+
+    def flood(source: str) -> socket.socket:
+        sock = socket.create_connection(address, timeout=DEADLINE, source_address=(source, 0))
+        sockets.append(sock)
+        return sock
+
+    for source in ("127.0.0.2", "127.0.0.3") * 2:
+        flood(source)
+    wait_for(lambda: server.open_connections == 4, timeout=DEADLINE, what="the flood to fill the cap")
+    reactor = server._reactor
+    assert reactor is not None
+    for source in ("127.0.0.2", "127.0.0.3") * 40:
+        flood(source)
+    # 40 of the hog's, and of the other's the 8 beyond the lobby's 32.
+    wait_for(lambda: reactor.refused >= 48, timeout=DEADLINE, what="the flood beyond the lobby to be closed")
+    host, port = address
+    scraper = http.client.HTTPConnection(host, port, timeout=DEADLINE)  # from 127.0.0.1
+    try:
+        scraper.request("GET", "/metrics")
+        assert scraper.getresponse().read() == BODY
+    finally:
+        scraper.close()
+
+
 def test_an_idle_scraper_is_not_evicted_while_young_silent_connections_wait(
     serve: ServerFactory, sockets: list[socket.socket]
 ) -> None:
