@@ -6,12 +6,21 @@ all on loopback:
   Prometheus does, and also over a fresh connection each time;
 - an attacker process holds (and re-opens when closed) N slowloris connections (TLS handshake
   done, then a header byte every few seconds), M idle TCP connections, silent TLS clients (half a
-  ClientHello, then nothing) and K clients sending wrong passwords (a new guess each request).
-It prints the scraper's p50/p99/max before and during the attack, failed scrapes, and the
-exporter's RSS, threads and descriptors. Bounded: fixed durations and counts.
+  ClientHello, then nothing) and K clients sending wrong passwords (a new guess each request),
+  from loopback addresses of their own (127.0.0.2 and up; the scrapers use 127.0.0.1).
+In three phases, printed side by side: `quiet` (no attack), `floor` (the same attack on a second,
+decoy exporter of the same code and config, while the scrapers scrape the first: what the
+attackers and the server side of their connections cost this machine's cores, which no exporter
+can give back) and `attack` (the attack on the scraped exporter). The difference between the last
+two is what the exporter's handling of the attack costs its scrapers. The scraped exporter runs
+with its timing trace on (RNIC_EXPORTER_WEB_TRACE, rnic_exporter/web/trace.py), joined with the
+scrapers' own timestamps: where a scrape's time goes (backlog, handshake, head, worker, write),
+the reactor's rounds, how late a thread gets the GIL and a core back, CPU by thread. Also printed:
+failed scrapes, the exporter's peak RSS, threads and descriptors. Bounded: fixed durations and counts.
 
     python bench/abuse.py                      # this tree
     python bench/abuse.py --tree ../other/tree # the same bench against another checkout's code
+    python bench/abuse.py --phases attack      # only the attack (no floor)
 """
 
 from __future__ import annotations

@@ -21,8 +21,12 @@ than half as many takes the place of the hog's longest-waiting unanswered connec
 young. So a scraper on its own address (Prometheus opening a new connection after an error or a
 restart) is not queued behind a flood from another host. Any other newcomer takes an old
 connection's place as above, or waits in a small lobby (accepted, nothing read) for a free place,
-first come first served, and beyond that in the backlog. A flood from the scraper's own address
-cannot be told from it: one address, no sharing.
+first come first served; beyond that it is closed at accept too when clients from several
+addresses share the cap (pausing the accepts instead would leave a light address's newcomer in the
+kernel's backlog, which is first come first served, behind the whole flood: seconds under
+bench/abuse.py), and waits in the backlog when they all come from one. A flood from the
+scraper's own address cannot be told from it: one address, no sharing. Of the TLS handshakes
+ready in a round, those of the least served addresses go first.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ _HANDSHAKES_PER_ROUND = 4
 _ACCEPTS_PER_ROUND = 8
 # Connections from the hog closed at accept per round: a close costs ~20 us, no TLS, and the
 # attackers reconnect as fast as they are closed (64 a round did not keep the backlog short).
-_REFUSALS_PER_ROUND = 256
+_REFUSALS_PER_ROUND = 1024
 # At the cap, accepted connections that found no place wait here (no TLS, no reads), so that the
 # next one in the backlog can be looked at: from another address, it may take the hog's place.
 _LOBBY = 32
