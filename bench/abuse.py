@@ -599,7 +599,8 @@ STAGES = {
     ],
     "fresh": [
         ("connect -> accepted", "started", "accepted"),
-        ("accepted -> TLS done", "accepted", "handshaken"),
+        ("accepted -> out of the lobby", "accepted", "admitted"),
+        ("out of the lobby -> TLS done", "admitted", "handshaken"),
         ("TLS done -> client sent", "handshaken", "sent"),
         ("client sent -> head read", "sent", "head"),
         ("head read -> worker took it", "head", "picked"),

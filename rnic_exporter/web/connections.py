@@ -87,6 +87,7 @@ class Connection:
         "_want",
         "accepted_at",
         "address",
+        "admitted_at",
         "buffer",
         "deadline",
         "handshaken_at",
@@ -108,9 +109,9 @@ class Connection:
         self.requests = 0
         self.since = 0.0  # when it started waiting
         self._want = 0  # the events the reactor's selector watches for; 0: not registered
-        # When it was accepted, finished its handshake, and completed its latest request head
+        # When it was accepted, left the lobby, finished its handshake, and completed its latest request head
         # (time.monotonic(); for the timing trace, web/trace.py).
-        self.accepted_at = self.handshaken_at = self.head_at = 0.0
+        self.accepted_at = self.admitted_at = self.handshaken_at = self.head_at = 0.0
 
     def take_head(self) -> bytes | None:
         """The next complete request head from the buffer (removing it), or None."""
@@ -165,7 +166,7 @@ class Reactor:
         self._deadlines: list[tuple[float, int, Connection]] = []
         self._by_host: dict[str, int] = {}  # open connections per client address
         self.refused = 0  # connections closed at accept, at the cap, because their address held the most
-        self._lobby: deque[tuple[socket.socket, Any]] = deque()
+        self._lobby: deque[tuple[socket.socket, Any, float]] = deque()  # and when it was accepted
         self._seq = itertools.count()
         self._accepting = False
         self._accept_paused_until = 0.0
@@ -328,7 +329,7 @@ class Reactor:
                     refused += 1
                     continue
                 if victim is None:
-                    self._lobby.append((sock, address))  # waits as it would have in the backlog
+                    self._lobby.append((sock, address, time.monotonic()))  # waits as it would have in the backlog
                     lobbied += 1
                     continue
             if victim is not None:
@@ -346,14 +347,15 @@ class Reactor:
                 self._evict(victim)
             self._admit(*self._lobby.popleft())
 
-    def _admit(self, sock: socket.socket, address: Any) -> None:
+    def _admit(self, sock: socket.socket, address: Any, accepted_at: float = 0.0) -> None:
         sock.setblocking(False)
         # Headers and body go out in two writes; with Nagle on, a small body then waits for the
         # client's delayed ACK (40 ms on Linux) on every keep-alive scrape.
         with suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Connection(sock, address)
-        conn.accepted_at = time.monotonic()
+        conn.admitted_at = time.monotonic()
+        conn.accepted_at = accepted_at or conn.admitted_at
         self._open.add(conn)
         host = _host(address)
         self._by_host[host] = self._by_host.get(host, 0) + 1

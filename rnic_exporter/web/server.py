@@ -647,6 +647,7 @@ def _record(handler: _Handler, keep_alive: bool) -> None:
     conn = handler.conn
     times = {
         "accepted": conn.accepted_at,
+        "admitted": conn.admitted_at,
         "handshaken": conn.handshaken_at,
         "head": conn.head_at,
         "picked": handler.picked_at,
