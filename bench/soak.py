@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -116,6 +117,19 @@ class SoakConfig:
         return base + (self.hung_block_s if self.hung_every_s else 0.0)
 
 
+# RSS still rising faster than this over the last half of a soak (after warm-up) is growth. An hour's
+# run resolves about 0.5 MB/h (RSS moves by a few hundred kB between samples); a leak of one object
+# per poll (2 s) of a few hundred bytes is ~0.5 MB/h, of one per event more.
+RSS_STILL_RISING_MB_PER_H = 1.0
+
+
+def _slope_mb_per_h(samples: list[Sample]) -> float:
+    if len(samples) < 3 or samples[-1].at_s == samples[0].at_s:
+        return float("nan")
+    fit = statistics.linear_regression([s.at_s / 3600 for s in samples], [s.rss_mb for s in samples])
+    return fit.slope
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     at_s: float
@@ -145,9 +159,21 @@ class Result:
     exit_code: int | None = None
 
     @property
+    def rss_slopes(self) -> tuple[float, float]:
+        """RSS growth in MB per hour, least squares over the first and the last half of the samples after
+        warm-up (nan when a half has fewer than three samples)."""
+        after = [s for s in self.samples if s.at_s >= self.config.warmup_s]
+        half = len(after) // 2
+        return _slope_mb_per_h(after[:half]), _slope_mb_per_h(after[half:])
+
+    @property
     def growth(self) -> dict[str, tuple[float, float, bool]]:
         """Per resource over the samples after warm-up, split in thirds: (early, late, grew). RSS: the
-        medians of the first and last third; descriptors and threads: the early maximum, the late minimum."""
+        medians of the first and last third, growth when the late one is more than max(1.5 MB, 3%) above
+        the early one and RSS is still rising over the last half of the samples (least squares, more than
+        RSS_STILL_RISING_MB_PER_H; a curve that has levelled off had a longer warm-up than assumed, not a
+        leak; too few samples for a fit: the medians alone decide). Descriptors and threads: the early
+        maximum, the late minimum."""
         after = [s for s in self.samples if s.at_s >= self.config.warmup_s]
         if len(after) < 3:
             return {}
@@ -155,7 +181,9 @@ class Result:
         early, late = after[:third], after[-third:]
         out = {}
         rss_early, rss_late = statistics.median(s.rss_mb for s in early), statistics.median(s.rss_mb for s in late)
-        out["rss_mb"] = (rss_early, rss_late, rss_late - rss_early > max(1.5, 0.03 * rss_early))
+        late_slope = self.rss_slopes[1]
+        still_rising = math.isnan(late_slope) or late_slope > RSS_STILL_RISING_MB_PER_H  # nan: no fit
+        out["rss_mb"] = (rss_early, rss_late, rss_late - rss_early > max(1.5, 0.03 * rss_early) and still_rising)
         # Descriptors and threads move by a device's worth as devices go and come (an exporter may open
         # a device's files lazily): a leak lifts the whole late third above the whole early one.
         for name, slack in (("fds", 2), ("threads", 0)):
@@ -626,6 +654,12 @@ def report(r: Result, out: Callable[[str], None] = print) -> None:
     out("resources after warm-up (RSS: median of the early -> late third; fds, threads: early max -> late min):")
     for name, (a, b, grew) in r.growth.items():
         out(f"  {name:<8} {a:8.1f} -> {b:8.1f}  {'GREW' if grew else 'flat'}")
+    first, last = r.rss_slopes
+    out(
+        f"  RSS trend (least squares, MB/h): first half after warm-up {first:+.2f}, last half {last:+.2f} "
+        f"(growth: still rising over {RSS_STILL_RISING_MB_PER_H:g} MB/h in the last half, and a rise over "
+        "max(1.5 MB, 3%) between the thirds)"
+    )
     out(f"SIGTERM -> exit {r.exit_code} in {r.stop_s:.2f} s")
     for failure in r.failures[:30]:
         out(f"FAIL {failure}")

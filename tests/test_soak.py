@@ -64,3 +64,18 @@ def test_growth_after_warm_up_is_a_failure() -> None:
     assert leaking.growth["fds"][2] and leaking.growth["threads"][2] and not leaking.growth["rss_mb"][2]
     warm_up_only = soak.Result(config, samples=[soak.Sample(0, 30.0, 100, 2), *flat.samples[1:]])
     assert not any(grew for _, _, grew in warm_up_only.growth.values())
+
+
+def test_rss_that_keeps_rising_is_growth_and_rss_that_levelled_off_is_not() -> None:
+    config = soak.SoakConfig(warmup_s=600)
+    minutes = range(0, 3600, 60)
+    rising = soak.Result(config, samples=[soak.Sample(t, 45.0 + 3.0 * t / 3600, 500, 4) for t in minutes])
+    assert rising.growth["rss_mb"][2] and rising.rss_slopes[1] > 2.5
+    # +1.7 MB between the thirds, but none of it in the last half: a long warm-up
+    levelled = soak.Result(config, samples=[soak.Sample(t, 45.0 + min(t, 2100) / 600, 500, 4) for t in minutes])
+    assert levelled.growth["rss_mb"][1] - levelled.growth["rss_mb"][0] > 1.5
+    assert not levelled.growth["rss_mb"][2] and abs(levelled.rss_slopes[1]) < 0.5
+    # too few samples in the last half for a fit: the medians alone decide
+    samples = [soak.Sample(t, 40.0 + t / 10, 500, 4) for t in range(0, 50, 10)]
+    short = soak.Result(soak.SoakConfig(warmup_s=10), samples=samples)
+    assert short.growth["rss_mb"][2]
