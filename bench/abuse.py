@@ -518,9 +518,7 @@ def run(opts: Any, servers: dict[str, Exporter], work: Path, phases: list[str]) 
         else "from the scrapers' address"
     )
     print(f"attack: {counts}, {sources}; each phase measured after a {RAMP_UP:.0f} s ramp-up")
-    runs = [
-        run_phase(opts, name, target, servers.get("decoy"), counts, work) for name in phases
-    ]
+    runs = [run_phase(opts, name, target, servers.get("decoy"), counts, work) for name in phases]
     target.stop()  # the exporter writes its timing trace as it shuts down
     trace_file = work / "trace.json"
     trace = json.loads(trace_file.read_text()) if trace_file.exists() else None

@@ -19,7 +19,7 @@ import sys
 import tracemalloc
 from pathlib import Path
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import ctypes, json, os, re, threading, time, tracemalloc
 
 class _Mallinfo2(ctypes.Structure):
@@ -60,7 +60,7 @@ if _out:
     threading.Thread(target=_run, args=(_out, float(os.environ.get("MEMTRACE_EVERY", "60")),
         float(os.environ.get("MEMTRACE_SNAPSHOT_EVERY", "900")), os.environ.get("MEMTRACE_TRIM") == "1"),
         name="memtrace", daemon=True).start()
-'''
+"""
 
 
 def install(
