@@ -31,8 +31,11 @@ class OutOfTimeError(Exception):
     """Raised by an example once the target's time budget is spent: ends the run, never counted."""
 
 
-def run(target: Target, examples: int, at_seed: int, budget_s: float) -> tuple[int, Counter[str], list[str]]:
+def run(
+    target: Target, examples: int, at_seed: int, budget_s: float, every: int = 0
+) -> tuple[int, Counter[str], list[str]]:
     ran = 0
+    started = time.monotonic()
     escapes: Counter[str] = Counter()
     first: list[str] = []
     deadline = time.monotonic() + budget_s
@@ -51,6 +54,9 @@ def run(target: Target, examples: int, at_seed: int, budget_s: float) -> tuple[i
         if time.monotonic() > deadline:
             raise OutOfTimeError
         ran += 1
+        if every and ran % every == 0:  # a long run says how far it got, should it be stopped
+            escaped, elapsed = sum(escapes.values()), time.monotonic() - started
+            print(f"    {ran} examples, {escaped} escaped, {elapsed:.0f} s", flush=True)
         try:
             target.check(value)
         except Exception as exc:  # an escape: counted, never raised, so every example runs
@@ -74,6 +80,7 @@ def main() -> int:
         default=float("inf"),
         help="time budget per target: stop earlier and print how many examples ran",
     )
+    parser.add_argument("--progress", type=int, default=10_000, help="print a line every N examples (0: never)")
     parser.add_argument("--only", default="", help="comma-separated name prefixes of the targets to run")
     args = parser.parse_args()
     print(f"fuzz: {args.examples} examples per target, seed {args.seed}")
@@ -83,7 +90,7 @@ def main() -> int:
         if not any(target.name.startswith(prefix) for prefix in args.only.split(",")):
             continue
         started = time.monotonic()
-        ran, escapes, first = run(target, args.examples, args.seed, args.seconds)
+        ran, escapes, first = run(target, args.examples, args.seed, args.seconds, args.progress)
         escaped = sum(escapes.values())
         total += escaped
         print(f"{target.name:40} {ran:9d} {escaped:8d} {time.monotonic() - started:8.1f}", flush=True)
