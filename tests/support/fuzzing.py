@@ -306,9 +306,9 @@ class OtlpEncoder:
 
     A fresh provider and observer per example: with cumulative temporality the SDK keeps every
     attribute set an instrument has ever seen and visits each at every collection, so one provider
-    for a whole run made each collection cost more than the last (8 examples/s by 20,000) and, past
-    the cardinality limit, folded new label sets into the overflow point, so they never reached the
-    encoder. Both publications of an example go through the same provider: the second collection
+    for a whole run made each collection cost more than the last (a long run averaged 8 examples/s
+    over 19,061) and, past the cardinality limit, folded new label sets into the overflow point, so
+    they never reached the encoder. Both publications of an example go through the same provider: the second collection
     takes the cumulative path over the first's points. Building one costs about a millisecond.
     """
 
