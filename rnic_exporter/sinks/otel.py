@@ -48,6 +48,7 @@ try:
     from opentelemetry.sdk.metrics.export import (
         MetricExporter,
         MetricExportResult,
+        MetricReader,
         MetricsData,
         PeriodicExportingMetricReader,
     )
@@ -431,6 +432,28 @@ class _LogShipper:
         self._exporter.shutdown()  # type: ignore[no-untyped-call]
 
 
+def meter_provider(res: Resource, reader: MetricReader, observer: _Observer) -> MeterProvider:
+    """A provider holding every instrument of the catalogue, each observed through `observer`
+    (the sink's, and the fuzz run's: one home for the View and the instruments)."""
+    provider = MeterProvider(
+        resource=res,
+        metric_readers=[reader],
+        shutdown_on_exit=False,
+        views=[View(instrument_name="*", aggregation_cardinality_limit=CARDINALITY_LIMIT)],
+    )
+    meter = provider.get_meter(SCOPE, __version__)
+    create = {
+        "counter": meter.create_observable_counter,
+        "gauge": meter.create_observable_gauge,
+        "updowncounter": meter.create_observable_up_down_counter,
+    }
+    for inst in otel_metrics.instruments():
+        create[inst.kind](
+            inst.name, callbacks=[observer.callback(inst.name)], unit=inst.unit, description=inst.description
+        )
+    return provider
+
+
 def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporter]:
     """The OTLP exporters for the protocol; a missing extra is a one-line ConfigError."""
     if settings.protocol == "grpc":
@@ -504,22 +527,7 @@ class OtelSink:
             export_interval_millis=settings.interval_s * 1000,
             export_timeout_millis=settings.timeout_s * 1000,
         )
-        self._provider = MeterProvider(
-            resource=self.resource,
-            metric_readers=[self._reader],
-            shutdown_on_exit=False,
-            views=[View(instrument_name="*", aggregation_cardinality_limit=CARDINALITY_LIMIT)],
-        )
-        meter = self._provider.get_meter(SCOPE, __version__)
-        create = {
-            "counter": meter.create_observable_counter,
-            "gauge": meter.create_observable_gauge,
-            "updowncounter": meter.create_observable_up_down_counter,
-        }
-        for inst in otel_metrics.instruments():
-            create[inst.kind](
-                inst.name, callbacks=[self._observer.callback(inst.name)], unit=inst.unit, description=inst.description
-            )
+        self._provider = meter_provider(self.resource, self._reader, self._observer)
         # Events retry at most a metric interval apart (a minute by default), so they arrive no
         # later than the metrics once the collector is back.
         self._logs = _LogShipper(

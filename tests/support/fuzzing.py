@@ -314,39 +314,23 @@ class OtlpEncoder:
 
     def __init__(self) -> None:
         from opentelemetry.exporter.otlp.proto.common._internal.metrics_encoder import encode_metrics
-        from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-        from opentelemetry.sdk.metrics.view import View
 
-        from rnic_exporter.sinks import otel, otel_metrics
+        from rnic_exporter.sinks import otel
 
         # The SDK warns once per non-finite observation and drops it (documented); not an escape.
         logging.getLogger("opentelemetry").setLevel(logging.ERROR)
         self._otel = otel
         self._encode = encode_metrics
-        self._provider_class, self._reader_class = MeterProvider, InMemoryMetricReader
+        self._reader_class = InMemoryMetricReader
         # Built once, as the sink does: a provider without one makes its own, in a thread per provider.
         self._resource = otel.resource(machine_id_files=())
-        self._views = [View(instrument_name="*", aggregation_cardinality_limit=otel.CARDINALITY_LIMIT)]
-        self._instruments = list(otel_metrics.instruments())
         self._empty = Snapshot(devices=(), netdevs={}, pcie={}, errors=(), taken_at=0.0)
 
     def check(self, drawn: tuple[list[Family], list[Family]]) -> None:
         observer = self._otel._Observer()
         reader = self._reader_class()
-        provider = self._provider_class(
-            resource=self._resource, metric_readers=[reader], shutdown_on_exit=False, views=self._views
-        )
-        meter = provider.get_meter(self._otel.SCOPE)
-        create = {
-            "counter": meter.create_observable_counter,
-            "gauge": meter.create_observable_gauge,
-            "updowncounter": meter.create_observable_up_down_counter,
-        }
-        for inst in self._instruments:
-            create[inst.kind](
-                inst.name, callbacks=[observer.callback(inst.name)], unit=inst.unit, description=inst.description
-            )
+        provider = self._otel.meter_provider(self._resource, reader, observer)  # kept alive below
         for families in drawn:
             observer.state = Published(self._empty, (), ExporterStats(), tuple(_otlp_shaped(families)))
             # The SDK logs and swallows a callback's exception (the instrument goes missing from the
@@ -355,6 +339,7 @@ class OtlpEncoder:
             data = reader.get_metrics_data()
             if data is not None:
                 self._encode(data).SerializeToString()
+        provider.shutdown()
 
 
 def _is_nan(value: float) -> bool:
