@@ -51,6 +51,8 @@ COUNTER_WAIT = Bound(0.0, 3600.0, unit=" s", duration=True)
 OTLP_INTERVAL = Bound(0.05, 86400.0, unit=" s", duration=True)
 OTLP_TIMEOUT = Bound(0.05, 3600.0, unit=" s", duration=True)
 DEMO_STEP = Bound(1.0, 86400.0, unit=" s", duration=True)
+# The demo's story plays on mlx5_0 to mlx5_4 and one more RoCE RNIC whose PMA does not answer.
+DEMO_DEVICES = Bound(6, 24, integer=True)
 FOLLOW_DELAY = Bound(0.0, 5.0, unit=" s", duration=True)
 TRANSITIONS = Bound(1, 100_000, integer=True)
 DEVICES = Bound(1, 4096, integer=True)

@@ -15,7 +15,16 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from rnic_exporter import __version__
-from rnic_exporter.bounds import COUNTER_WAIT, DEMO_STEP, DEVICES, FOLLOW_DELAY, GID_INDEX, POLL_INTERVAL, NumberParam
+from rnic_exporter.bounds import (
+    COUNTER_WAIT,
+    DEMO_DEVICES,
+    DEMO_STEP,
+    DEVICES,
+    FOLLOW_DELAY,
+    GID_INDEX,
+    POLL_INTERVAL,
+    NumberParam,
+)
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sinks.otel_settings import otlp_options
 
@@ -599,7 +608,13 @@ def check(
 
 
 @main.command()
-@click.option("--devices", type=click.IntRange(2, 24), default=8, help="Simulated RNICs (a quarter InfiniBand).")
+@click.option(
+    "--devices",
+    type=NumberParam(DEMO_DEVICES),
+    default=8,
+    show_default=True,
+    help="Simulated RNICs, 6 to 24 (a quarter InfiniBand; the story needs 5 RoCE RNICs and one without PMA).",
+)
 @click.option(
     "--step.seconds",
     "step_seconds",

@@ -239,6 +239,13 @@ def test_serve_reloads_config_on_sighup_and_stops_on_sigterm(host: SimHost, tmp_
     assert messages[-1] == "stopped"
 
 
+@pytest.mark.parametrize("devices", ["2", "5", "25"])
+def test_demo_refuses_a_host_its_story_does_not_fit(devices: str) -> None:
+    # Five RoCE RNICs play the story and one more has no PMA: fewer used to crash with a KeyError.
+    code, _, err = invoke("demo", "--devices", devices)
+    assert code == 2 and "'--devices': expected an integer >= 6 and <= 24" in err and "Traceback" not in err
+
+
 def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
