@@ -151,6 +151,50 @@ def test_a_job_blocked_on_one_device_delays_no_other(tmp_path: Path) -> None:
     runner.close()
 
 
+# A child that runs passes back to back, each device's job a 2 ms read, and says how many it wrote off.
+_PAUSED_CHILD = """
+import select, sys, time
+from rnic_exporter.sources.read_thread import Gate, ReadRunner
+runner = ReadRunner("paused", deadline_s=0.2)
+gates = [Gate(f"mlx5_{i}") for i in range(4)]
+def read():  # like a pread: 2 ms in the kernel, without the GIL
+    time.sleep(0.002)
+passes = 0
+print("ready", flush=True)
+while not select.select([sys.stdin], [], [], 0)[0]:
+    runner.run([(g, read) for g in gates], wait_s=5)
+    passes += 1
+print(runner.written_off, passes, flush=True)
+"""
+
+
+def test_a_process_paused_mid_read_is_not_a_hung_read() -> None:
+    """SIGSTOP (a debugger, a frozen cgroup, a VM paused), or a starved CPU, stops the read and its
+    waiter alike; on waking, the read's clock says it overran, but it was never stuck: marking the
+    device stuck would raise a page that drains a healthy node. The soak, which pauses the exporter
+    while it writes a change, saw 10 such alarms an hour."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline() == "ready\n"
+        for _ in range(8):
+            child.send_signal(signal.SIGSTOP)  # lands in a job: the passes are nearly all jobs
+            time.sleep(0.6)  # the pause under test: 3 deadlines
+            child.send_signal(signal.SIGCONT)
+            time.sleep(0.3)  # running again, so the next pause lands in a fresh job
+        child.stdin.write("stop\n")
+        child.stdin.close()
+        written_off, passes = map(int, child.stdout.readline().split())
+        assert child.wait(timeout=10) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert passes > 100 and written_off == 0
+
+
 # -- the daemon over the faulty filesystem ----------------------------------------------------
 
 

@@ -31,6 +31,8 @@ log = logging.getLogger("rnic_exporter.sources")
 # A healthy sysfs read takes microseconds, an mlx5 firmware command a few milliseconds; a job
 # (one device's files) still running after this is hung, not slow.
 DEFAULT_DEADLINE_S = 1.0
+# How long a waiter watches an overrun job before writing it off (see ReadRunner.wait).
+CONFIRM_S = 0.25
 
 
 class Gate:
@@ -118,23 +120,37 @@ class ReadRunner:
 
     def wait(self, ticket: int, wait_s: float | None = None, stop: threading.Event | None = None) -> bool:
         until = None if wait_s is None else self._clock() + wait_s
+        # A job that overran is written off only once this waiter has itself watched it run on for
+        # CONFIRM_S. When the whole process was paused (SIGSTOP, a frozen cgroup, a starved CPU),
+        # the read and this waiter stopped together: on waking the clock says the job overran, but
+        # a read that was never stuck finishes within moments. A false "stuck" pages for a healthy NIC.
+        suspect: int | None = None  # the job this waiter saw overrun, and since when
+        suspect_since = woke_by = 0.0
         with self._cond:
             while self._finished < ticket:
                 if stop is not None and stop.is_set():
                     return False
                 now = self._clock()
+                if now > woke_by + CONFIRM_S:
+                    suspect = None  # this waiter was not running either: whatever it saw is stale
                 worker = self._worker
                 timeout = None if until is None else until - now
-                if worker is not None and worker.current is not None:
+                if worker is not None and (job := worker.current) is not None:
                     overrun = worker.started + self.deadline_s - now
                     if overrun <= 0:
-                        self._write_off(worker, now)
-                        continue
+                        if suspect != job.seq:
+                            suspect, suspect_since = job.seq, now
+                        overrun = suspect_since + CONFIRM_S - now
+                        if overrun <= 0:
+                            self._write_off(worker, now)
+                            continue
                     timeout = overrun if timeout is None else min(timeout, overrun)
                 if timeout is not None and timeout <= 0:
                     return False
                 # Bounded so a stop set by a signal handler on this thread is seen soon.
-                self._cond.wait(0.5 if timeout is None else min(timeout, 0.5))
+                step = 0.5 if timeout is None else min(timeout, 0.5)
+                woke_by = now + step
+                self._cond.wait(step)
             return True
 
     def close(self) -> None:
