@@ -3,10 +3,12 @@
 `bench/soak.py --memtrace DIR` puts the directory holding this file's generated `sitecustomize.py`
 first on the daemon's PYTHONPATH (with PYTHONTRACEMALLOC set), so the exporter itself is not
 changed. Every `every` seconds the daemon appends one JSON line to DIR/memory.jsonl: its RSS,
-what tracemalloc traces, and glibc's `mallinfo2` (arena bytes, in use, free in the heap, mmapped);
-every `snapshot_every` seconds it also writes a tracemalloc snapshot (when tracing) (DIR/snap-<seconds>.pickle)
-and, with `trim`, calls `malloc_trim(0)` and records RSS before and after (what is free in the
-heap but kept resident, i.e. fragmentation, shows up as the difference).
+what tracemalloc traces, glibc's `mallinfo2` (arena bytes, in use, free in the heap, mmapped) and
+pymalloc's own statistics (arenas, bytes in used and free blocks, unused pools, from
+`sys._debugmallocstats` printed by a forked child into a pipe). Every `snapshot_every` seconds it
+also writes a tracemalloc snapshot when tracing (DIR/snap-<seconds>.pickle) and, with `trim`,
+calls `malloc_trim(0)` and records RSS before and after (what is free in the heap but kept
+resident, i.e. fragmentation, shows up as the difference).
 
     python bench/memtrace.py diff DIR/snap-A.pickle DIR/snap-B.pickle   # top growth by traceback
     python bench/memtrace.py curve DIR/memory.jsonl                     # the samples as a table
@@ -20,7 +22,7 @@ import tracemalloc
 from pathlib import Path
 
 SITECUSTOMIZE = """
-import ctypes, json, os, re, threading, time, tracemalloc
+import ctypes, json, os, re, sys, threading, time, tracemalloc
 
 class _Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
@@ -29,6 +31,32 @@ class _Mallinfo2(ctypes.Structure):
 def _rss_kb():
     text = open("/proc/self/status").read()
     return int(re.search(r"VmRSS:\\s+(\\d+)", text)[1])
+
+_PYMALLOC = {"arenas allocated total": "arenas_total", "arenas reclaimed": "arenas_reclaimed",
+             "arenas allocated current": "arenas", "bytes in allocated blocks": "blocks_used",
+             "bytes in available blocks": "blocks_free"}
+
+def _pymalloc():
+    # sys._debugmallocstats() prints to C stderr, which is the daemon's log: a forked child prints
+    # it into a pipe instead (the child has the parent's heap as it was, and exits at once).
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 2)
+        sys._debugmallocstats()
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        text = f.read().decode(errors="replace")
+    os.waitpid(pid, 0)
+    found = {}
+    for line in text.splitlines():
+        key, _, value = line.lstrip("# ").partition("=")
+        if key.strip() in _PYMALLOC:
+            found[_PYMALLOC[key.strip()]] = int(value.strip().replace(",", ""))
+        elif "unused pools *" in line:
+            found["unused_pools"] = int(value.strip().replace(",", ""))
+    return found
 
 def _run(out, every, snapshot_every, trim):
     libc = ctypes.CDLL(None)
@@ -43,7 +71,7 @@ def _run(out, every, snapshot_every, trim):
         line = {"t": round(now - t0, 1), "rss_kb": _rss_kb(), "traced": traced, "traced_peak": peak,
                 "tracemalloc_overhead": tracemalloc.get_tracemalloc_memory(),
                 "arena": info.arena, "in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd,
-                "keepcost": info.keepcost, "threads": threading.active_count()}
+                "keepcost": info.keepcost, "threads": threading.active_count(), "pymalloc": _pymalloc()}
         if now >= next_snapshot:
             next_snapshot += snapshot_every
             if tracemalloc.is_tracing():
@@ -102,7 +130,12 @@ def diff(before: Path, after: Path, top: int = 25) -> None:
 
 
 def curve(path: Path) -> None:
-    print(f"{'t s':>7} {'RSS MB':>7} {'traced':>7} {'arena':>7} {'in use':>7} {'free':>7} {'mmap':>6}  trim")
+    """The samples as a table. pymalloc's own figures (MB): `arenas` mapped, `used` in live blocks,
+    `free` in free blocks of its pools and in pools no size class holds: what it keeps but does not use."""
+    print(
+        f"{'t s':>7} {'RSS MB':>7} {'traced':>7} {'arena':>7} {'in use':>7} {'free':>7} {'mmap':>6} "
+        f"{'pym ar':>6} {'used':>6} {'free':>6}  trim"
+    )
     for raw in path.read_text().splitlines():
         s = json.loads(raw)
         trim = (
@@ -110,9 +143,14 @@ def curve(path: Path) -> None:
             if "rss_after_trim_kb" in s
             else ""
         )
+        pym = s.get("pymalloc") or {}
+        arenas = pym.get("arenas", 0)
+        used = pym.get("blocks_used", 0) / 2**20
+        kept = (pym.get("blocks_free", 0) + pym.get("unused_pools", 0)) / 2**20
         print(
             f"{s['t']:7.0f} {s['rss_kb'] / 1024:7.1f} {s['traced'] / 2**20:7.2f} {s['arena'] / 2**20:7.2f} "
-            f"{s['in_use'] / 2**20:7.2f} {s['free'] / 2**20:7.2f} {s['mmapped'] / 2**20:6.2f}  {trim}"
+            f"{s['in_use'] / 2**20:7.2f} {s['free'] / 2**20:7.2f} {s['mmapped'] / 2**20:6.2f} "
+            f"{arenas:6d} {used:6.2f} {kept:6.2f}  {trim}"
         )
 
 
