@@ -58,6 +58,22 @@ def _pymalloc():
             found["unused_pools"] = int(value.strip().replace(",", ""))
     return found
 
+def _census(out, t):
+    # What the collector tracks, by type, and the biggest containers: a leak of objects shows
+    # here as a count or a length that keeps rising (str and int are not tracked; their holders are).
+    import collections, gc
+    objects = gc.get_objects()
+    types = collections.Counter(type(o).__module__ + "." + type(o).__qualname__ for o in objects)
+    big = []
+    for o in objects:
+        if isinstance(o, (dict, list, set, collections.deque)) and len(o) >= 500:
+            first = next(iter(o), None)
+            big.append((len(o), type(o).__name__, id(o), repr(first)[:80]))
+    big.sort(reverse=True)
+    del objects
+    with open(os.path.join(out, "census.jsonl"), "a") as f:
+        f.write(json.dumps({"t": t, "types": types.most_common(60), "big": big[:25]}) + "\\n")
+
 def _run(out, every, snapshot_every, trim):
     libc = ctypes.CDLL(None)
     libc.mallinfo2.restype = _Mallinfo2
@@ -82,6 +98,8 @@ def _run(out, every, snapshot_every, trim):
                 line["rss_after_trim_kb"] = _rss_kb()
         with open(os.path.join(out, "memory.jsonl"), "a") as f:
             f.write(json.dumps(line) + "\\n")
+        if os.environ.get("MEMTRACE_CENSUS") == "1":
+            _census(out, line["t"])
 
 _out = os.environ.get("MEMTRACE_DIR")
 if _out:
@@ -92,12 +110,19 @@ if _out:
 
 
 def install(
-    directory: Path, out: Path, every: float, snapshot_every: float, trim: bool, frames: int = 10
+    directory: Path,
+    out: Path,
+    every: float,
+    snapshot_every: float,
+    trim: bool,
+    frames: int = 10,
+    census: bool = False,
 ) -> dict[str, str]:
     """Write the sitecustomize into `directory`; the environment the daemon needs to run it.
 
     `frames` 0: no tracemalloc (it costs memory and time of its own, and its snapshots fragment the
-    heap), only RSS and mallinfo2: the run whose RSS curve is the exporter's own.
+    heap), only RSS and mallinfo2: the run whose RSS curve is the exporter's own. `census`: each
+    sample also appends the collector's objects by type and the biggest containers to DIR/census.jsonl.
     """
     directory.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +133,7 @@ def install(
         "MEMTRACE_EVERY": str(every),
         "MEMTRACE_SNAPSHOT_EVERY": str(snapshot_every),
         "MEMTRACE_TRIM": "1" if trim else "0",
+        "MEMTRACE_CENSUS": "1" if census else "0",
     }
 
 

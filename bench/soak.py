@@ -110,6 +110,7 @@ class SoakConfig:
     memtrace_dir: Path | None = None  # trace the daemon's memory from inside (bench/memtrace.py)
     memtrace_trim: bool = False  # and malloc_trim(0) at each snapshot, recording RSS before and after
     memtrace_frames: int = 10  # tracemalloc's frames per trace; 0: RSS and mallinfo2 only
+    memtrace_census: bool = False  # and the collector's objects by type at every sample
 
     @property
     def timeout_s(self) -> float:
@@ -429,7 +430,15 @@ class Soak:
             site = self.work / "memtrace-site"
             snapshot_every = max(c.sample_s, c.seconds / 4)
             env.update(
-                memtrace.install(site, c.memtrace_dir, c.sample_s, snapshot_every, c.memtrace_trim, c.memtrace_frames)
+                memtrace.install(
+                    site,
+                    c.memtrace_dir,
+                    c.sample_s,
+                    snapshot_every,
+                    c.memtrace_trim,
+                    c.memtrace_frames,
+                    c.memtrace_census,
+                )
             )
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
         return env
@@ -722,6 +731,9 @@ def main() -> None:
         "--memtrace-frames", type=int, default=10, help="tracemalloc frames (0: no tracemalloc, RSS and mallinfo2 only)"
     )
     parser.add_argument(
+        "--memtrace-census", action="store_true", help="the collector's objects by type at each sample (census.jsonl)"
+    )
+    parser.add_argument(
         "--netns",
         action=argparse.BooleanOptionalAction,
         default=os.geteuid() == 0,
@@ -754,6 +766,7 @@ def main() -> None:
         memtrace_dir=opts.memtrace.resolve() if opts.memtrace else None,
         memtrace_trim=opts.memtrace_trim,
         memtrace_frames=opts.memtrace_frames,
+        memtrace_census=opts.memtrace_census,
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     print(
