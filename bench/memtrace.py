@@ -5,7 +5,8 @@ first on the daemon's PYTHONPATH (with PYTHONTRACEMALLOC set), so the exporter i
 changed. Every `every` seconds the daemon appends one JSON line to DIR/memory.jsonl: its RSS,
 what tracemalloc traces, glibc's `mallinfo2` (arena bytes, in use, free in the heap, mmapped) and
 pymalloc's own statistics (arenas, bytes in used and free blocks, unused pools, from
-`sys._debugmallocstats` printed by a forked child into a pipe). Every `snapshot_every` seconds it
+`sys._debugmallocstats` printed by a forked child into a pipe), and the garbage collector's runs
+per generation with their total and longest time. Every `snapshot_every` seconds it
 also writes a tracemalloc snapshot when tracing (DIR/snap-<seconds>.pickle) and, with `trim`,
 calls `malloc_trim(0)` and records RSS before and after (what is free in the heap but kept
 resident, i.e. fragmentation, shows up as the difference).
@@ -86,6 +87,19 @@ def _census(out, t):
         line = {"t": t, "collected": collected, "garbage": dict(garbage), "types": dict(types), "big": big[:25]}
         f.write(json.dumps(line) + "\\n")
 
+_GC = [[0, 0.0, 0.0] for _ in range(3)]  # per generation: collections, seconds, longest (gc.callbacks)
+_gc_started = [0.0]
+
+def _on_gc(phase, info):
+    if phase == "start":
+        _gc_started[0] = time.perf_counter()
+    else:
+        took = time.perf_counter() - _gc_started[0]
+        g = _GC[info["generation"]]
+        g[0] += 1
+        g[1] += took
+        g[2] = max(g[2], took)
+
 def _run(out, every, snapshot_every, trim):
     libc = ctypes.CDLL(None)
     libc.mallinfo2.restype = _Mallinfo2
@@ -99,7 +113,8 @@ def _run(out, every, snapshot_every, trim):
         line = {"t": round(now - t0, 1), "rss_kb": _rss_kb(), "traced": traced, "traced_peak": peak,
                 "tracemalloc_overhead": tracemalloc.get_tracemalloc_memory(),
                 "arena": info.arena, "in_use": info.uordblks, "free": info.fordblks, "mmapped": info.hblkhd,
-                "keepcost": info.keepcost, "threads": threading.active_count(), "pymalloc": _pymalloc()}
+                "keepcost": info.keepcost, "threads": threading.active_count(), "pymalloc": _pymalloc(),
+                "gc": [[n, round(total, 4), round(longest, 4)] for n, total, longest in _GC]}
         if now >= next_snapshot:
             next_snapshot += snapshot_every
             if tracemalloc.is_tracing():
@@ -115,6 +130,8 @@ def _run(out, every, snapshot_every, trim):
 
 _out = os.environ.get("MEMTRACE_DIR")
 if _out:
+    import gc
+    gc.callbacks.append(_on_gc)
     threading.Thread(target=_run, args=(_out, float(os.environ.get("MEMTRACE_EVERY", "60")),
         float(os.environ.get("MEMTRACE_SNAPSHOT_EVERY", "900")), os.environ.get("MEMTRACE_TRIM") == "1"),
         name="memtrace", daemon=True).start()
@@ -169,10 +186,11 @@ def diff(before: Path, after: Path, top: int = 25) -> None:
 
 def curve(path: Path) -> None:
     """The samples as a table. pymalloc's own figures (MB): `arenas` mapped, `used` in live blocks,
-    `free` in free blocks of its pools and in pools no size class holds: what it keeps but does not use."""
+    `free` in free blocks of its pools and in pools no size class holds: what it keeps but does not use;
+    the full collections run so far and the longest one."""
     print(
         f"{'t s':>7} {'RSS MB':>7} {'traced':>7} {'arena':>7} {'in use':>7} {'free':>7} {'mmap':>6} "
-        f"{'pym ar':>6} {'used':>6} {'free':>6}  trim"
+        f"{'pym ar':>6} {'used':>6} {'free':>6} {'full gc':>7} {'max ms':>6}  trim"
     )
     for raw in path.read_text().splitlines():
         s = json.loads(raw)
@@ -182,13 +200,14 @@ def curve(path: Path) -> None:
             else ""
         )
         pym = s.get("pymalloc") or {}
+        full = (s.get("gc") or [[0, 0.0, 0.0]] * 3)[2]  # full collections so far, and the longest
         arenas = pym.get("arenas", 0)
         used = pym.get("blocks_used", 0) / 2**20
         kept = (pym.get("blocks_free", 0) + pym.get("unused_pools", 0)) / 2**20
         print(
             f"{s['t']:7.0f} {s['rss_kb'] / 1024:7.1f} {s['traced'] / 2**20:7.2f} {s['arena'] / 2**20:7.2f} "
             f"{s['in_use'] / 2**20:7.2f} {s['free'] / 2**20:7.2f} {s['mmapped'] / 2**20:6.2f} "
-            f"{arenas:6d} {used:6.2f} {kept:6.2f}  {trim}"
+            f"{arenas:6d} {used:6.2f} {kept:6.2f} {full[0]:7d} {full[2] * 1000:6.1f}  {trim}"
         )
 
 
