@@ -31,8 +31,11 @@ log = logging.getLogger("rnic_exporter.sources")
 # A healthy sysfs read takes microseconds, an mlx5 firmware command a few milliseconds; a job
 # (one device's files) still running after this is hung, not slow.
 DEFAULT_DEADLINE_S = 1.0
-# How long a waiter watches an overrun job before writing it off (see ReadRunner.wait).
+# How long a waiter watches an overrun job before writing it off (see ReadRunner.wait), and how
+# late a waiter must wake to count as not having run (the process was paused): a scheduling delay
+# under load is shorter, and counting it would let a loaded host postpone a write-off for ever.
 CONFIRM_S = 0.25
+PAUSED_S = 1.0
 
 
 class Gate:
@@ -131,7 +134,7 @@ class ReadRunner:
                 if stop is not None and stop.is_set():
                     return False
                 now = self._clock()
-                if now > woke_by + CONFIRM_S:
+                if now > woke_by + PAUSED_S:
                     suspect = None  # this waiter was not running either: whatever it saw is stale
                 worker = self._worker
                 timeout = None if until is None else until - now
