@@ -195,6 +195,36 @@ def test_a_process_paused_mid_read_is_not_a_hung_read() -> None:
     assert passes > 100 and written_off == 0
 
 
+@pytest.mark.parametrize("sim_host", [{"roce": 1, "infiniband": 0, "gid_table_size": 8}], indirect=True)
+def test_a_job_of_slow_reads_that_all_answer_is_not_hung(sim_host: SimHost, faulty_sysfs: FaultyMount) -> None:
+    """Six reads answering 0.2 s apart take 1.2 s in all, twice the deadline, but none of them is
+    hung: a big first read of a loaded host, or a firmware taking its time per counter."""
+    fs = faulty_sysfs
+    counters = sorted(os.listdir(sim_host.root / "class/infiniband/mlx5_0/ports/1/counters"))[:6]
+    rels = [f"class/infiniband/mlx5_0/ports/1/counters/{name}" for name in counters]
+    root = SysfsRoot(fs.mount, hold_fds=True)
+    cache = root.cache()
+    runner = ReadRunner("test", deadline_s=0.3)
+    got: list[object] = []
+    try:
+        for i, rel in enumerate(rels):
+            fs.block(rel, seconds=0.2 * (i + 1))  # each file answers 0.2 s after the one before
+        started = time.monotonic()
+        assert runner.run([(Gate("mlx5_0"), lambda: got.extend(cache.read_many([r])[0] for r in rels))], wait_s=10)
+        took = time.monotonic() - started
+        assert took > 2 * runner.deadline_s and runner.written_off == 0
+        assert all(isinstance(raw, bytes) for raw in got) and len(got) == 6
+        fs.clear()
+        for i, rel in enumerate(rels):  # the same reads in one batch: no progress between them
+            fs.block(rel, seconds=0.2 * (i + 1))
+        assert runner.run([(Gate("mlx5_0"), lambda: got.extend(cache.read_many(rels)))], wait_s=10)
+        assert runner.written_off == 1
+    finally:
+        runner.close()
+        fs.clear()
+        root.close()
+
+
 # -- the daemon over the faulty filesystem ----------------------------------------------------
 
 

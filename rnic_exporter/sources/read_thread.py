@@ -29,13 +29,30 @@ from dataclasses import dataclass
 log = logging.getLogger("rnic_exporter.sources")
 
 # A healthy sysfs read takes microseconds, an mlx5 firmware command a few milliseconds; a job
-# (one device's files) still running after this is hung, not slow.
+# (one device's files) that made no progress (see `progress`) for this long is hung, not slow.
 DEFAULT_DEADLINE_S = 1.0
 # How long a waiter watches an overrun job before writing it off (see ReadRunner.wait), and how
 # late a waiter must wake to count as not having run (the process was paused): a scheduling delay
 # under load is shorter, and counting it would let a loaded host postpone a write-off for ever.
 CONFIRM_S = 0.25
 PAUSED_S = 1.0
+
+
+class _OnWorker(threading.local):
+    worker: _Worker | None = None  # the _Worker running on this thread (a class default: no miss to raise)
+
+
+_on_worker = _OnWorker()
+
+
+def progress() -> None:
+    """Called by a job between its reads (sources/sysfs.py, per batch): the deadline counts from the
+    last call. A hung read makes no progress; a job of many reads that all answer, slowly (a first
+    read of a big GID table on a loaded host, firmware taking milliseconds per counter), does, and
+    is not taken for a hung one (the soak's FUSE tree at load 4 had jobs of 1.3 s written off)."""
+    worker = _on_worker.worker
+    if worker is not None:
+        worker.progress_at = worker.clock()
 
 
 class Gate:
@@ -63,11 +80,13 @@ class _Job:
 
 
 class _Worker:
-    __slots__ = ("current", "started", "thread", "written_off")
+    __slots__ = ("clock", "current", "progress_at", "started", "thread", "written_off")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
         self.current: _Job | None = None
         self.started = 0.0
+        self.progress_at = 0.0  # the job's start or its last `progress()`: the deadline counts from here
         self.written_off = False
         self.thread: threading.Thread | None = None
 
@@ -139,7 +158,7 @@ class ReadRunner:
                 worker = self._worker
                 timeout = None if until is None else until - now
                 if worker is not None and (job := worker.current) is not None:
-                    overrun = worker.started + self.deadline_s - now
+                    overrun = worker.progress_at + self.deadline_s - now
                     if overrun <= 0:
                         if suspect != job.seq:
                             suspect, suspect_since = job.seq, now
@@ -170,7 +189,7 @@ class ReadRunner:
     # -- under self._cond -------------------------------------------------------------------
 
     def _start_worker(self) -> None:
-        worker = _Worker()
+        worker = _Worker(self._clock)
         worker.thread = threading.Thread(target=self._work, args=(worker,), name=f"{self.name}-reads", daemon=True)
         self._worker = worker
         worker.thread.start()
@@ -178,14 +197,16 @@ class ReadRunner:
     def _write_off(self, worker: _Worker, now: float) -> None:
         job = worker.current
         assert job is not None
-        job.gate.stuck_since = worker.started
-        job.gate.stuck_wall = time.time() - (now - worker.started)
+        job.gate.stuck_since = worker.started  # the job's identity too: see _work
+        job.gate.stuck_wall = time.time() - (now - worker.progress_at)
         worker.written_off = True
         self.written_off += 1
         self._finished = max(self._finished, job.seq)
         log.warning(
             "a sysfs read is hung; skipping the device until it returns",
-            extra={"fields": {"device": job.gate.name, "pass": self.name, "blocked_s": round(now - worker.started, 1)}},
+            extra={
+                "fields": {"device": job.gate.name, "pass": self.name, "blocked_s": round(now - worker.progress_at, 1)}
+            },
         )
         self._worker = None
         if self._queue and not self._closed:
@@ -196,6 +217,7 @@ class ReadRunner:
     def _work(self, worker: _Worker) -> None:
         """Jobs are popped without the lock (deque operations are atomic) and the waiters woken
         once per submitted batch, not per job: a pass costs one hand-off, not one per device."""
+        _on_worker.worker = worker
         queue = self._queue
         while True:
             try:
@@ -210,7 +232,7 @@ class ReadRunner:
             if worker.written_off:
                 queue.appendleft(job)  # the fresh worker's now
                 return
-            worker.started = self._clock()
+            worker.started = worker.progress_at = self._clock()
             worker.current = job  # after `started`: a waiter that sees the job sees its start
             try:
                 if not job.gate.stuck:

@@ -19,6 +19,7 @@ from typing import TypeVar, cast
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model import ReadError
 from rnic_exporter.sources.availability import NO_PMA_READ, is_no_pma
+from rnic_exporter.sources.read_thread import progress
 
 T = TypeVar("T")
 log = logging.getLogger("rnic_exporter.sources")
@@ -254,6 +255,7 @@ class FdCache:
         """Each attribute's raw bytes, or the errno its read failed with, in one tight pass: one
         `pread` per attribute and no Python object per read beyond the bytes. Indices in `skip`
         are not read (backed-off attributes) and answer EAGAIN."""
+        progress()  # to a read worker's deadline (sources/read_thread.py): the last batch answered
         rels = batch.rels
         root = self.root
         if root.limited and not self._shed:
