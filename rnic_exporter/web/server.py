@@ -50,6 +50,7 @@ from rnic_exporter.web.auth import Credential
 from rnic_exporter.web.connections import EVICT_AFTER, MAX_HEAD, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
 from rnic_exporter.web.reload import Security, WebConfigWatcher
+from rnic_exporter.web.steer import Priority, bind_steered
 from rnic_exporter.web.webconfig import client_sans_allowed
 
 __all__ = ["LandingPage", "MetricsProvider", "WebServer", "parse_listen_address", "render_landing_page"]
@@ -202,6 +203,7 @@ class WebServer:
         write_timeout: float = 10.0,
         reload_interval: float = 1.0,
         evict_after: float = EVICT_AFTER,
+        priority_queue: bool = True,
     ) -> None:
         if not listen_addresses:
             raise ConfigError("no listen address given (example: ':9100')")
@@ -225,6 +227,7 @@ class WebServer:
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
         self.evict_after = evict_after
+        self.priority_queue = priority_queue  # a second accept queue for proven scrapers (steer.py)
         self.watcher = WebConfigWatcher(web_config_file, reload_interval)
         self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
         self._keepers = threading.BoundedSemaphore(_KEEPERS)
@@ -240,11 +243,17 @@ class WebServer:
         if self._reactor is not None:
             raise RuntimeError("WebServer.start() called twice")
         listeners: list[socket.socket] = []
+        steered: list[socket.socket] = []  # the general listeners that have a priority one
+        priority_listeners: list[socket.socket] = []
         try:
             for address in self._addresses:
-                listeners.append(bind(address))
+                general, priority = bind_steered(address) if self.priority_queue else (bind(address), None)
+                listeners.append(general)
+                if priority is not None:
+                    steered.append(general)
+                    priority_listeners.append(priority)
         except ConfigError:
-            for sock in listeners:
+            for sock in listeners + priority_listeners:
                 sock.close()
             raise
         self._listeners = listeners
@@ -258,6 +267,8 @@ class WebServer:
             request_timeout=self.request_timeout,
             idle_timeout=self.idle_timeout,
             evict_after=self.evict_after,
+            priority_listeners=priority_listeners,
+            priority=Priority(steered) if steered else None,
         )
         bound = self.bound
         _warn_if_descriptors_short(self.max_connections)
@@ -370,6 +381,8 @@ class WebServer:
             log.debug("request from %s failed", handler.conn.address, exc_info=True)
         if authorized:
             handler.conn.proven = True
+            if self._reactor is not None:
+                self._reactor.proven(handler.conn)
         if trace.TRACE is not None:
             _record(handler, keep_alive)
         self._finish(handler, keep_alive)
