@@ -182,6 +182,7 @@ class Reactor:
         self._deadlines: list[tuple[float, int, Connection]] = []
         self._by_host: dict[str, int] = {}  # open connections per client address
         self.refused = 0  # connections closed at accept, at the cap, because their address held the most
+        self.prioritized = 0  # connections admitted from a priority queue (steer.py)
         # And when it was accepted, and whether it came from the priority queue (those go first).
         self._lobby: deque[tuple[socket.socket, Any, float, bool]] = deque()
         self._seq = itertools.count()
@@ -347,7 +348,7 @@ class Reactor:
                 break
             host = _host(address)
             # The kernel's program lags the reactor's view by up to a second: judged again here.
-            favoured = priority and self._favoured(host, hog)
+            favoured = priority and self._favoured(host)
             if at_cap and favoured:
                 victim = self._victim(hog) or victim  # the flood's place, however young
                 if victim is None:
@@ -392,9 +393,9 @@ class Reactor:
         if self.priority is not None:
             self.priority.refused(host, time.monotonic())
 
-    def _favoured(self, host: str, hog: str | None) -> bool:
+    def _favoured(self, host: str) -> bool:
         assert self.priority is not None
-        return self.priority.eligible(host, self._by_host.get(host, 0), hog, time.monotonic())
+        return self.priority.eligible(host, self._by_host.get(host, 0), time.monotonic())
 
     def _steer(self) -> None:
         """Take the workers' proofs and update the kernel's program when due (steer.py)."""
@@ -402,8 +403,7 @@ class Reactor:
         now = time.monotonic()
         while self._proofs:
             self.priority.proven(self._proofs.popleft(), now)
-        at_cap = len(self._open) >= self.max_connections
-        self.priority.refresh(self._by_host, self._hog_now if at_cap else None, now)
+        self.priority.refresh(self._by_host, now)
 
     def _admit_from_lobby(self) -> None:
         while self._lobby:
@@ -423,6 +423,7 @@ class Reactor:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Connection(sock, address)
         conn.priority = priority
+        self.prioritized += priority
         conn.admitted_at = time.monotonic()
         conn.accepted_at = accepted_at or conn.admitted_at
         self._open.add(conn)

@@ -6,8 +6,8 @@ Prometheus reconnecting after an error) waits in it behind the flood, and accept
 reorder it (bench/abuse.py: p99 127-248 ms against 30-66 ms for the same attack on another
 exporter). So each listen address gets two listening sockets in one SO_REUSEPORT group (index 0
 general, 1 priority) and a classic BPF program that picks the queue per SYN: addresses that
-recently had a request answered that passed authentication (the reactor's "proven" clients), are
-not flooding (not the hog, not refused at accept lately, holding few connections) go to 1, every
+recently had a request answered that passed authentication (the reactor's "proven" clients) and
+are not flooding (holding few connections, not refused at accept lately as the hog is) go to 1, every
 other to 0. The reactor drains the priority queue first, and its connections are never the ones
 closed for room. The program is only a hint that can lag by a second: the reactor judges each
 connection again when it accepts it. Without auth every answered request counts as proven.
@@ -167,21 +167,21 @@ class Priority:
         if host in self._proven:  # only those can be steered; the flood's own addresses are not kept
             self._refused[host] = now
 
-    def eligible(self, host: str, held: int, hog: str | None, now: float) -> bool:
+    def eligible(self, host: str, held: int, now: float) -> bool:
+        """Proven lately, holding few connections, and not refused at accept lately (the hog is)."""
         proof = self._proven.get(host)
         return (
             proof is not None
             and now - proof < PROVEN_FOR
-            and now - self._refused.get(host, -REFUSED_FOR) >= REFUSED_FOR
             and held <= MAX_HELD
-            and host != hog
+            and now - self._refused.get(host, -REFUSED_FOR) >= REFUSED_FOR
         )
 
     def wake_at(self) -> float | None:
         """When `refresh` has something to do (for the reactor's select timeout)."""
         return self._next_attach if self._dirty else None
 
-    def refresh(self, by_host: Mapping[str, int], hog: str | None, now: float) -> None:
+    def refresh(self, by_host: Mapping[str, int], now: float) -> None:
         if now < self._next_attach or not (self._dirty or self.steered):
             return
         self._dirty = False
@@ -189,7 +189,7 @@ class Priority:
         for host, proof in list(self._refused.items()):
             if now - proof >= REFUSED_FOR:
                 del self._refused[host]
-        wanted = [h for h in reversed(self._proven) if self.eligible(h, by_host.get(h, 0), hog, now)]
+        wanted = [h for h in reversed(self._proven) if self.eligible(h, by_host.get(h, 0), now)]
         steered = frozenset(wanted[:MAX_ADDRESSES])
         if steered == self.steered:
             return
