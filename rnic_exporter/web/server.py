@@ -667,6 +667,7 @@ def _record(handler: _Handler, keep_alive: bool) -> None:
         "written": time.monotonic(),
     }
     times["keeper"] = float(getattr(handler.front._keeping, "conn", None) is conn)
+    times["priority"] = float(conn.priority)
     trace.TRACE.request(trace_id, times)
 
 
