@@ -141,7 +141,8 @@ class Reactor:
 
     `tls()` gives the TLS context for a new connection (None: plain HTTP), `tls_peer_ok` judges
     a finished handshake (the client certificate's SANs). `priority_listeners` are the priority
-    queues `priority` steers proven addresses to (steer.py).
+    queues `priority` steers proven addresses to (steer.py); `on_priority` may take a connection
+    from them BUSY, straight after accept (True), to handshake and answer it off this thread.
     """
 
     def __init__(
@@ -158,10 +159,12 @@ class Reactor:
         evict_after: float = EVICT_AFTER,
         priority_listeners: Sequence[socket.socket] = (),
         priority: Priority | None = None,
+        on_priority: Callable[[Connection], bool] | None = None,
     ) -> None:
         self._listeners = list(listeners)
         self._priority_listeners = list(priority_listeners)
         self.priority = priority
+        self._on_priority = on_priority
         self._proofs: deque[str] = deque()  # addresses with a request that passed authentication, from workers
         self._hog_now: str | None = None  # the hog of the latest round at the cap
         self._on_request = on_request
@@ -437,6 +440,11 @@ class Reactor:
         self._open.add(conn)
         host = _host(address)
         self._by_host[host] = self._by_host.get(host, 0) + 1
+        if priority and self._on_priority is not None:
+            conn.phase = Phase.BUSY
+            if self._on_priority(conn):
+                return  # a proven scraper's connection: its next steps do not wait for this loop's rounds
+            conn.phase = Phase.WAITING
         self._guarded(self._start, conn)
 
     def _start(self, conn: Connection) -> None:

@@ -30,6 +30,7 @@ import http.server
 import io
 import logging
 import os
+import select
 import socket
 import ssl
 import sys
@@ -269,6 +270,7 @@ class WebServer:
             evict_after=self.evict_after,
             priority_listeners=priority_listeners,
             priority=Priority(steered) if steered else None,
+            on_priority=self._take_priority,
         )
         bound = self.bound
         _warn_if_descriptors_short(self.max_connections)
@@ -405,20 +407,69 @@ class WebServer:
                 self._keepers.release()
         reactor.resume(conn, keep_alive)
 
-    def _keep(self, conn: Connection) -> None:
+    def _take_priority(self, conn: Connection) -> bool:
+        """A connection from the priority queue (steer.py), just accepted: handshake and answer it on
+        a keeper thread, if one is free, rather than through the reactor's rounds (each of which a
+        flood makes long: its accepts, handshakes and reads)."""
+        if not self._keepers.acquire(blocking=False):
+            return False
+        try:
+            threading.Thread(target=self._keep, args=(conn, True), name="rnic-web-keep", daemon=True).start()
+        except RuntimeError:  # "can't start new thread": the reactor takes it
+            self._keepers.release()
+            return False
+        return True
+
+    def _handshake_here(self, conn: Connection) -> bool:
+        """A new connection's TLS handshake on this thread, under the handshake deadline for the whole step."""
+        ctx = self._tls_context()
+        if ctx is None:
+            return True
+        deadline = time.monotonic() + self.tls_handshake_timeout
+        try:
+            conn.sock.setblocking(False)
+            tls = ctx.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            conn.sock = tls
+            poll = select.poll()
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    poll.register(tls, select.POLLIN)
+                except ssl.SSLWantWriteError:
+                    poll.register(tls, select.POLLOUT)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not poll.poll(remaining * 1000):
+                    log.debug("TLS handshake with %s: no complete handshake by the deadline", conn.address)
+                    return False
+        except (OSError, ValueError) as exc:
+            log.debug("TLS handshake with %s failed: %s", conn.address, exc)
+            return False
+        conn.handshaken_at = time.monotonic()
+        return self._tls_peer_ok(tls)
+
+    def _keep(self, conn: Connection, fresh: bool = False) -> None:
         """Wait for a scraper's requests on this thread and answer them here, one after another.
 
         The reactor would do as well in a quiet room, but during a flood its rounds are full of
         handshakes and evictions, and a request it reads then waits for a worker to wake as well:
         two scheduler hand-offs. A few threads (_KEEPERS) for connections that passed
-        authentication give the scrapers one hand-off, as a thread per connection does.
+        authentication give the scrapers one hand-off, as a thread per connection does. With
+        `fresh`, a connection just accepted from the priority queue: its handshake first, and its
+        first request under the request deadline.
         """
         try:
+            if fresh and not self._handshake_here(conn):
+                self._close(conn)
+                return
+            wait = self.request_timeout if fresh else self.idle_timeout
             while True:
                 try:
-                    head = self._read_head(conn)
+                    head = self._read_head(conn, wait)
                 except (OSError, ValueError):
                     head = None
+                wait = self.idle_timeout
                 if head is None or self._stopping.is_set():
                     self._close(conn)
                     return
@@ -432,9 +483,9 @@ class WebServer:
         finally:
             self._keepers.release()
 
-    def _read_head(self, conn: Connection) -> bytes | None:
-        """The next request head (blocking), under the idle and then the request deadline."""
-        deadline = time.monotonic() + self.idle_timeout
+    def _read_head(self, conn: Connection, wait: float) -> bytes | None:
+        """The next request head (blocking), under `wait` and then the request deadline."""
+        deadline = time.monotonic() + wait
         while (head := conn.take_head()) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or len(conn.buffer) > MAX_HEAD:
