@@ -9,25 +9,35 @@ import errno
 import http.client
 import logging
 import socket
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.web import listen, steer
-from rnic_exporter.web.connections import Reactor
+from rnic_exporter.web.connections import Connection, Reactor
 from rnic_exporter.web.server import WebServer
 from tests.support.wait import wait_for
 from tests.test_web import (  # noqa: F401  (fixtures, found by their names)
     BODY,
     DEADLINE,
     LANDING,
+    Certs,
     FakeProvider,
     ServerFactory,
+    basic,
+    certs,
+    client_context,
+    confdir,
     provider,
     read_until_closed,
     request,
     serve,
+    tls_config,
+    write_config,
 )
 
 
@@ -232,6 +242,8 @@ def test_a_proven_scrapers_fresh_connection_is_answered_while_a_flood_fills_the_
     assert request(server).body == BODY  # the scraper's earlier scrape proves its address
     if priority_queue:
         steered(reactor, "127.0.0.1")
+    # Closed on the server's side too, so the flood's is the only address the reactor holds.
+    wait_for(lambda: server.open_connections == 0, timeout=DEADLINE, what="the scrape's connection closed")
     host, port = server.bound[0]
     flood = []
     for _ in range(4 + 32 + 20):  # the cap, the lobby, and the backlog
@@ -274,3 +286,86 @@ def test_a_priority_connection_is_not_closed_for_room(serve: ServerFactory, open
     assert read_until_closed(others[0], timeout=DEADLINE) == b""  # closed for room
     quiet.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert read_until_closed(quiet, timeout=DEADLINE).endswith(BODY)
+
+
+def test_a_proven_scrapers_fresh_https_connection_is_handshaken_and_answered_off_the_reactor(
+    serve: ServerFactory, confdir: Path, certs: Certs
+) -> None:
+    server = serve(write_config(confdir, tls_config({"alice": "s3cret"})))
+    reactor = server._reactor
+    assert reactor is not None and reactor.priority is not None
+    ctx = client_context(certs)
+    assert request(server, context=ctx, headers=basic("alice", "wrong")).status == 401  # proves nothing
+    assert request(server, context=ctx, headers=basic("alice", "s3cret")).status == 200
+    steered(reactor, "127.0.0.1")
+    read_by_reactor: list[Connection] = []
+    on_request = reactor._on_request
+
+    def recording(conn: Connection, head: bytes) -> None:
+        read_by_reactor.append(conn)
+        on_request(conn, head)
+
+    reactor._on_request = recording
+    reply = request(server, context=ctx, headers=basic("alice", "s3cret"))
+    assert (reply.status, reply.body) == (200, BODY)
+    assert reactor.prioritized == 1
+    assert read_by_reactor == []  # its handshake and request were a keeper thread's
+
+
+def test_a_trickling_client_from_a_proven_address_is_closed_at_the_handshake_deadline(
+    serve: ServerFactory, confdir: Path, certs: Certs
+) -> None:
+    server = serve(write_config(confdir, tls_config()), tls_handshake_timeout=0.3)
+    reactor = server._reactor
+    assert reactor is not None
+    ctx = client_context(certs)
+    assert request(server, context=ctx).status == 200  # no auth: an answered request is proven
+    steered(reactor, "127.0.0.1")
+    with socket.create_connection(server.bound[0], timeout=DEADLINE) as slow:
+        wait_for(lambda: reactor.prioritized == 1, timeout=DEADLINE, what="the connection through the priority queue")
+        stop = threading.Event()
+
+        def trickle() -> None:  # a ClientHello a byte every 50 ms: a per-read timeout would never fire
+            for byte in b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(500):
+                if stop.wait(0.05):
+                    return
+                try:
+                    slow.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+        dripping = threading.Thread(target=trickle)
+        started = time.monotonic()
+        dripping.start()
+        try:
+            assert read_until_closed(slow, timeout=DEADLINE) == b""
+            assert time.monotonic() - started < DEADLINE
+        finally:
+            stop.set()
+            dripping.join()
+    assert request(server, context=ctx).status == 200
+
+
+def keepers() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == "rnic-web-keep")
+
+
+def test_with_every_keeper_busy_a_priority_connection_is_served_by_the_reactor(serve: ServerFactory) -> None:
+    server = serve()
+    reactor = server._reactor
+    assert reactor is not None
+    assert request(server).body == BODY
+    steered(reactor, "127.0.0.1")
+    host, port = server.bound[0]
+    held = [http.client.HTTPConnection(host, port, timeout=DEADLINE) for _ in range(4)]
+    try:
+        for conn in held:  # each keep-alive connection then waits for its next request on a keeper
+            conn.request("GET", "/metrics")
+            assert conn.getresponse().read() == BODY
+        wait_for(lambda: keepers() == 4, timeout=DEADLINE, what="every keeper thread taken")
+        reply = request(server)
+        assert (reply.status, reply.body) == (200, BODY)
+        assert reactor.prioritized == 5
+    finally:
+        for conn in held:
+            conn.close()
