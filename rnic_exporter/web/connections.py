@@ -31,7 +31,8 @@ ready in a round, those of the least served addresses go first.
 Where the kernel allows it, each listen address has a second, priority accept queue for
 addresses that proved themselves real scrapers (steer.py): it is drained first every round, it
 is not paused at the cap, and its connections take a flood's place at once and are never the
-ones closed for room.
+ones closed for room; `on_priority` (the server) handshakes and answers them on a thread of
+their own when one is free, so their steps do not wait for rounds a flood makes long.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ which would spread the flood over both queues.
 Where SO_REUSEPORT or the attach is refused (another kernel, seccomp, another OS), start-up logs
 one line and the address gets one listener, as before. The first socket of a group is bound
 without SO_REUSEPORT (set right after, before listen()), so a port anyone already holds is still
-"address already in use"; a later process of the same user that sets SO_REUSEPORT itself could
-join the group, as with any SO_REUSEPORT server.
+"address already in use"; a later process of the same user that sets SO_REUSEPORT itself can
+join the group (our program sends it nothing, but it could attach its own), as with any
+SO_REUSEPORT server.
 """
 
 from __future__ import annotations
