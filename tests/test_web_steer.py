@@ -11,7 +11,6 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,37 +38,30 @@ from tests.test_web import (  # noqa: F401  (fixtures, found by their names)
     tls_config,
     write_config,
 )
+from tests.test_web_abuse import sockets  # noqa: F401  (a fixture: the sockets to close after the test)
 
 
-@pytest.fixture
-def opened() -> Iterator[list[socket.socket]]:
-    sockets: list[socket.socket] = []
-    yield sockets
-    for sock in sockets:
-        sock.close()
-
-
-def pair(address: str, opened: list[socket.socket]) -> tuple[socket.socket, socket.socket]:
+def pair(address: str, sockets: list[socket.socket]) -> tuple[socket.socket, socket.socket]:
     general, priority = steer.bind_steered(address)
-    opened.append(general)
+    sockets.append(general)
     assert priority is not None, "this kernel refused the SO_REUSEPORT pair or the classic BPF program"
-    opened.append(priority)
+    sockets.append(priority)
     general.setblocking(False)
     priority.setblocking(False)
     return general, priority
 
 
-def connect_from(source: str, listener: socket.socket, opened: list[socket.socket]) -> None:
+def connect_from(source: str, listener: socket.socket, sockets: list[socket.socket]) -> None:
     family = listener.family if ":" in source else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    opened.append(sock)
+    sockets.append(sock)
     sock.settimeout(DEADLINE)
     sock.bind((source, 0))
     host = "::1" if family == socket.AF_INET6 else "127.0.0.1"
     sock.connect((host, listener.getsockname()[1]))
 
 
-def accepted(listeners: dict[str, socket.socket], count: int, opened: list[socket.socket]) -> dict[str, list[str]]:
+def accepted(listeners: dict[str, socket.socket], count: int, sockets: list[socket.socket]) -> dict[str, list[str]]:
     """Which listener accepted each of `count` connections: queue name -> client addresses."""
     got: dict[str, list[str]] = {name: [] for name in listeners}
 
@@ -80,7 +72,7 @@ def accepted(listeners: dict[str, socket.socket], count: int, opened: list[socke
                     sock, address = listener.accept()
                 except BlockingIOError:
                     break
-                opened.append(sock)
+                sockets.append(sock)
                 got[name].append(str(address[0]))
         return sum(map(len, got.values())) >= count
 
@@ -89,24 +81,24 @@ def accepted(listeners: dict[str, socket.socket], count: int, opened: list[socke
 
 
 def test_a_proven_ipv4_address_lands_on_the_priority_queue_and_others_on_the_general_one(
-    opened: list[socket.socket],
+    sockets: list[socket.socket],
 ) -> None:
-    general, priority = pair("127.0.0.1:0", opened)
+    general, priority = pair("127.0.0.1:0", sockets)
     steer.attach(general, steer.program(["127.0.0.2", "::1"]))
     # Several from each: a program returning an index outside the group would make the kernel
     # hash the connections over both queues instead.
     for _ in range(8):
-        connect_from("127.0.0.2", general, opened)
-        connect_from("127.0.0.3", general, opened)
-    got = accepted({"general": general, "priority": priority}, 16, opened)
+        connect_from("127.0.0.2", general, sockets)
+        connect_from("127.0.0.3", general, sockets)
+    got = accepted({"general": general, "priority": priority}, 16, sockets)
     assert got == {"general": ["127.0.0.3"] * 8, "priority": ["127.0.0.2"] * 8}
 
 
-def test_without_a_proven_address_everything_goes_to_the_general_queue(opened: list[socket.socket]) -> None:
-    general, priority = pair("127.0.0.1:0", opened)  # as bound: the empty program
+def test_without_a_proven_address_everything_goes_to_the_general_queue(sockets: list[socket.socket]) -> None:
+    general, priority = pair("127.0.0.1:0", sockets)  # as bound: the empty program
     for source in ("127.0.0.1", "127.0.0.2") * 4:
-        connect_from(source, general, opened)
-    got = accepted({"general": general, "priority": priority}, 8, opened)
+        connect_from(source, general, sockets)
+    got = accepted({"general": general, "priority": priority}, 8, sockets)
     assert sorted(got["general"]) == ["127.0.0.1"] * 4 + ["127.0.0.2"] * 4
     assert got["priority"] == []
 
@@ -121,37 +113,37 @@ def _ipv6_loopback() -> bool:
 
 
 @pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this host")
-def test_ipv6_sources_are_steered(opened: list[socket.socket]) -> None:
-    general, priority = pair("[::1]:0", opened)
+def test_ipv6_sources_are_steered(sockets: list[socket.socket]) -> None:
+    general, priority = pair("[::1]:0", sockets)
     steer.attach(general, steer.program(["::1"]))
-    connect_from("::1", general, opened)
-    assert accepted({"general": general, "priority": priority}, 1, opened) == {"general": [], "priority": ["::1"]}
+    connect_from("::1", general, sockets)
+    assert accepted({"general": general, "priority": priority}, 1, sockets) == {"general": [], "priority": ["::1"]}
     steer.attach(general, steer.program(["::2", "127.0.0.1"]))  # same first words, another address
-    connect_from("::1", general, opened)
-    assert accepted({"general": general, "priority": priority}, 1, opened) == {"general": ["::1"], "priority": []}
+    connect_from("::1", general, sockets)
+    assert accepted({"general": general, "priority": priority}, 1, sockets) == {"general": ["::1"], "priority": []}
 
 
 @pytest.mark.skipif(not socket.has_dualstack_ipv6() or not _ipv6_loopback(), reason="no dual-stack IPv6 here")
-def test_a_dual_stack_listener_steers_ipv4_clients_by_their_ipv4_address(opened: list[socket.socket]) -> None:
-    general, priority = pair("[::]:0", opened)
+def test_a_dual_stack_listener_steers_ipv4_clients_by_their_ipv4_address(sockets: list[socket.socket]) -> None:
+    general, priority = pair("[::]:0", sockets)
     # As the reactor sees them on a dual-stack socket: IPv4-mapped.
     steer.attach(general, steer.program(["::ffff:127.0.0.2"]))
-    connect_from("127.0.0.2", general, opened)
-    connect_from("127.0.0.3", general, opened)
-    connect_from("::1", general, opened)
-    got = accepted({"general": general, "priority": priority}, 3, opened)
+    connect_from("127.0.0.2", general, sockets)
+    connect_from("127.0.0.3", general, sockets)
+    connect_from("::1", general, sockets)
+    got = accepted({"general": general, "priority": priority}, 3, sockets)
     assert sorted(got["general"]) == ["::1", "::ffff:127.0.0.3"]
     assert got["priority"] == ["::ffff:127.0.0.2"]
 
 
-def test_the_program_holds_the_cap_of_addresses_of_both_families(opened: list[socket.socket]) -> None:
-    general, priority = pair("127.0.0.1:0", opened)
+def test_the_program_holds_the_cap_of_addresses_of_both_families(sockets: list[socket.socket]) -> None:
+    general, priority = pair("127.0.0.1:0", sockets)
     hosts = [f"127.0.1.{n}" for n in range(steer.MAX_ADDRESSES // 2)]
     hosts += [f"2001:db8::{n:x}" for n in range(steer.MAX_ADDRESSES - len(hosts) - 1)] + ["127.0.0.5"]
     steer.attach(general, steer.program(hosts))
-    connect_from("127.0.0.5", general, opened)  # the last one compared
-    connect_from("127.0.0.6", general, opened)
-    got = accepted({"general": general, "priority": priority}, 2, opened)
+    connect_from("127.0.0.5", general, sockets)  # the last one compared
+    connect_from("127.0.0.6", general, sockets)
+    got = accepted({"general": general, "priority": priority}, 2, sockets)
     assert got == {"general": ["127.0.0.6"], "priority": ["127.0.0.5"]}
     with pytest.raises(ValueError, match="at most"):
         steer.program([*hosts, "127.0.0.7"])
@@ -230,7 +222,7 @@ def test_an_address_is_steered_once_a_request_from_it_was_answered(serve: Server
 
 @pytest.mark.parametrize("priority_queue", [True, False])
 def test_a_proven_scrapers_fresh_connection_is_answered_while_a_flood_fills_the_backlog(
-    serve: ServerFactory, opened: list[socket.socket], priority_queue: bool
+    serve: ServerFactory, sockets: list[socket.socket], priority_queue: bool
 ) -> None:
     # One flooding address at the cap, its connections too young to close (30 s): the reactor
     # leaves the rest of the flood in the kernel's accept queue, first come first served. A
@@ -248,7 +240,7 @@ def test_a_proven_scrapers_fresh_connection_is_answered_while_a_flood_fills_the_
     flood = []
     for _ in range(4 + 32 + 20):  # the cap, the lobby, and the backlog
         sock = socket.create_connection((host, port), timeout=DEADLINE, source_address=("127.0.0.2", 0))
-        opened.append(sock)
+        sockets.append(sock)
         flood.append(sock)
     wait_for(lambda: not reactor._accepting, timeout=DEADLINE, what="the reactor to stop accepting the flood")
     scraper = http.client.HTTPConnection(host, port, timeout=DEADLINE)
@@ -265,7 +257,7 @@ def test_a_proven_scrapers_fresh_connection_is_answered_while_a_flood_fills_the_
         scraper.close()
 
 
-def test_a_priority_connection_is_not_closed_for_room(serve: ServerFactory, opened: list[socket.socket]) -> None:
+def test_a_priority_connection_is_not_closed_for_room(serve: ServerFactory, sockets: list[socket.socket]) -> None:
     # Any waiting connection may be closed for room at once (evict_after 0): without the priority
     # queue the longest-waiting, the scraper's new connection that has not sent its request yet,
     # was the first to go.
@@ -276,12 +268,12 @@ def test_a_priority_connection_is_not_closed_for_room(serve: ServerFactory, open
     steered(reactor, "127.0.0.1")
     host, port = server.bound[0]
     quiet = socket.create_connection((host, port), timeout=DEADLINE)  # from the proven address
-    opened.append(quiet)
+    sockets.append(quiet)
     wait_for(lambda: reactor.prioritized == 1, timeout=DEADLINE, what="the connection through the priority queue")
     others = []
     for n in range(2, 12):  # each from an address of its own, so none is refused as the hog
         sock = socket.create_connection((host, port), timeout=DEADLINE, source_address=(f"127.0.0.{n}", 0))
-        opened.append(sock)
+        sockets.append(sock)
         others.append(sock)
     assert read_until_closed(others[0], timeout=DEADLINE) == b""  # closed for room
     quiet.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
