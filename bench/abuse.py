@@ -660,7 +660,11 @@ def report(runs: list[PhaseRun], trace: dict[str, Any] | None) -> None:
                     p50, p99, top = quantiles(spans)
                     parts.append(f"{label} {p50:.1f} / {p99:.1f} / {top:.1f}")
             keeper = sum(1 for j in joined if j.get("keeper"))
-            print(f"  {phase.name} {mode} (n={len(joined)}, {keeper} on a keeper thread):")
+            priority = sum(1 for j in joined if j.get("priority"))
+            print(
+                f"  {phase.name} {mode} (n={len(joined)}, {keeper} on a keeper thread, "
+                f"{priority} through the priority queue):"
+            )
             for part in parts:
                 print(f"      {part}")
     print("\n## the exporter's threads, by phase")

@@ -27,6 +27,12 @@ kernel's backlog, which is first come first served, behind the whole flood: seco
 bench/abuse.py), and waits in the backlog when they all come from one. A flood from the
 scraper's own address cannot be told from it: one address, no sharing. Of the TLS handshakes
 ready in a round, those of the least served addresses go first.
+
+Where the kernel allows it, each listen address has a second, priority accept queue for
+addresses that proved themselves real scrapers (steer.py): it is drained first every round, it
+is not paused at the cap, and its connections take a flood's place at once and are never the
+ones closed for room; `on_priority` (the server) handshakes and answers them on a thread of
+their own when one is free, so their steps do not wait for rounds a flood makes long.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from contextlib import suppress
 from typing import Any, cast
 
 from rnic_exporter.web import trace
+from rnic_exporter.web.steer import Priority
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +70,10 @@ _ACCEPTS_PER_ROUND = 8
 # Connections from the hog closed at accept per round: a close costs ~20 us, no TLS, and the
 # attackers reconnect as fast as they are closed (64 a round did not keep the backlog short).
 _REFUSALS_PER_ROUND = 1024
+# But closing them stops this far into a round (checked every 16), so that the priority queue and
+# the connections of the round's first steps are looked at again soon: a round of 900 refusals
+# took 30-60 ms under bench/abuse.py, and a proven scraper's connection waited for it at each step.
+_REFUSING_FOR = 0.002
 # At the cap, accepted connections that found no place wait here (no TLS, no reads), so that the
 # next one in the backlog can be looked at: from another address, it may take the hog's place.
 _LOBBY = 32
@@ -93,6 +104,7 @@ class Connection:
         "handshaken_at",
         "head_at",
         "phase",
+        "priority",
         "proven",
         "requests",
         "since",
@@ -106,6 +118,7 @@ class Connection:
         self.phase = Phase.WAITING
         self.deadline = 0.0
         self.proven = False  # a request on it passed authentication: a real scraper, evicted last
+        self.priority = False  # from the priority queue (steer.py): never closed for room
         self.requests = 0
         self.since = 0.0  # when it started waiting
         self._want = 0  # the events the reactor's selector watches for; 0: not registered
@@ -128,7 +141,9 @@ class Reactor:
     """Accepts on `listeners` and hands complete request heads to `on_request` (on this thread).
 
     `tls()` gives the TLS context for a new connection (None: plain HTTP), `tls_peer_ok` judges
-    a finished handshake (the client certificate's SANs).
+    a finished handshake (the client certificate's SANs). `priority_listeners` are the priority
+    queues `priority` steers proven addresses to (steer.py); `on_priority` may take a connection
+    from them BUSY, straight after accept (True), to handshake and answer it off this thread.
     """
 
     def __init__(
@@ -143,8 +158,16 @@ class Reactor:
         request_timeout: float,
         idle_timeout: float,
         evict_after: float = EVICT_AFTER,
+        priority_listeners: Sequence[socket.socket] = (),
+        priority: Priority | None = None,
+        on_priority: Callable[[Connection], bool] | None = None,
     ) -> None:
         self._listeners = list(listeners)
+        self._priority_listeners = list(priority_listeners)
+        self.priority = priority
+        self._on_priority = on_priority
+        self._proofs: deque[str] = deque()  # addresses with a request that passed authentication, from workers
+        self._hog_now: str | None = None  # the hog of the latest round at the cap
         self._on_request = on_request
         self._tls = tls
         self._tls_peer_ok = tls_peer_ok
@@ -163,19 +186,24 @@ class Reactor:
         # Waiting connections by how long they have waited, oldest first: the eviction order.
         self._unproven: OrderedDict[Connection, None] = OrderedDict()
         self._proven: OrderedDict[Connection, None] = OrderedDict()
+        self._kept: OrderedDict[Connection, None] = OrderedDict()  # waiting priority ones: never evicted
         self._deadlines: list[tuple[float, int, Connection]] = []
         self._by_host: dict[str, int] = {}  # open connections per client address
         self.refused = 0  # connections closed at accept, at the cap, because their address held the most
-        self._lobby: deque[tuple[socket.socket, Any, float]] = deque()  # and when it was accepted
+        self.prioritized = 0  # connections admitted from a priority queue (steer.py)
+        # And when it was accepted, and whether it came from the priority queue (those go first).
+        self._lobby: deque[tuple[socket.socket, Any, float, bool]] = deque()
         self._seq = itertools.count()
+        self._refuse_until = 0.0  # this round closes no more at accept after this (time.monotonic())
         self._accepting = False
+        self._registered: set[socket.socket] = set()  # listeners the selector watches
         self._accept_paused_until = 0.0
         self._thread: threading.Thread | None = None
 
     # -- control (any thread) ---------------------------------------------------------------
 
     def start(self) -> None:
-        for sock in self._listeners:
+        for sock in self._listeners + self._priority_listeners:
             sock.setblocking(False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._listen(True)
@@ -188,6 +216,14 @@ class Reactor:
         self._wake()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def proven(self, conn: Connection) -> None:
+        """A request on `conn` passed authentication (any thread): its address may be steered."""
+        if self.priority is not None:
+            host = _host(conn.address)
+            self._proofs.append(host)
+            if host not in self.priority.steered:  # a change for the program: do not wait for the next event
+                self._wake()
 
     def resume(self, conn: Connection, keep_alive: bool) -> None:
         """A worker is done with `conn`: wait for its next request, or close it."""
@@ -215,6 +251,7 @@ class Reactor:
                 reads = 0
                 ready = self._selector.select(self._timeout())
                 started = time.monotonic()
+                self._refuse_until = started + _REFUSING_FOR
                 for key, _ in ready:
                     target = key.data
                     if target is None:
@@ -231,12 +268,16 @@ class Reactor:
                 if len(handshakes) > _HANDSHAKES_PER_ROUND:
                     # The least served addresses first: a scraper's handshake is not queued behind a
                     # flood's (the rest stay ready and come next round).
-                    handshakes.sort(key=lambda c: self._by_host.get(_host(c.address), 0))
+                    handshakes.sort(key=lambda c: (not c.priority, self._by_host.get(_host(c.address), 0)))
                 for conn in handshakes[:_HANDSHAKES_PER_ROUND]:
                     if conn.phase is Phase.HANDSHAKE and conn in self._open:
                         self._guarded(self._handshake, conn)
-                accepts = sum(self._accept(listener) for listener in listeners)
+                if len(listeners) > 1:
+                    listeners.sort(key=lambda sock: sock not in self._priority_listeners)  # priority first
+                accepts = sum(self._accept(sock, sock in self._priority_listeners) for sock in listeners)
                 self._expire()
+                if self.priority is not None:
+                    self._steer()
                 if trace.TRACE is not None:
                     trace.TRACE.round(started, reads, min(len(handshakes), _HANDSHAKES_PER_ROUND), accepts)
         finally:
@@ -257,6 +298,8 @@ class Reactor:
             wakeups.append(self._deadlines[0][0])
         if not self._accepting and self._accept_paused_until:
             wakeups.append(self._accept_paused_until)
+        if self.priority is not None and (steer_at := self.priority.wake_at()) is not None:
+            wakeups.append(steer_at)
         waiting = self._unproven or self._proven
         if self._lobby and waiting:  # the lobby moves on when the oldest waiting one may be closed
             wakeups.append(next(iter(waiting)).since + self.evict_after)
@@ -267,19 +310,24 @@ class Reactor:
             while self._wake_r.recv(4096):
                 pass
 
-    def _listen(self, on: bool) -> None:
-        if on == self._accepting:
-            return
-        for sock in self._listeners:
-            if on:
+    def _listen(self, on: bool, *, everything: bool = False) -> None:
+        """Accept on every listener, or pause the general ones (with `everything`, all of them).
+
+        The priority listeners are not paused at the cap: their connections take a flood's place.
+        """
+        wanted = self._listeners + self._priority_listeners if on else [] if everything else self._priority_listeners
+        for sock in self._listeners + self._priority_listeners:
+            if sock in wanted and sock not in self._registered:
                 self._selector.register(sock, selectors.EVENT_READ, sock)
-            else:
+                self._registered.add(sock)
+            elif sock not in wanted and sock in self._registered:
                 self._selector.unregister(sock)
+                self._registered.discard(sock)
         self._accepting = on
 
     # -- accepting -----------------------------------------------------------------------------
 
-    def _accept(self, listener: socket.socket) -> int:
+    def _accept(self, listener: socket.socket, priority: bool = False) -> int:
         """Accept what this round may from `listener`; how many were accepted (refused ones too)."""
         admitted = refused = lobbied = 0
         hog: str | None = None
@@ -288,10 +336,10 @@ class Reactor:
                 break
             at_cap = len(self._open) >= self.max_connections
             if at_cap and hog is None:
-                hog = self._hog()  # once per round: it changes by a connection or two
+                hog = self._hog_now = self._hog()  # once per round: it changes by a connection or two
             victim = self._victim() if at_cap else None
             shared = len(self._by_host) > 1
-            if at_cap and victim is None and len(self._lobby) >= _LOBBY and not shared:
+            if at_cap and victim is None and len(self._lobby) >= _LOBBY and not shared and not priority:
                 self._pause_at_cap()  # one address: nobody to tell apart, let the backlog hold the rest
                 break
             try:
@@ -305,60 +353,99 @@ class Reactor:
                     continue  # a descriptor was freed
                 log.warning("accept on %s failed: %s", listener.getsockname(), exc)
                 # The listener stays readable; pause instead of spinning a core.
-                self._listen(False)
+                self._listen(False, everything=True)
                 self._accept_paused_until = time.monotonic() + _EMFILE_PAUSE
                 break
-            if at_cap and hog is not None:
-                host = _host(address)
+            host = _host(address)
+            # The kernel's program lags the reactor's view by up to a second: judged again here.
+            favoured = priority and self._favoured(host)
+            if at_cap and favoured:
+                victim = self._victim(hog) or victim  # the flood's place, however young
+                if victim is None:
+                    if len(self._lobby) >= 2 * _LOBBY:  # bounded for everyone
+                        close_socket(sock)
+                        self.refused += 1
+                        refused += 1
+                        continue
+                    self._lobby.appendleft((sock, address, time.monotonic(), True))  # ahead of the flood's
+                    lobbied += 1
+                    continue
+            elif at_cap and hog is not None:
                 held, most = self._by_host.get(host, 0), self._by_host.get(hog, 0)
                 # The hog, and an address holding about as many when the lobby is full, are closed
                 # at once rather than paused for: a paused accept leaves a light address's newcomer
                 # in the kernel's backlog behind all of them (seconds, under bench/abuse.py).
                 lobby_full = victim is None and len(self._lobby) >= _LOBBY
                 if shared and (host == hog or (held >= most // 2 and lobby_full)):
-                    close_socket(sock)  # before any TLS work: the backlog drains at close speed
-                    self.refused += 1
+                    self._refuse(sock, host)  # before any TLS work: the backlog drains at close speed
                     refused += 1
+                    if refused % 16 == 0 and time.monotonic() > self._refuse_until:
+                        break  # the rest next round, after the priority queue and the ready connections
                     continue
                 if host != hog and held < most // 2:
                     # A clearly less served address takes the hog's place at once.
                     victim = self._victim(hog) or victim
                 if victim is None and len(self._lobby) >= 2 * _LOBBY:  # light ones too: the lobby is bounded
-                    close_socket(sock)
-                    self.refused += 1
+                    self._refuse(sock, host)
                     refused += 1
                     continue
                 if victim is None:
-                    self._lobby.append((sock, address, time.monotonic()))  # waits as it would have in the backlog
+                    self._lobby.append((sock, address, time.monotonic(), False))  # waits as in the backlog
                     lobbied += 1
                     continue
             if victim is not None:
                 self._evict(victim)
-            self._admit(sock, address)
+            self._admit(sock, address, 0.0, favoured)
             admitted += 1
         return admitted + refused + lobbied
+
+    def _refuse(self, sock: socket.socket, host: str) -> None:
+        close_socket(sock)
+        self.refused += 1
+        if self.priority is not None:
+            self.priority.refused(host, time.monotonic())
+
+    def _favoured(self, host: str) -> bool:
+        assert self.priority is not None
+        return self.priority.eligible(host, self._by_host.get(host, 0), time.monotonic())
+
+    def _steer(self) -> None:
+        """Take the workers' proofs and update the kernel's program when due (steer.py)."""
+        assert self.priority is not None
+        now = time.monotonic()
+        while self._proofs:
+            self.priority.proven(self._proofs.popleft(), now)
+        self.priority.refresh(self._by_host, now)
 
     def _admit_from_lobby(self) -> None:
         while self._lobby:
             if len(self._open) >= self.max_connections:
-                victim = self._victim()
+                victim = self._victim(self._hog_now) if self._lobby[0][3] and self._hog_now else None
+                victim = victim or self._victim()
                 if victim is None:
                     return
                 self._evict(victim)
             self._admit(*self._lobby.popleft())
 
-    def _admit(self, sock: socket.socket, address: Any, accepted_at: float = 0.0) -> None:
+    def _admit(self, sock: socket.socket, address: Any, accepted_at: float = 0.0, priority: bool = False) -> None:
         sock.setblocking(False)
         # Headers and body go out in two writes; with Nagle on, a small body then waits for the
         # client's delayed ACK (40 ms on Linux) on every keep-alive scrape.
         with suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Connection(sock, address)
+        conn.priority = priority
+        self.prioritized += priority
         conn.admitted_at = time.monotonic()
         conn.accepted_at = accepted_at or conn.admitted_at
         self._open.add(conn)
         host = _host(address)
         self._by_host[host] = self._by_host.get(host, 0) + 1
+        if priority and self._on_priority is not None:
+            conn.phase = Phase.BUSY
+            if self._on_priority(conn):
+                return  # a proven scraper's connection: its next steps do not wait for this loop's rounds
+            conn.phase = Phase.WAITING
         self._guarded(self._start, conn)
 
     def _start(self, conn: Connection) -> None:
@@ -414,7 +501,7 @@ class Reactor:
         """Watch `conn` for input (or output) until `deadline`."""
         if conn.phase is Phase.BUSY:
             conn.phase = Phase.WAITING
-        queue = self._proven if conn.proven else self._unproven
+        queue = self._kept if conn.priority else self._proven if conn.proven else self._unproven
         if conn not in queue:
             queue[conn] = None  # appended: it has now waited least
             conn.since = time.monotonic()
@@ -432,6 +519,7 @@ class Reactor:
     def _unwatch(self, conn: Connection) -> None:
         self._unproven.pop(conn, None)
         self._proven.pop(conn, None)
+        self._kept.pop(conn, None)
         if conn._want:
             conn._want = 0
             with suppress(KeyError, ValueError):
@@ -549,8 +637,8 @@ class Reactor:
         for conn in list(self._open):
             if conn.phase is not Phase.BUSY:
                 self._close(conn)
-        self._listen(False)
-        for sock in self._listeners:
+        self._listen(False, everything=True)
+        for sock in self._listeners + self._priority_listeners:
             sock.close()
         self._selector.close()
         self._wake_r.close()

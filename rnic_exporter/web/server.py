@@ -30,6 +30,7 @@ import http.server
 import io
 import logging
 import os
+import select
 import socket
 import ssl
 import sys
@@ -50,6 +51,7 @@ from rnic_exporter.web.auth import Credential
 from rnic_exporter.web.connections import EVICT_AFTER, MAX_HEAD, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
 from rnic_exporter.web.reload import Security, WebConfigWatcher
+from rnic_exporter.web.steer import Priority, bind_steered
 from rnic_exporter.web.webconfig import client_sans_allowed
 
 __all__ = ["LandingPage", "MetricsProvider", "WebServer", "parse_listen_address", "render_landing_page"]
@@ -202,6 +204,7 @@ class WebServer:
         write_timeout: float = 10.0,
         reload_interval: float = 1.0,
         evict_after: float = EVICT_AFTER,
+        priority_queue: bool = True,
     ) -> None:
         if not listen_addresses:
             raise ConfigError("no listen address given (example: ':9100')")
@@ -225,6 +228,7 @@ class WebServer:
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
         self.evict_after = evict_after
+        self.priority_queue = priority_queue  # a second accept queue for proven scrapers (steer.py)
         self.watcher = WebConfigWatcher(web_config_file, reload_interval)
         self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
         self._keepers = threading.BoundedSemaphore(_KEEPERS)
@@ -240,11 +244,17 @@ class WebServer:
         if self._reactor is not None:
             raise RuntimeError("WebServer.start() called twice")
         listeners: list[socket.socket] = []
+        steered: list[socket.socket] = []  # the general listeners that have a priority one
+        priority_listeners: list[socket.socket] = []
         try:
             for address in self._addresses:
-                listeners.append(bind(address))
+                general, priority = bind_steered(address) if self.priority_queue else (bind(address), None)
+                listeners.append(general)
+                if priority is not None:
+                    steered.append(general)
+                    priority_listeners.append(priority)
         except ConfigError:
-            for sock in listeners:
+            for sock in listeners + priority_listeners:
                 sock.close()
             raise
         self._listeners = listeners
@@ -258,6 +268,9 @@ class WebServer:
             request_timeout=self.request_timeout,
             idle_timeout=self.idle_timeout,
             evict_after=self.evict_after,
+            priority_listeners=priority_listeners,
+            priority=Priority(steered) if steered else None,
+            on_priority=self._take_priority,
         )
         bound = self.bound
         _warn_if_descriptors_short(self.max_connections)
@@ -370,6 +383,8 @@ class WebServer:
             log.debug("request from %s failed", handler.conn.address, exc_info=True)
         if authorized:
             handler.conn.proven = True
+            if self._reactor is not None:
+                self._reactor.proven(handler.conn)
         if trace.TRACE is not None:
             _record(handler, keep_alive)
         self._finish(handler, keep_alive)
@@ -392,20 +407,69 @@ class WebServer:
                 self._keepers.release()
         reactor.resume(conn, keep_alive)
 
-    def _keep(self, conn: Connection) -> None:
+    def _take_priority(self, conn: Connection) -> bool:
+        """A connection from the priority queue (steer.py), just accepted: handshake and answer it on
+        a keeper thread, if one is free, rather than through the reactor's rounds (each of which a
+        flood makes long: its accepts, handshakes and reads)."""
+        if not self._keepers.acquire(blocking=False):
+            return False
+        try:
+            threading.Thread(target=self._keep, args=(conn, True), name="rnic-web-keep", daemon=True).start()
+        except RuntimeError:  # "can't start new thread": the reactor takes it
+            self._keepers.release()
+            return False
+        return True
+
+    def _handshake_here(self, conn: Connection) -> bool:
+        """A new connection's TLS handshake on this thread, under the handshake deadline for the whole step."""
+        ctx = self._tls_context()
+        if ctx is None:
+            return True
+        deadline = time.monotonic() + self.tls_handshake_timeout
+        try:
+            conn.sock.setblocking(False)
+            tls = ctx.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
+            conn.sock = tls
+            poll = select.poll()
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    poll.register(tls, select.POLLIN)
+                except ssl.SSLWantWriteError:
+                    poll.register(tls, select.POLLOUT)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not poll.poll(remaining * 1000):
+                    log.debug("TLS handshake with %s: no complete handshake by the deadline", conn.address)
+                    return False
+        except (OSError, ValueError) as exc:
+            log.debug("TLS handshake with %s failed: %s", conn.address, exc)
+            return False
+        conn.handshaken_at = time.monotonic()
+        return self._tls_peer_ok(tls)
+
+    def _keep(self, conn: Connection, fresh: bool = False) -> None:
         """Wait for a scraper's requests on this thread and answer them here, one after another.
 
         The reactor would do as well in a quiet room, but during a flood its rounds are full of
         handshakes and evictions, and a request it reads then waits for a worker to wake as well:
         two scheduler hand-offs. A few threads (_KEEPERS) for connections that passed
-        authentication give the scrapers one hand-off, as a thread per connection does.
+        authentication give the scrapers one hand-off, as a thread per connection does. With
+        `fresh`, a connection just accepted from the priority queue: its handshake first, and its
+        first request under the request deadline.
         """
         try:
+            if fresh and not self._handshake_here(conn):
+                self._close(conn)
+                return
+            wait = self.request_timeout if fresh else self.idle_timeout
             while True:
                 try:
-                    head = self._read_head(conn)
+                    head = self._read_head(conn, wait)
                 except (OSError, ValueError):
                     head = None
+                wait = self.idle_timeout
                 if head is None or self._stopping.is_set():
                     self._close(conn)
                     return
@@ -419,9 +483,9 @@ class WebServer:
         finally:
             self._keepers.release()
 
-    def _read_head(self, conn: Connection) -> bytes | None:
-        """The next request head (blocking), under the idle and then the request deadline."""
-        deadline = time.monotonic() + self.idle_timeout
+    def _read_head(self, conn: Connection, wait: float) -> bytes | None:
+        """The next request head (blocking), under `wait` and then the request deadline."""
+        deadline = time.monotonic() + wait
         while (head := conn.take_head()) is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or len(conn.buffer) > MAX_HEAD:
@@ -654,6 +718,7 @@ def _record(handler: _Handler, keep_alive: bool) -> None:
         "written": time.monotonic(),
     }
     times["keeper"] = float(getattr(handler.front._keeping, "conn", None) is conn)
+    times["priority"] = float(conn.priority)
     trace.TRACE.request(trace_id, times)
 
 
