@@ -198,7 +198,8 @@ def test_a_process_paused_mid_read_is_not_a_hung_read() -> None:
 @pytest.mark.parametrize("sim_host", [{"roce": 1, "infiniband": 0, "gid_table_size": 8}], indirect=True)
 def test_a_job_of_slow_reads_that_all_answer_is_not_hung(sim_host: SimHost, faulty_sysfs: FaultyMount) -> None:
     """Six reads answering 0.2 s apart take 1.2 s in all, twice the deadline, but none of them is
-    hung: a big first read of a loaded host, or a firmware taking its time per counter."""
+    hung: a big first read of a loaded host, or a firmware taking its time per counter. Progress
+    is marked per batch, and every 32 files of a batch that opens them (a new registration's)."""
     fs = faulty_sysfs
     counters = sorted(os.listdir(sim_host.root / "class/infiniband/mlx5_0/ports/1/counters"))[:6]
     rels = [f"class/infiniband/mlx5_0/ports/1/counters/{name}" for name in counters]
@@ -219,6 +220,25 @@ def test_a_job_of_slow_reads_that_all_answer_is_not_hung(sim_host: SimHost, faul
             fs.block(rel, seconds=0.2 * (i + 1))
         assert runner.run([(Gate("mlx5_0"), lambda: got.extend(cache.read_many(rels)))], wait_s=10)
         assert runner.written_off == 1
+        # A batch that opens what it reads (a new registration: hundreds of files) marks progress
+        # every 32 files: 66 opened in one batch, the 32nd, 64th and 66th answering 0.5 s apart.
+        fs.clear()
+        port = sim_host.root / "class/infiniband/mlx5_0/ports/1"
+        many = [
+            f"class/infiniband/mlx5_0/ports/1/{d}/{n}"
+            for d in ("counters", "hw_counters", "gids", "gid_attrs/types")
+            for n in sorted(os.listdir(port / d))
+        ]
+        assert len(many) >= 66
+        many = many[:66]
+        for i, at in ((31, 0.5), (63, 1.0), (65, 1.5)):
+            fs.block(many[i], seconds=at)
+        slow = ReadRunner("test", deadline_s=0.75)
+        fresh = root.cache()
+        started = time.monotonic()
+        assert slow.run([(Gate("mlx5_0"), lambda: got.extend(fresh.read_many(many)))], wait_s=10)
+        assert time.monotonic() - started > 1.4 and slow.written_off == 0
+        slow.close()
     finally:
         runner.close()
         fs.clear()

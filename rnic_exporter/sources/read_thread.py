@@ -159,7 +159,9 @@ class ReadRunner:
                 timeout = None if until is None else until - now
                 if worker is not None and (job := worker.current) is not None:
                     overrun = worker.progress_at + self.deadline_s - now
-                    if overrun <= 0:
+                    if overrun > 0:
+                        suspect = None  # it answered since: what was suspected is over
+                    else:
                         if suspect != job.seq:
                             suspect, suspect_since = job.seq, now
                         overrun = suspect_since + CONFIRM_S - now

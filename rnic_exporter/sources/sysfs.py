@@ -286,6 +286,8 @@ class FdCache:
         out: list[Raw] = []
         append = out.append
         for i, known in enumerate(fds):
+            if not i & 31 and i:
+                progress()  # this path opens files (a new registration: hundreds, each a lookup)
             if skip and i in skip:
                 append(errno.EAGAIN)
                 continue
