@@ -245,6 +245,24 @@ def test_a_job_of_slow_reads_that_all_answer_is_not_hung(sim_host: SimHost, faul
         root.close()
 
 
+def test_a_counter_job_queued_behind_a_hung_read_opens_nothing_for_a_retired_device(sim_host: SimHost) -> None:
+    """A counter pass queued behind a hung read can run after its device re-registered and the
+    old registration's descriptors were closed: it must not reopen the new files into the old
+    cache, which nobody closes again (the hung-read soak leaked a port's 49 counter descriptors,
+    twice in 30 minutes)."""
+    reader = HostReader(SysfsRoot(sim_host.root, hold_fds=True))
+    reader.state_pass()
+    run_here(reader.counter_jobs())
+    queued = reader.counter_jobs()  # submitted, then held up behind a hung read
+    sim_host.remove_device("mlx5_1")
+    sim_host.restore_device("mlx5_1")  # registered again: the same paths, new files
+    reader.state_pass()  # retires the old registration and closes its descriptors
+    before = len(os.listdir("/proc/self/fd"))
+    run_here(queued)  # the queue moves on at last
+    assert len(os.listdir("/proc/self/fd")) == before
+    reader.close()
+
+
 # -- the daemon over the faulty filesystem ----------------------------------------------------
 
 

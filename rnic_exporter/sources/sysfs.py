@@ -210,10 +210,11 @@ class FdCache:
     with ENODEV/ENOENT; it is closed then, and the next read reopens.
     """
 
-    __slots__ = ("__weakref__", "_fds", "_generation", "_shed", "reads", "root")
+    __slots__ = ("__weakref__", "_closed", "_fds", "_generation", "_shed", "reads", "root")
 
     def __init__(self, root: SysfsRoot) -> None:
         self.root = root
+        self._closed = False
         self._fds: dict[str, int] = {}
         self._generation = 0  # bumped whenever a held descriptor is closed: batches look theirs up again
         self._shed = False
@@ -326,7 +327,7 @@ class FdCache:
         """The held descriptor of `rel`, opened now if need be; -1 when it is not to be held."""
         fd = self._fds.get(rel)
         if fd is None:
-            if self.root.limited and _unheld_when_limited(rel):
+            if self._closed or (self.root.limited and _unheld_when_limited(rel)):
                 return -1
             fd = self._fds[rel] = os.open(self.root._mount_str + rel, os.O_RDONLY | os.O_CLOEXEC)
         return fd
@@ -343,6 +344,10 @@ class FdCache:
             self._generation += 1
 
     def close(self) -> None:
+        """Close every held descriptor, for good: a job of a retired registration still queued
+        behind a hung read (a counter pass) reads without holding. It used to reopen its files
+        into a cache nobody would close again (the hung-read soak leaked 49 descriptors twice)."""
+        self._closed = True
         self.forget("")
 
 
