@@ -46,10 +46,11 @@ _on_worker = _OnWorker()
 
 
 def progress() -> None:
-    """Called by a job between its reads (sources/sysfs.py, per batch): the deadline counts from the
-    last call. A hung read makes no progress; a job of many reads that all answer, slowly (a first
-    read of a big GID table on a loaded host, firmware taking milliseconds per counter), does, and
-    is not taken for a hung one (the soak's FUSE tree at load 4 had jobs of 1.3 s written off)."""
+    """Called by a job between its reads (sources/sysfs.py: per batch, and every 32 files of a batch
+    that opens them): the deadline counts from the last call. A hung read makes no progress; a job
+    of many reads that all answer, slowly (a first read of a big GID table on a loaded host,
+    firmware taking milliseconds per counter), does, and is not taken for a hung one (the soak's
+    FUSE tree at load 4 had jobs of 1.3 s written off)."""
     worker = _on_worker.worker
     if worker is not None:
         worker.progress_at = worker.clock()
@@ -58,13 +59,12 @@ def progress() -> None:
 class Gate:
     """One device registration's read lock and stuck-read state."""
 
-    __slots__ = ("lock", "name", "stuck_since", "stuck_wall")
+    __slots__ = ("lock", "name", "stuck_since")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.lock = threading.Lock()
-        self.stuck_since: float | None = None  # monotonic start of the read that overran
-        self.stuck_wall: float | None = None
+        self.stuck_since: float | None = None  # monotonic start of the job that overran
 
     @property
     def stuck(self) -> bool:
@@ -200,7 +200,6 @@ class ReadRunner:
         job = worker.current
         assert job is not None
         job.gate.stuck_since = worker.started  # the job's identity too: see _work
-        job.gate.stuck_wall = time.time() - (now - worker.progress_at)
         worker.written_off = True
         self.written_off += 1
         self._finished = max(self._finished, job.seq)
@@ -246,7 +245,7 @@ class ReadRunner:
             if worker.written_off:
                 with self._cond:
                     if job.gate.stuck_since == worker.started:
-                        job.gate.stuck_since = job.gate.stuck_wall = None
+                        job.gate.stuck_since = None
                         log.info(
                             "a hung sysfs read returned",
                             extra={
