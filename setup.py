@@ -2,9 +2,9 @@
 
 The canonical files stay at the repository root (`dashboards/`, `alerts/`, `packaging/`), where
 operators and tests find them. MANIFEST.in puts them into the sdist; this build step copies them
-into the wheel as `rnic_exporter/_bundle/...`, where `rnic_exporter.bundle` reads them through the
+into the wheel as `rnic_exporter/_bundle/...`, where `rnic_exporter.commands.bundle` reads them through the
 package. An editable install needs no copy: the package then sits in the checkout and
-`rnic_exporter.bundle` reads the root directories themselves. Everything else is in pyproject.toml.
+`rnic_exporter.commands.bundle` reads the root directories themselves. Everything else is in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-BUNDLED_DIRS = ("dashboards", "alerts", "packaging")  # keep in step with rnic_exporter/bundle.py
+BUNDLED_DIRS = ("dashboards", "alerts", "packaging")  # keep in step with rnic_exporter/commands/bundle.py
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
 
 

@@ -79,7 +79,7 @@ from harness import (
     wrk_latency,
 )
 
-from rnic_exporter.catalog import POLLS
+from rnic_exporter.catalog.metrics import POLLS
 
 
 @dataclass

@@ -4,7 +4,7 @@
     .venv/bin/python bench/fuzz.py --examples 2000 --seed 7 --only parsers,state
     .venv/bin/python bench/fuzz.py --seconds 600     # at most ten minutes per target
 
-Targets and the invariant are in tests/support/fuzzing.py (the bounded run in tests/test_fuzz.py
+Targets and the invariant are in tests/support/fuzzing.py (the bounded run in tests/fuzz/test_fuzz.py
 uses the same ones): every input gives a value or a reason it is unavailable; any other exception
 is an escape. Escapes are counted, not raised, so one run covers every example; the first few of
 each target are printed with their input. Exit status 1 when anything escaped.

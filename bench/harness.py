@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rnic_exporter.catalog import POLLS
+from rnic_exporter.catalog.metrics import POLLS
 from rnic_exporter.sim import SimHost
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import free_port, get, load_average, node_exporter_args, ours_args, running
 
-from rnic_exporter import catalog
+from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.sim import SimHost
 
 # The families node_exporter has no counterpart for: what the budget allows on top of its count.

@@ -58,9 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import Ours, free_port, get
 
-from rnic_exporter import events as ev
+from rnic_exporter.catalog import events as ev
 from rnic_exporter.detect.settings import FlapSettings
-from rnic_exporter.model import ROCE_V2
+from rnic_exporter.model.host import ROCE_V2
 from rnic_exporter.sim import SimHost
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from rnic_exporter import __version__
-from rnic_exporter.bounds import (
+from rnic_exporter.config.bounds import (
     COUNTER_WAIT,
     DEMO_DEVICES,
     DEMO_STEP,
@@ -73,7 +73,7 @@ def device_filter_options(f: F) -> F:
 
 
 def counter_filter_options(f: F) -> F:
-    """node_exporter-style filters of the driver counters (`rnic_exporter/collectors.py`)."""
+    """node_exporter-style filters of the driver counters (`rnic_exporter/sources/counter_filter.py`)."""
     f = click.option(
         "--collector.hw_counters.exclude",
         "hw_counters_exclude",
@@ -113,7 +113,7 @@ def main() -> None:
 
 
 def _snapshot(sysfs: str, device_include: str | None = None, device_exclude: str | None = None) -> Any:
-    from rnic_exporter.sources.snapshot import HostReader, ReaderSettings
+    from rnic_exporter.sources.reader import HostReader, ReaderSettings
     from rnic_exporter.sources.sysfs import SysfsRoot
 
     try:
@@ -173,7 +173,7 @@ def _consumer_scan(enabled: bool, sysfs: str, procfs: str, rootfs: str) -> Any:
     """One scan for `show` and `check`, or None (not asked, or it failed: said on stderr, exit unchanged)."""
     if not enabled:
         return None
-    from rnic_exporter import consumer_watch
+    from rnic_exporter.daemon import consumer_watch
 
     try:
         return consumer_watch.scanner(Path(sysfs), Path(procfs), Path(rootfs))()
@@ -199,7 +199,7 @@ def show(
 ) -> None:
     """One row per RDMA port: state, rate, netdev, PCIe, IPv4, NCCL's GID index, unreadable files
     (and with --collector.consumers, USERS: the jobs, pods or commands holding the device open)."""
-    from rnic_exporter import views
+    from rnic_exporter.commands import tables as views
 
     snap = _snapshot(sysfs, device_include, device_exclude)
     users = _consumer_scan(consumers, sysfs, procfs, rootfs)
@@ -231,7 +231,7 @@ def gids(sysfs: str, device: str | None, as_json: bool) -> None:
     NCCL's choice honours NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE and NCCL_IB_ROCE_VERSION_NUM
     from the environment, as NCCL itself does.
     """
-    from rnic_exporter import views
+    from rnic_exporter.commands import tables as views
 
     snap = _snapshot(sysfs)
     if device is not None and snap.device(device) is None:
@@ -272,7 +272,7 @@ def host_path_options(f: F) -> F:
 
 def consumer_options(f: F) -> F:
     """serve's: the flag and the scan's interval."""
-    from rnic_exporter.consumer_watch import DEFAULT_INTERVAL_S, INTERVAL
+    from rnic_exporter.daemon.consumer_watch import DEFAULT_INTERVAL_S, INTERVAL
 
     f = click.option(
         "--collector.consumers.interval",
@@ -286,7 +286,7 @@ def consumer_options(f: F) -> F:
 
 def _nccl_gid_index_env() -> int | None:
     """NCCL_IB_GID_INDEX as the jobs on this host would get it; a bad value is a usage error."""
-    from rnic_exporter.nccl import gid_index_from_env
+    from rnic_exporter.model.nccl import gid_index_from_env
 
     try:
         return gid_index_from_env(os.environ)
@@ -295,8 +295,8 @@ def _nccl_gid_index_env() -> int | None:
 
 
 def serve_options(f: F) -> F:
-    from rnic_exporter.agent import DEFAULT_LISTEN
-    from rnic_exporter.logsetup import FORMATTERS, LEVELS
+    from rnic_exporter.daemon.agent import DEFAULT_LISTEN
+    from rnic_exporter.daemon.logsetup import FORMATTERS, LEVELS
 
     options = [
         click.option(
@@ -395,10 +395,10 @@ def _serve_config(
     watch: tuple[bool, bool, bool] = (True, True, True),
     counters: Any = None,
 ) -> Any:
-    from rnic_exporter.agent import ServeConfig
+    from rnic_exporter.daemon.agent import ServeConfig
     from rnic_exporter.detect.settings import DetectionSettings
-    from rnic_exporter.sources.hostnet import HostPaths
-    from rnic_exporter.sources.snapshot import ReaderSettings
+    from rnic_exporter.sources.address_risks import HostPaths
+    from rnic_exporter.sources.reader import ReaderSettings
 
     procfs, rootfs, state_dir = host
     return ServeConfig(
@@ -465,11 +465,11 @@ def serve(
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
     from dataclasses import replace
 
-    from rnic_exporter import agent
-    from rnic_exporter.collectors import CounterFilter
-    from rnic_exporter.consumer_watch import ConsumerSettings
-    from rnic_exporter.logsetup import configure
+    from rnic_exporter.daemon import agent
+    from rnic_exporter.daemon.consumer_watch import ConsumerSettings
+    from rnic_exporter.daemon.logsetup import configure
     from rnic_exporter.sinks import otel_settings
+    from rnic_exporter.sources.counter_filter import CounterFilter
 
     configure(log_level, log_format)
     try:
@@ -568,10 +568,10 @@ def check(
     expected addresses, address managers that drop addresses on a flap, and unreadable
     attributes. Each problem says what it means for a job and what to do. Use it in job prologues.
     """
-    from rnic_exporter import config as config_module
+    from rnic_exporter.commands.check import format_report, run_check
+    from rnic_exporter.config import file as config_module
     from rnic_exporter.detect.settings import DetectionSettings
-    from rnic_exporter.doctor import format_report, run_check
-    from rnic_exporter.sources.hostnet import HostPaths
+    from rnic_exporter.sources.address_risks import HostPaths
 
     try:
         # The flag beats NCCL_IB_GID_INDEX, which beats the file; serve resolves the same way.
@@ -632,8 +632,8 @@ def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interv
     with a GID index shift, a speed drop, a PCIe downtrain and a NIC that disappears and comes
     back, one step at a time. Watch http://127.0.0.1:19879/metrics move. Ctrl-C cleans up.
     """
-    from rnic_exporter.demo import run_demo
-    from rnic_exporter.logsetup import configure
+    from rnic_exporter.commands.demo import run_demo
+    from rnic_exporter.daemon.logsetup import configure
 
     configure("info", log_format)
     try:
@@ -679,7 +679,7 @@ def simulate(
     the simulated netdevs (ens1f0np0, ...): `ip addr del/add` and `ip link set down/up` there
     change the simulated GID tables and port states as the kernel would.
     """
-    from rnic_exporter.logsetup import configure
+    from rnic_exporter.daemon.logsetup import configure
     from rnic_exporter.sim.follow import run_simulator
 
     configure("info", "logfmt")
@@ -718,7 +718,7 @@ def bundle(out: Path, force: bool) -> None:
     PrometheusRule, ConfigMap), an OpenTelemetry Collector pipeline, Grafana provisioning and an
     Alertmanager example. Files already there with the same content are left alone.
     """
-    from rnic_exporter import bundle as bundling
+    from rnic_exporter.commands import bundle as bundling
 
     try:
         written = bundling.write_bundle(out, force=force)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from rnic_exporter.model import Snapshot
+from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sources.snapshot import HostReader
+from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.captures import PROCFS_SYS
 

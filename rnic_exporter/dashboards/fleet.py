@@ -5,7 +5,7 @@ from __future__ import annotations
 import attr
 from grafanalib.core import Dashboard, Target
 
-from rnic_exporter import catalog as c
+from rnic_exporter.catalog import metrics as c
 from rnic_exporter.dashboards import recording as r
 from rnic_exporter.dashboards.panels import (
     NEUTRAL,

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 from grafanalib.core import Dashboard
 
-from rnic_exporter import catalog as c
-from rnic_exporter import events as e
+from rnic_exporter.catalog import events as e
+from rnic_exporter.catalog import metrics as c
 from rnic_exporter.dashboards.fleet import ERROR_COUNTERS, HOST_DASHBOARD_UID, RETRANSMISSION_COUNTERS
 from rnic_exporter.dashboards.panels import (
     BAD_OK,

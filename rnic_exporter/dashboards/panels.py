@@ -2,7 +2,7 @@
 
 Every panel, target, variable and annotation takes its data source from the `$datasource` variable,
 so the JSON works both when imported in the UI and when provisioned from files (Grafana resolves
-`${DS_...}` inputs only on UI import). Metric names come from `rnic_exporter.catalog`.
+`${DS_...}` inputs only on UI import). Metric names come from `rnic_exporter.catalog.metrics`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from grafanalib.core import (
     TimeSeries,
 )
 
-from rnic_exporter.catalog import MetricSpec
+from rnic_exporter.catalog.metrics import MetricSpec
 
 DATASOURCE: Mapping[str, str] = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24

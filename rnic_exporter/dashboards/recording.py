@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rnic_exporter import catalog as c
+from rnic_exporter.catalog import metrics as c
 
 FILENAME = "rnic-recording.rules.yml"  # sorts after rnic-exporter.rules.yml, so the alert group stays first
 GROUP = "rnic-exporter-fleet"

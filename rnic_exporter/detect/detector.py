@@ -6,17 +6,17 @@ import logging
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from rnic_exporter import catalog
+from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.catalog.events import Event
 from rnic_exporter.detect.conditions import HostConditions, judge
 from rnic_exporter.detect.diff import diff
 from rnic_exporter.detect.flapping import FlapTracker
 from rnic_exporter.detect.inputs import Inputs
-from rnic_exporter.detect.metrics import detection_families
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import Baseline, KnownAddress, KnownDevice, State, StateStore, device_key, port_key
-from rnic_exporter.events import Event
-from rnic_exporter.model import Snapshot
-from rnic_exporter.samples import Family
+from rnic_exporter.model.host import Snapshot
+from rnic_exporter.sinks.detection import detection_families
+from rnic_exporter.sinks.samples import Family
 
 log = logging.getLogger("rnic_exporter.detect")
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rnic_exporter import events as ev
+from rnic_exporter.catalog import events as ev
+from rnic_exporter.catalog.events import Event
 from rnic_exporter.detect.conditions import HostConditions, LinkJudgement, PortView
-from rnic_exporter.events import Event
 
 
 def diff(prev: HostConditions | None, cur: HostConditions) -> list[Event]:

@@ -6,9 +6,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from rnic_exporter.detect.conditions import AddressLike, is_expected_candidate
-from rnic_exporter.model import Snapshot
+from rnic_exporter.model.host import Snapshot
+from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
 from rnic_exporter.sources.ethtool import AdvertisedLink
-from rnic_exporter.sources.hostnet import HostPaths, address_loss_risks
 
 
 @dataclass(frozen=True, slots=True)

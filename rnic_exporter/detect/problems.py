@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rnic_exporter.catalog.events import Severity
 from rnic_exporter.detect.conditions import GIDS_MISSING, NCCL_GID_FILES, HostConditions, PortView
 from rnic_exporter.detect.diff import RISK_TEXT
-from rnic_exporter.events import Severity
-from rnic_exporter.model import ReadError
-from rnic_exporter.nccl import (
+from rnic_exporter.model.host import ReadError
+from rnic_exporter.model.nccl import (
     AF_INET,
     LINK_LOCAL,
     NO_GID,

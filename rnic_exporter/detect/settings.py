@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rnic_exporter.model import Device
-from rnic_exporter.nccl import NcclSettings
+from rnic_exporter.model.host import Device
+from rnic_exporter.model.nccl import NcclSettings
 
 MATCH_KEYS = ("device", "pci_address", "hca_type", "board_id")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model import Device
+from rnic_exporter.model.host import Device
 
 log = logging.getLogger(__name__)
 

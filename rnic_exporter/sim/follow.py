@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model import ROCE_V2
+from rnic_exporter.model.host import ROCE_V2
 from rnic_exporter.sim.gid_table import address_gid, mac_default_gid
 from rnic_exporter.sim.host import SimDevice, SimHost
 from rnic_exporter.sources.netlink import IpAddress, LinkInfo, NetlinkEvent, NetlinkWatcher

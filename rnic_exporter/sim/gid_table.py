@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from rnic_exporter.model import ROCE_V1, ROCE_V2, ZERO_GID
+from rnic_exporter.model.host import ROCE_V1, ROCE_V2, ZERO_GID
 
 
 def format_gid(raw: bytes) -> str:

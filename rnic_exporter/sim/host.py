@@ -29,8 +29,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rnic_exporter.catalog import PMA_ERROR_COUNTER_NAMES
-from rnic_exporter.model import ROCE_V1, ROCE_V2, ZERO_GID
+from rnic_exporter.catalog.metrics import PMA_ERROR_COUNTER_NAMES
+from rnic_exporter.model.host import ROCE_V1, ROCE_V2, ZERO_GID
 from rnic_exporter.sim.gid_table import GidTable, format_gid, mac_default_gid
 from rnic_exporter.sources.infiniband import LANE_GBPS
 

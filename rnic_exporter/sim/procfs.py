@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from rnic_exporter.consumers import Consumer, ConsumerScan, Workload
+from rnic_exporter.model.consumers import Consumer, ConsumerScan, Workload
 from rnic_exporter.sim.host import SimHost
 
 SlurmLayout = Literal["v1", "v2"]

@@ -16,9 +16,9 @@ from typing import Protocol
 
 from prometheus_client.exposition import choose_encoder
 
-from rnic_exporter.catalog import MetricSpec
-from rnic_exporter.labels import label_value
-from rnic_exporter.samples import Family, Sample
+from rnic_exporter.catalog.metrics import MetricSpec
+from rnic_exporter.sinks.labels import label_value
+from rnic_exporter.sinks.samples import Family, Sample
 
 Lines = dict[tuple[str, tuple[str, ...]], tuple[float, str]]  # (metric, labels) -> (value, line)
 

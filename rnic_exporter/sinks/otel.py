@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rnic_exporter import __version__, catalog
-from rnic_exporter.consumer_fields import LOG_KEYS
+from rnic_exporter import __version__
+from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.catalog.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
-from rnic_exporter.labels import label_value
-from rnic_exporter.model import CounterGroup
-from rnic_exporter.samples import ExporterStats, Family, Published, counter_families, snapshot_families
+from rnic_exporter.model.host import CounterGroup
 from rnic_exporter.sinks import otel_metrics
+from rnic_exporter.sinks.consumer_fields import LOG_KEYS
+from rnic_exporter.sinks.labels import label_value
 from rnic_exporter.sinks.otel_settings import OtlpSettings
+from rnic_exporter.sinks.samples import ExporterStats, Family, Published, counter_families, snapshot_families
 
 SHUTDOWN_BUDGET_S = 5.0  # the whole last export at stop, both signals
 COUNTER_WAIT_S = 2.0  # an export waits this long for its counter pass, then sends the last values

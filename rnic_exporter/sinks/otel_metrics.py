@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Literal
 
-from rnic_exporter import catalog as c
-from rnic_exporter.catalog import MetricSpec
-from rnic_exporter.labels import label_value
+from rnic_exporter.catalog import metrics as c
+from rnic_exporter.catalog.metrics import MetricSpec
+from rnic_exporter.sinks.labels import label_value
 
 InstrumentKind = Literal["counter", "gauge", "updowncounter"]
 

@@ -134,7 +134,7 @@ def otlp_options(f: F) -> F:
     """The `serve --otlp.*` flags; `resolve()` reads them."""
     import click
 
-    from rnic_exporter.bounds import OTLP_INTERVAL, OTLP_TIMEOUT, NumberParam
+    from rnic_exporter.config.bounds import OTLP_INTERVAL, OTLP_TIMEOUT, NumberParam
 
     path = click.Path(dir_okay=False)
     options = [

@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.metrics_core import Metric
 
-from rnic_exporter import catalog
-from rnic_exporter.catalog import MetricSpec
-from rnic_exporter.samples import Family
+from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.catalog.metrics import MetricSpec
+from rnic_exporter.sinks.samples import Family
 
 REFRESH_S = 30.0
 

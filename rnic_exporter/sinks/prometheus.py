@@ -2,7 +2,7 @@
 
 State (identity, port state, GID tables, netdevs, detection) changes rarely: each `publish` renders
 the parts whose source objects changed and keeps the rest (the reading layer reuses unchanged
-objects, `model.py`). Counters change all the time on a training node and feed nothing but the
+objects, `model/host.py`). Counters change all the time on a training node and feed nothing but the
 consumers, so they are read when a scrape asks (`CounterFeed`): concurrent scrapes share one counter
 pass, a pass under a second old is reused, and only groups whose values moved are re-rendered,
 straight from the pass's plain ints into series lines. A scrape waits for the pass at most
@@ -21,19 +21,9 @@ from typing import Any, Protocol
 
 from prometheus_client.exposition import gzip_accepted
 
-from rnic_exporter import catalog
-from rnic_exporter.catalog import MetricSpec
-from rnic_exporter.model import CounterGroup, Snapshot
-from rnic_exporter.samples import (
-    CounterSlot,
-    ExporterStats,
-    Family,
-    Published,
-    counter_part,
-    device_parts,
-    snapshot_families,
-    snapshot_parts,
-)
+from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.catalog.metrics import MetricSpec
+from rnic_exporter.model.host import CounterGroup, Snapshot
 from rnic_exporter.sinks.exposition import (
     Assembler,
     Exposition,
@@ -42,6 +32,16 @@ from rnic_exporter.sinks.exposition import (
     go_float,
     negotiate,
     series_line,
+)
+from rnic_exporter.sinks.samples import (
+    CounterSlot,
+    ExporterStats,
+    Family,
+    Published,
+    counter_part,
+    device_parts,
+    snapshot_families,
+    snapshot_parts,
 )
 
 # Level 1 already shrinks the exposition about 8x; higher levels cost several times the CPU for

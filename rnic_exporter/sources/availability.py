@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from rnic_exporter.model import ReadError
+from rnic_exporter.model.host import ReadError
 
 ABSENT = "absent"
 NO_PMA = "no_pma"

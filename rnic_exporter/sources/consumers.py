@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 
-from rnic_exporter.consumers import Consumer, ConsumerScan, Workload
+from rnic_exporter.model.consumers import Consumer, ConsumerScan, Workload
 from rnic_exporter.sources.sysfs import SysfsRoot, errno_name
 
 VERBS_CLASS = "class/infiniband_verbs"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from rnic_exporter.model import CounterGroup, ReadError
+from rnic_exporter.model.host import CounterGroup, ReadError
 from rnic_exporter.sources import availability
 from rnic_exporter.sources.infiniband import counter_ceiling, counter_scale, parse_counter
 from rnic_exporter.sources.sysfs import FdCache, Raw, ReadBatch, interpret
@@ -55,7 +55,7 @@ class CounterPlan:
         wants: Callable[[str, str], bool] | None = None,
     ) -> None:
         """`groups`: (kind, port, directory relative to the mount, file names); `wants(kind, name)`
-        False: the file is never read (a collector filter, `rnic_exporter/collectors.py`)."""
+        False: the file is never read (a collector filter, `rnic_exporter/sources/counter_filter.py`)."""
         self.device = device
         self._clock = clock
         rels: list[str] = []

@@ -6,7 +6,7 @@ import errno
 import re
 from dataclasses import dataclass, field
 
-from rnic_exporter.model import ZERO_GID, GidEntry, ReadError
+from rnic_exporter.model.host import ZERO_GID, GidEntry, ReadError
 from rnic_exporter.sources.sysfs import ErrorLog, FdCache, MalformedValueError, Raw, ReadBatch, Tree, interpret
 
 _GID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){7}$")

@@ -6,7 +6,7 @@ import re
 from collections.abc import Collection, Mapping
 from types import MappingProxyType
 
-from rnic_exporter.model import LinkRate, NumberedState
+from rnic_exporter.model.host import LinkRate, NumberedState
 from rnic_exporter.sources.plan import Attribute
 from rnic_exporter.sources.sysfs import NOT_EXPOSED, MalformedValueError
 

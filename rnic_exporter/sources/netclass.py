@@ -8,7 +8,7 @@ import re
 from collections.abc import Sequence
 from typing import cast
 
-from rnic_exporter.model import Netdev
+from rnic_exporter.model.host import Netdev
 from rnic_exporter.sources.plan import Attribute
 from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, MalformedValueError, Tree, errno_reason, interpret
 

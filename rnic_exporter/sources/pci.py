@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import cast
 
-from rnic_exporter.model import PcieLink
+from rnic_exporter.model.host import PcieLink
 from rnic_exporter.sources.plan import Attribute
 from rnic_exporter.sources.sysfs import MalformedValueError, SysfsRoot
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rnic_exporter.model import ReadError
+from rnic_exporter.model.host import ReadError
 from rnic_exporter.sources.sysfs import FdCache, Raw, ReadBatch, interpret
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model import ReadError
+from rnic_exporter.model.host import ReadError
 from rnic_exporter.sources.availability import NO_PMA_READ, is_no_pma
 from rnic_exporter.sources.read_thread import progress
 

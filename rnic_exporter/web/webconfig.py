@@ -19,8 +19,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
 
+from rnic_exporter.config.yaml import strict_loader as _strict_loader  # one home: --config uses it too
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.yamlstrict import strict_loader as _strict_loader  # one home: --config uses it too
 
 
 class ClientAuthType(StrEnum):

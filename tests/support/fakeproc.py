@@ -2,7 +2,7 @@
 
 Descriptors are symlinks whose text is what `readlink /proc/<pid>/fd/<n>` answers on a real host
 (`/dev/infiniband/uverbs0`, `socket:[1234]`, `pipe:[99]`). The real-process tests in
-`tests/test_consumers_processes.py` cover the kernel's own procfs; this tree covers what the kernel
+`tests/sources/test_consumers_processes.py` cover the kernel's own procfs; this tree covers what the kernel
 makes hard to arrange on demand (a pid vanishing between two reads, a refused directory).
 """
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from rnic_exporter import __version__
-from rnic_exporter import catalog as c
-from rnic_exporter.catalog import MetricSpec
+from rnic_exporter.catalog import metrics as c
+from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.dashboards import recording
 from tests.support.processes import Prometheus, http_get, require_binary
 

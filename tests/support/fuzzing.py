@@ -1,4 +1,4 @@
-"""Fuzz targets shared by the bounded run (tests/test_fuzz.py) and the long one (bench/fuzz.py).
+"""Fuzz targets shared by the bounded run (tests/fuzz/test_fuzz.py) and the long one (bench/fuzz.py).
 
 Each target is a Hypothesis strategy and a check. The invariant is the exporter's promise: every
 input gives a value, or a reason the value is unavailable (the module's own error type carrying a
@@ -18,11 +18,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from rnic_exporter import catalog
-from rnic_exporter import config as config_module
+from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.config import file as config_module
 from rnic_exporter.detect import state as state_module
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model import (
+from rnic_exporter.model.host import (
     CounterValue,
     GidEntry,
     LinkRate,
@@ -35,8 +35,8 @@ from rnic_exporter.model import (
     gid_table_hash,
     pcie_generation,
 )
-from rnic_exporter.samples import ExporterStats, Family, Published
 from rnic_exporter.sinks.exposition import Renderer
+from rnic_exporter.sinks.samples import ExporterStats, Family, Published
 from rnic_exporter.sources import gids, infiniband, netclass, pci
 from rnic_exporter.sources.sysfs import MalformedValueError, interpret
 

@@ -1,0 +1,1 @@
+"""Every metric and every event, declared once: the exporter, dashboards and alert rules read names here."""

@@ -1,0 +1,571 @@
+"""Every metric rnic-exporter exposes, defined once.
+
+The Prometheus collector, the OpenTelemetry instruments, the Grafana dashboards and the alert
+rules take their names from here, and tests fail when a dashboard or rule names something that
+is not in this catalogue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+MetricKind = Literal["gauge", "counter", "info"]
+
+DEVICE_LABELS = ("device",)
+PORT_LABELS = ("device", "port")
+NETDEV_LABELS = ("device", "port", "netdev")
+PCIE_LABELS = ("device", "pci_address", "link")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    name: str  # full Prometheus name as scraped (with _total / _info)
+    kind: MetricKind
+    labels: tuple[str, ...]
+    help: str
+    unit: str = ""  # Prometheus base unit suffix, "" for none
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus-client families take (they append _total / _info themselves)."""
+        if self.kind == "counter":
+            return self.name.removesuffix("_total")
+        if self.kind == "info":
+            return self.name.removesuffix("_info")
+        return self.name
+
+
+def _m(name: str, kind: MetricKind, labels: tuple[str, ...], help: str, unit: str = "") -> MetricSpec:
+    return MetricSpec(name=name, kind=kind, labels=labels, help=help, unit=unit)
+
+
+DEVICE_INFO = _m(
+    "rnic_device_info",
+    "info",
+    ("device", "node_guid", "sys_image_guid", "fw_ver", "hca_type", "board_id", "pci_address"),
+    "RDMA device identity from /sys/class/infiniband/<device>; always 1.",
+)
+PORT_INFO = _m(
+    "rnic_port_info",
+    "info",
+    ("device", "port", "link_layer", "netdev"),
+    "RDMA port identity: link layer and its netdev (from the default GID or device/net); always 1.",
+)
+PORT_STATE = _m(
+    "rnic_port_state",
+    "gauge",
+    PORT_LABELS,
+    "Logical port state number from ports/<n>/state (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE).",
+)
+PORT_PHYSICAL_STATE = _m(
+    "rnic_port_physical_state",
+    "gauge",
+    PORT_LABELS,
+    "Physical port state number from ports/<n>/phys_state (2 Polling, 3 Disabled, 5 LinkUp).",
+)
+PORT_UP = _m("rnic_port_up", "gauge", PORT_LABELS, "1 when the port is ACTIVE and LinkUp, else 0.")
+PORT_ACTIVE_RATE = _m(
+    "rnic_port_active_rate_bytes_per_second",
+    "gauge",
+    PORT_LABELS,
+    "Active port rate (lanes x per-lane speed) from ports/<n>/rate; only meaningful while up.",
+    "bytes_per_second",
+)
+PORT_ACTIVE_WIDTH = _m(
+    "rnic_port_active_width_lanes", "gauge", PORT_LABELS, "Active lane count from ports/<n>/rate.", "lanes"
+)
+PORT_DATA_RECEIVED = _m(
+    "rnic_port_data_received_bytes_total",
+    "counter",
+    PORT_LABELS,
+    "Bytes received (counters/port_rcv_data x 4). On mlx5 RoCE: RDMA traffic only.",
+    "bytes",
+)
+PORT_DATA_TRANSMITTED = _m(
+    "rnic_port_data_transmitted_bytes_total",
+    "counter",
+    PORT_LABELS,
+    "Bytes transmitted (counters/port_xmit_data x 4). On mlx5 RoCE: RDMA traffic only.",
+    "bytes",
+)
+PORT_PACKETS_RECEIVED = _m(
+    "rnic_port_packets_received_total", "counter", PORT_LABELS, "Packets received (counters/port_rcv_packets)."
+)
+PORT_PACKETS_TRANSMITTED = _m(
+    "rnic_port_packets_transmitted_total", "counter", PORT_LABELS, "Packets transmitted (counters/port_xmit_packets)."
+)
+PORT_PMA = _m(
+    "rnic_port_pma_total",
+    "counter",
+    (*PORT_LABELS, "counter"),
+    "Every other file in ports/<n>/counters/ (PMA PortCounters), named by the kernel file.",
+)
+PORT_HW_STAT = _m(
+    "rnic_port_hw_stat_total",
+    "counter",
+    (*PORT_LABELS, "counter"),
+    "Every file in ports/<n>/hw_counters/ (driver counters such as out_of_sequence, "
+    "local_ack_timeout_err, np_cnp_sent), named by the driver.",
+)
+DEVICE_HW_STAT = _m(
+    "rnic_device_hw_stat_total",
+    "counter",
+    (*DEVICE_LABELS, "counter"),
+    "Every file in <device>/hw_counters/ (device-wide driver counters).",
+)
+PORT_PMA_SATURATED = _m(
+    "rnic_port_pma_counters_saturated",
+    "gauge",
+    PORT_LABELS,
+    "How many of the port's PMA counters are stuck at their maximum (PMA counters saturate, not "
+    "wrap); > 0: those counters stopped counting until they are reset (perfquery -R).",
+)
+PCIE_LINK_SPEED = _m(
+    "rnic_pcie_link_speed_transfers_per_second",
+    "gauge",
+    PCIE_LABELS,
+    "PCIe link speed of the RNIC's PCI function; link=current|max (device capability)|"
+    "upstream_max (the slot's capability).",
+    "transfers_per_second",
+)
+PCIE_LINK_WIDTH = _m(
+    "rnic_pcie_link_width_lanes", "gauge", PCIE_LABELS, "PCIe link width; link=current|max|upstream_max.", "lanes"
+)
+NETDEV_SPEED = _m(
+    "rnic_netdev_speed_bytes_per_second",
+    "gauge",
+    NETDEV_LABELS,
+    "Negotiated speed of the port's netdev (/sys/class/net/<netdev>/speed); absent while unknown.",
+    "bytes_per_second",
+)
+NETDEV_UP = _m("rnic_netdev_up", "gauge", NETDEV_LABELS, "1 when the netdev's operstate is up, else 0.")
+NETDEV_CARRIER_CHANGES = _m(
+    "rnic_netdev_carrier_changes_total",
+    "counter",
+    NETDEV_LABELS,
+    "Carrier up and down transitions of the netdev since it was created.",
+)
+NETDEV_MTU = _m("rnic_netdev_mtu_bytes", "gauge", NETDEV_LABELS, "MTU of the port's netdev.", "bytes")
+GID_ENTRY_INFO = _m(
+    "rnic_gid_entry_info",
+    "info",
+    ("device", "port", "index", "gid", "type", "netdev", "ipv4"),
+    "One populated GID table slot, like a show_gids row; always 1.",
+)
+GID_TABLE_HASH = _m(
+    "rnic_gid_table_hash",
+    "gauge",
+    PORT_LABELS,
+    "Stable hash (below 2^53) of the populated GID entries (index, GID, type, netdev); "
+    "changes whenever the table does.",
+)
+GID_ENTRIES = _m("rnic_gid_entries", "gauge", (*PORT_LABELS, "type"), "Populated GID slots per GID type.")
+GID_TABLE_SIZE = _m("rnic_gid_table_size", "gauge", PORT_LABELS, "Number of GID table slots of the port.")
+NCCL_GID_INDEX = _m(
+    "rnic_nccl_gid_index",
+    "gauge",
+    PORT_LABELS,
+    "GID index NCCL would auto-select now (NCCL_IB_GID_INDEX=-1 logic), -1 when none.",
+)
+ATTRIBUTE_UNAVAILABLE = _m(
+    "rnic_attribute_unavailable",
+    "gauge",
+    ("device", "port", "attribute", "reason"),
+    "1 while an attribute that was readable cannot be read or parsed; reason is the errno "
+    "name, 'malformed' or 'no_pma'. port is empty for device-level attributes.",
+)
+DEVICES = _m("rnic_devices", "gauge", (), "RDMA devices read in the last poll.")
+POLL_DURATION = _m("rnic_exporter_poll_duration_seconds", "gauge", (), "Wall time the last sysfs poll took.", "seconds")
+LAST_POLL = _m("rnic_exporter_last_poll_timestamp_seconds", "gauge", (), "Unix time the last poll finished.", "seconds")
+POLLS = _m("rnic_exporter_polls_total", "counter", (), "Polls completed since the exporter started.")
+READ_ERRORS = _m(
+    "rnic_exporter_read_errors_total",
+    "counter",
+    ("reason",),
+    "Attribute reads that failed or did not parse, by reason, since the exporter started.",
+)
+CONFIG_RELOAD_OK = _m(
+    "rnic_exporter_config_last_reload_successful",
+    "gauge",
+    (),
+    "1 when the last config file (re)load succeeded, 0 when it failed and the previous config is still running.",
+)
+BUILD_INFO = _m(
+    "rnic_exporter_build_info", "info", ("version", "python_version"), "rnic-exporter build information; always 1."
+)
+
+# Detection and inventory (built from consecutive snapshots, the persisted state and the config).
+PORT_RATED_RATE = _m(
+    "rnic_port_rated_rate_bytes_per_second",
+    "gauge",
+    (*PORT_LABELS, "source"),
+    "Rated port rate by source: config (configured expectation), ethtool (best link mode "
+    "the netdev advertises) or baseline (best rate seen while ACTIVE, persisted).",
+    "bytes_per_second",
+)
+PORT_RATED_WIDTH = _m(
+    "rnic_port_rated_width_lanes",
+    "gauge",
+    (*PORT_LABELS, "source"),
+    "Rated lane count by source (config or baseline).",
+    "lanes",
+)
+LINK_BELOW_RATED = _m(
+    "rnic_link_below_rated",
+    "gauge",
+    (*PORT_LABELS, "link"),
+    "1 while the link runs below its rated speed or width: link=port (IB port rate), "
+    "netdev (Ethernet speed) or pcie (the device's PCIe link, repeated on each port).",
+)
+DEVICE_PRESENT = _m(
+    "rnic_device_present",
+    "gauge",
+    ("device", "pci_address"),
+    "1 while a device of the persisted inventory is present, 0 once it is gone (kept across "
+    "restarts and reboots until the inventory is reset).",
+)
+NETDEV_ADDRESS_PRESENT = _m(
+    "rnic_netdev_address_present",
+    "gauge",
+    (*NETDEV_LABELS, "address"),
+    "1 while an expected address (one the netdev has carried, persisted) is on the "
+    "netdev, 0 while it is missing; from rtnetlink.",
+)
+NETDEV_ADDRESSES = _m(
+    "rnic_netdev_addresses",
+    "gauge",
+    (*NETDEV_LABELS, "family"),
+    "Addresses on the netdev by family (ipv4, ipv6); from rtnetlink.",
+)
+NETDEV_ADDRESS_LOSS_RISK = _m(
+    "rnic_netdev_address_loss_risk",
+    "gauge",
+    (*NETDEV_LABELS, "reason"),
+    "1 when the netdev's addresses may vanish on a port flap (the cause of GID index "
+    "shifts): reason=networkmanager (NetworkManager manages the netdev) or "
+    "ipv6_keep_addr_on_down_off.",
+)
+GID_V2_IPV4_INDEX = _m(
+    "rnic_gid_roce_v2_ipv4_index",
+    "gauge",
+    (*PORT_LABELS, "address"),
+    "GID index of the RoCE v2 GID of each IPv4 address on the port; a change means the "
+    "address moved to another index (running NCCL jobs break).",
+)
+NCCL_CONFIGURED_GID_INDEX_VALID = _m(
+    "rnic_nccl_configured_gid_index_valid",
+    "gauge",
+    PORT_LABELS,
+    "1 when the configured NCCL_IB_GID_INDEX points at a RoCE v2 IPv4 GID on "
+    "the port (a routable IPv6 one under NCCL_IB_ADDR_FAMILY=AF_INET6, the "
+    "version NCCL_IB_ROCE_VERSION_NUM asks for), 0 when not; absent when no "
+    "index is configured.",
+)
+PORT_FLAPPING = _m(
+    "rnic_port_flapping",
+    "gauge",
+    PORT_LABELS,
+    "1 while the port is flapping (N up/down transitions within a window, kept for a while).",
+)
+GID_TABLE_CHANGES = _m(
+    "rnic_gid_table_changes_total",
+    "counter",
+    PORT_LABELS,
+    "Times the port's GID table changed since the exporter started.",
+)
+EVENTS = _m(
+    "rnic_events_total",
+    "counter",
+    ("event", "device", "port"),
+    "Detection events emitted, by catalogue event name (see rnic_exporter/catalog/events.py).",
+)
+STATE_ERRORS = _m(
+    "rnic_exporter_state_errors_total",
+    "counter",
+    ("reason",),
+    "Failures to load or save the state directory (corrupt, foreign, unwritable).",
+)
+EVENT_SOURCE_ERRORS = _m(
+    "rnic_exporter_event_source_errors_total",
+    "counter",
+    ("source",),
+    "Errors of the netlink, udev and ethtool sources and of detection itself; the periodic "
+    "poll and the sysfs metrics keep working.",
+)
+WAKEUPS = _m(
+    "rnic_exporter_wakeups_total",
+    "counter",
+    ("source",),
+    "Polls started early because netlink or udev announced a change.",
+)
+OTLP_EXPORT_FAILURES = _m(
+    "rnic_exporter_otlp_export_failures_total",
+    "counter",
+    ("signal",),
+    "OTLP export attempts that failed (endpoint down, slow or refusing), by signal.",
+)
+OTLP_DROPPED = _m(
+    "rnic_exporter_otlp_dropped_total",
+    "counter",
+    ("signal",),
+    "OTLP items dropped because the bounded export queue was full, by signal.",
+)
+NCCL_GID_USABLE = _m(
+    "rnic_nccl_gid_usable",
+    "gauge",
+    PORT_LABELS,
+    "1 when the GID NCCL would use on the RoCE port (NCCL_IB_GID_INDEX, else its auto-selection "
+    "under NCCL_IB_ADDR_FAMILY/RANGE/ROCE_VERSION_NUM) can cross nodes, 0 when it is link-local, "
+    "of the wrong RoCE version, out of range or missing; absent where NCCL does not use RoCE "
+    "(InfiniBand, iWARP, ports not ACTIVE) or the GID table is unreadable.",
+)
+ATTRIBUTE_UNSUPPORTED = _m(
+    "rnic_attribute_unsupported_info",
+    "info",
+    ("device", "port", "attribute", "reason"),
+    "An attribute the driver does not provide (no value, not a fault): reason absent, "
+    "no_pma or not_supported (EINVAL/EOPNOTSUPP since the first read); always 1.",
+)
+# Hung reads and data age (a sick firmware blocks a counter read for tens of seconds).
+DEVICE_READ_STUCK = _m(
+    "rnic_device_read_stuck",
+    "gauge",
+    DEVICE_LABELS,
+    "1 while a sysfs read of the device has been blocking longer than the read deadline "
+    "(a hung firmware command); the device is skipped, its last values are served.",
+)
+DEVICE_DATA_TIMESTAMP = _m(
+    "rnic_device_data_timestamp_seconds",
+    "gauge",
+    (*DEVICE_LABELS, "pass"),
+    "Unix time the device's data was last read in full: pass=state (what detection "
+    "judges) or counters (read per scrape and OTLP export).",
+    "seconds",
+)
+ATTRIBUTE_BACKOFF = _m(
+    "rnic_attribute_backoff_seconds",
+    "gauge",
+    ("device", "port", "attribute"),
+    "Retry interval of a counter file the function does not support (EINVAL, "
+    "EOPNOTSUPP: restricted functions), doubling up to an hour.",
+    "seconds",
+)
+COUNTERS_STALE = _m(
+    "rnic_exporter_counters_stale",
+    "gauge",
+    (),
+    "1 when this scrape's counters are not all from a counter pass finished for it (the "
+    "scrape stopped waiting, or a device's read hangs): they are the last values read.",
+)
+# The exporter's own process, from prometheus-client's collectors (sinks/process.py): their names
+# and help, the convention every Prometheus client library follows.
+PROCESS_CPU = _m(
+    "process_cpu_seconds_total", "counter", (), "Total user and system CPU time spent in seconds.", "seconds"
+)
+PROCESS_RSS = _m("process_resident_memory_bytes", "gauge", (), "Resident memory size in bytes.", "bytes")
+PROCESS_VMS = _m("process_virtual_memory_bytes", "gauge", (), "Virtual memory size in bytes.", "bytes")
+PROCESS_START = _m(
+    "process_start_time_seconds", "gauge", (), "Start time of the process since unix epoch in seconds.", "seconds"
+)
+PROCESS_OPEN_FDS = _m("process_open_fds", "gauge", (), "Number of open file descriptors.")
+PROCESS_MAX_FDS = _m("process_max_fds", "gauge", (), "Maximum number of open file descriptors.")
+PYTHON_INFO = _m(
+    "python_info", "gauge", ("implementation", "major", "minor", "patchlevel", "version"), "Python platform information"
+)
+PYTHON_GC_COLLECTED = _m("python_gc_objects_collected_total", "counter", ("generation",), "Objects collected during gc")
+PYTHON_GC_UNCOLLECTABLE = _m(
+    "python_gc_objects_uncollectable_total", "counter", ("generation",), "Uncollectable objects found during GC"
+)
+PYTHON_GC_COLLECTIONS = _m(
+    "python_gc_collections_total", "counter", ("generation",), "Number of times this generation was collected"
+)
+PROCESS_METRICS: Mapping[str, MetricSpec] = MappingProxyType(
+    {
+        m.family_name: m
+        for m in (
+            PROCESS_CPU,
+            PROCESS_RSS,
+            PROCESS_VMS,
+            PROCESS_START,
+            PROCESS_OPEN_FDS,
+            PROCESS_MAX_FDS,
+            PYTHON_INFO,
+            PYTHON_GC_COLLECTED,
+            PYTHON_GC_UNCOLLECTABLE,
+            PYTHON_GC_COLLECTIONS,
+        )
+    }
+)
+
+# -- consumers (issue 15): who holds each RDMA device open. Processes are never series: a device's
+# processes are counted, and its workloads (a Slurm job, a pod, else a bare command) each get one
+# info series, at most CONSUMER_WORKLOADS_MAX per device (rnic_device_workloads stays exact).
+CONSUMER_WORKLOAD_LABELS = (
+    "device",
+    "kind",
+    "slurm_job_id",
+    "k8s_namespace_name",
+    "k8s_pod_name",
+    "k8s_pod_uid",
+    "command",
+)
+CONSUMER_WORKLOADS_MAX = 16
+DEVICE_CONSUMER_PROCESSES = _m(
+    "rnic_device_consumer_processes",
+    "gauge",
+    DEVICE_LABELS,
+    "Processes holding the RDMA device's verbs device (/dev/infiniband/uverbsN) open, as of the last "
+    "consumer scan; absent when an incomplete scan found none.",
+)
+DEVICE_WORKLOADS = _m(
+    "rnic_device_workloads",
+    "gauge",
+    DEVICE_LABELS,
+    "Distinct workloads (Slurm jobs, Kubernetes pods, bare commands) using the RDMA device, as of the last "
+    "consumer scan.",
+)
+DEVICE_WORKLOAD_INFO = _m(
+    "rnic_device_workload_info",
+    "info",
+    CONSUMER_WORKLOAD_LABELS,
+    "A workload using the RDMA device (kind slurm, pod or process); always 1. Join on device and instance "
+    "to name who a problem hits.",
+)
+CONSUMER_SCAN_DURATION = _m(
+    "rnic_exporter_consumer_scan_duration_seconds",
+    "gauge",
+    (),
+    "Wall time the last consumer scan of the process table took.",
+    "seconds",
+)
+CONSUMER_SCAN_TIMESTAMP = _m(
+    "rnic_exporter_consumer_scan_timestamp_seconds",
+    "gauge",
+    (),
+    "Unix time the last consumer scan finished.",
+    "seconds",
+)
+CONSUMER_SCAN_COMPLETE = _m(
+    "rnic_exporter_consumer_scan_complete",
+    "gauge",
+    (),
+    "1 when the last consumer scan saw the whole process table, 0 when it stopped at its budget.",
+)
+CONSUMER_SCAN_SKIPPED = _m(
+    "rnic_exporter_consumer_scan_skipped_processes",
+    "gauge",
+    (),
+    "Processes the last consumer scan could not inspect (permission denied, or gone mid-scan).",
+)
+CONSUMER_SCAN_ERRORS = _m(
+    "rnic_exporter_consumer_scan_errors_total",
+    "counter",
+    ("reason",),
+    "Consumer scans that failed (reason error) or did not finish within their deadline (reason timeout).",
+)
+CONSUMER_METRICS: tuple[MetricSpec, ...] = (
+    DEVICE_CONSUMER_PROCESSES,
+    DEVICE_WORKLOADS,
+    DEVICE_WORKLOAD_INFO,
+    CONSUMER_SCAN_DURATION,
+    CONSUMER_SCAN_TIMESTAMP,
+    CONSUMER_SCAN_COMPLETE,
+    CONSUMER_SCAN_SKIPPED,
+    CONSUMER_SCAN_ERRORS,
+)
+
+METRICS: tuple[MetricSpec, ...] = (
+    DEVICE_INFO,
+    PORT_INFO,
+    PORT_STATE,
+    PORT_PHYSICAL_STATE,
+    PORT_UP,
+    PORT_ACTIVE_RATE,
+    PORT_ACTIVE_WIDTH,
+    PORT_DATA_RECEIVED,
+    PORT_DATA_TRANSMITTED,
+    PORT_PACKETS_RECEIVED,
+    PORT_PACKETS_TRANSMITTED,
+    PORT_PMA,
+    PORT_HW_STAT,
+    DEVICE_HW_STAT,
+    PORT_PMA_SATURATED,
+    PCIE_LINK_SPEED,
+    PCIE_LINK_WIDTH,
+    NETDEV_SPEED,
+    NETDEV_UP,
+    NETDEV_CARRIER_CHANGES,
+    NETDEV_MTU,
+    GID_ENTRY_INFO,
+    GID_TABLE_HASH,
+    GID_ENTRIES,
+    GID_TABLE_SIZE,
+    NCCL_GID_INDEX,
+    ATTRIBUTE_UNAVAILABLE,
+    DEVICES,
+    POLL_DURATION,
+    LAST_POLL,
+    POLLS,
+    READ_ERRORS,
+    CONFIG_RELOAD_OK,
+    BUILD_INFO,
+    PORT_RATED_RATE,
+    PORT_RATED_WIDTH,
+    LINK_BELOW_RATED,
+    DEVICE_PRESENT,
+    NETDEV_ADDRESS_PRESENT,
+    NETDEV_ADDRESSES,
+    NETDEV_ADDRESS_LOSS_RISK,
+    GID_V2_IPV4_INDEX,
+    NCCL_CONFIGURED_GID_INDEX_VALID,
+    PORT_FLAPPING,
+    GID_TABLE_CHANGES,
+    EVENTS,
+    STATE_ERRORS,
+    EVENT_SOURCE_ERRORS,
+    WAKEUPS,
+    OTLP_EXPORT_FAILURES,
+    OTLP_DROPPED,
+    ATTRIBUTE_UNSUPPORTED,
+    NCCL_GID_USABLE,
+    OTLP_EXPORT_FAILURES,
+    OTLP_DROPPED,
+    DEVICE_READ_STUCK,
+    DEVICE_DATA_TIMESTAMP,
+    ATTRIBUTE_BACKOFF,
+    COUNTERS_STALE,
+    *PROCESS_METRICS.values(),
+    *CONSUMER_METRICS,
+)
+
+BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})
+
+# counters/ files that have their own named metric above, so rnic_port_pma_total skips them.
+NAMED_PMA_COUNTERS: Mapping[str, MetricSpec] = MappingProxyType(
+    {
+        "port_rcv_data": PORT_DATA_RECEIVED,
+        "port_xmit_data": PORT_DATA_TRANSMITTED,
+        "port_rcv_packets": PORT_PACKETS_RECEIVED,
+        "port_xmit_packets": PORT_PACKETS_TRANSMITTED,
+    }
+)
+
+# PMA PortCounters that count errors (IBTA), in PortCounters order: the OTLP sink sends them to
+# hw.errors (the rest to rnic.port.pma), and the dashboards' error panels select the same ones.
+PMA_ERROR_COUNTER_NAMES: tuple[str, ...] = (
+    "symbol_error",
+    "link_error_recovery",
+    "link_downed",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_rcv_switch_relay_errors",
+    "port_xmit_discards",
+    "port_xmit_constraint_errors",
+    "port_rcv_constraint_errors",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+    "VL15_dropped",
+)

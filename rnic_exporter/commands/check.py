@@ -1,0 +1,170 @@
+"""`rnic-exporter check`: one judgment of this host now, against the daemon's persisted inventory.
+
+For job prologues and on-call. Reads sysfs once (whole GID tables), the addresses over netlink
+when it can (else from the GID table), and the state directory read-only: `check` never changes
+what the daemon learned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
+from rnic_exporter.detect.inputs import gather_inputs, host_risks
+from rnic_exporter.detect.problems import Problem, fails, find_problems
+from rnic_exporter.detect.settings import DetectionSettings
+from rnic_exporter.detect.state import StateStore
+from rnic_exporter.model.consumers import ConsumerScan, Workload
+from rnic_exporter.model.host import Snapshot
+from rnic_exporter.sinks.consumer_fields import as_json as consumers_json
+from rnic_exporter.sinks.consumer_fields import workload_names
+from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.availability import summarize
+from rnic_exporter.sources.ethtool import EthtoolReader
+from rnic_exporter.sources.reader import HostReader, ReaderSettings
+from rnic_exporter.sources.sysfs import SysfsRoot
+
+CHECK_SCHEMA = 1
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    problems: tuple[Problem, ...]
+    notes: tuple[str, ...]  # what limited the check (no inventory, no netlink...), unsupported attributes
+    devices: int
+    ports: int
+    users: ConsumerScan | None = None  # check --collector.consumers: who each problem puts at risk
+
+    def at_risk(self, problem: Problem) -> tuple[Workload, ...]:
+        """The workloads on the problem's device; a host-wide problem (a NIC short) puts all at risk."""
+        if self.users is None:
+            return ()
+        device = problem.where.split(" ", 1)[0]
+        if device == "host":
+            return tuple(sorted({w for d in self.users.by_device for w in self.users.workloads(d)}))
+        return self.users.workloads(device)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def failed(self, fail_on: str = "warning") -> bool:
+        """Whether a job prologue should stop: a problem at `fail_on` or worse. Notes never count."""
+        return fails(self.problems, fail_on)
+
+    def to_json(self, fail_on: str = "warning") -> dict[str, Any]:
+        return {
+            "schema": CHECK_SCHEMA,
+            "healthy": self.healthy,
+            "fail_on": fail_on,
+            "failed": self.failed(fail_on),
+            "devices": self.devices,
+            "ports": self.ports,
+            "problems": [self._problem_json(p) for p in self.problems],
+            "notes": list(self.notes),
+        }
+
+    def _problem_json(self, problem: Problem) -> dict[str, Any]:
+        out = problem.to_json()
+        if self.users is not None:  # absent: not scanned; [] : nobody was using the device
+            device = problem.where.split(" ", 1)[0]
+            devices = list(self.users.by_device) if device == "host" else [device]
+            out["at_risk"] = [w for d in devices for w in consumers_json(self.users, d)]
+        return out
+
+
+def _netlink_addresses(notes: list[str]) -> dict[str, tuple[AddressLike, ...]] | None:
+    try:
+        from rnic_exporter.sources.netlink import NetlinkWatcher
+
+        watcher = NetlinkWatcher()
+        watcher.start()
+    except Exception as exc:  # any failure only narrows the check: fall back to the GID tables
+        notes.append(f"netlink unavailable ({exc}); addresses judged from the GID tables")
+        return None
+    try:
+        if not watcher.healthy:
+            notes.append("netlink unavailable; addresses judged from the GID tables")
+            return None
+        return dict(watcher.addresses())
+    finally:
+        watcher.close()
+
+
+def gather(
+    snap: Snapshot, store: StateStore, settings: DetectionSettings, paths: HostPaths, use_netlink: bool = True
+) -> tuple[HostConditions, list[str]]:
+    notes: list[str] = []
+    loaded = store.load()
+    if loaded.problem is not None:
+        notes.append(f"state: {loaded.problem}")
+    elif store.path is None or not store.path.exists():
+        notes.append("no inventory (state file) found: missing devices are judged only against --expected-devices")
+    addresses = _netlink_addresses(notes) if use_netlink else None
+    ethtool = EthtoolReader()
+    try:
+        inputs = gather_inputs(snap, host_risks(paths), addresses, ethtool.advertised)
+    finally:
+        ethtool.close()
+    cur = judge(
+        snap, loaded.state, settings, addresses=inputs.addresses, advertised=inputs.advertised, risks=inputs.risks
+    )
+    return cur, notes
+
+
+def run_check(
+    sysfs: Path,
+    state_dir: Path | None,
+    settings: DetectionSettings,
+    reader_settings: ReaderSettings,
+    paths: HostPaths,
+    use_netlink: bool = True,
+    root: SysfsRoot | None = None,
+    users: ConsumerScan | None = None,
+) -> CheckReport:
+    """Raises ConfigError for an unusable sysfs path (exit 2). `root`: read through this one instead
+    (a test's errno overlay)."""
+    reader = HostReader(root or SysfsRoot(sysfs), reader_settings)
+    with contextlib.closing(reader):
+        snap = reader.read(full_gid_tables=True)
+    cur, notes = gather(snap, StateStore(state_dir), settings, paths, use_netlink)
+    if not snap.devices and not cur.devices:
+        notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
+    notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))
+    if users is not None and not users.complete:
+        notes.append(
+            f"the consumer scan was incomplete ({users.skipped} process(es) not inspectable): "
+            "a problem may put more workloads at risk than it names"
+        )
+    return CheckReport(
+        tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices), len(snap.ports), users
+    )
+
+
+def format_report(report: CheckReport, fail_on: str = "warning") -> str:
+    lines = []
+    if report.healthy:
+        lines.append(f"OK: {report.devices} RDMA device(s), {report.ports} port(s), no problems found.")
+    else:
+        counts = {s: sum(1 for p in report.problems if p.severity == s) for s in ("critical", "warning", "info")}
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        verdict = "PROBLEMS" if report.failed(fail_on) else f"PASSED (--fail-on {fail_on}), PROBLEMS"
+        lines.append(
+            f"{verdict}: {len(report.problems)} ({summary}) on {report.devices} RDMA device(s), {report.ports} port(s)."
+        )
+        for problem in report.problems:
+            lines += [
+                "",
+                f"[{problem.severity.upper()}] {problem.where}: {problem.what}",
+                f"  means: {problem.meaning}",
+                f"  do:    {problem.fix}",
+            ]
+            if report.users is not None:
+                names = workload_names(report.at_risk(problem))
+                lines.append(f"  hits:  {', '.join(names) if names else 'no running workload uses it'}")
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    return "\n".join(lines)

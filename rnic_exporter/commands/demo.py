@@ -1,0 +1,146 @@
+"""`rnic-exporter demo`: the daemon over a simulated host, with the failures played on a timer."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rnic_exporter.daemon import agent
+from rnic_exporter.daemon.consumer_watch import ConsumerSettings
+from rnic_exporter.sim import SimHost, SimProcfs
+from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.reader import ReaderSettings
+
+
+@dataclass(frozen=True)
+class Step:
+    title: str
+    act: Callable[[SimHost], str]  # does the change, returns what to look for
+
+
+# The fake verbs users the demo attaches (sim/procfs.py): who the GID-shift step hits.
+DEMO_JOB = "4242"
+DEMO_POD = ("team-a", "trainer-0", "6c1f3a52-8d0e-4b7e-9a43-1b2c3d4e5f60")
+
+
+def _gid_shift(host: SimHost) -> str:
+    old, new = host.gid_shift("mlx5_1")
+    return (
+        f"mlx5_1: Slurm job {DEMO_JOB} holds GID {old}; the port flapped and NetworkManager dropped and "
+        f"restored 10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. The event names the job "
+        f'(consumers="... slurm job {DEMO_JOB} step 0"). Look at rnic_nccl_gid_index, rnic_gid_table_hash, '
+        f'rnic_gid_entry_info{{device="mlx5_1"}} and rnic_device_workload_info{{device="mlx5_1"}}.'
+    )
+
+
+def _speed_drop(host: SimHost) -> str:
+    host.set_speed("mlx5_2", 200)
+    return (
+        "mlx5_2 renegotiated 400G -> 200G (a tired cable). "
+        "Look at rnic_port_active_rate_bytes_per_second and rnic_netdev_speed_bytes_per_second."
+    )
+
+
+def _pcie_downtrain(host: SimHost) -> str:
+    host.set_pcie("mlx5_3", 16.0, 8)
+    return (
+        "mlx5_3's PCIe link trained at Gen4 x8 instead of Gen5 x16. "
+        "Look at rnic_pcie_link_width_lanes and rnic_pcie_link_speed_transfers_per_second."
+    )
+
+
+def _nic_gone(host: SimHost) -> str:
+    host.remove_device("mlx5_4")
+    return "mlx5_4 fell off the PCIe bus. Look at rnic_devices and rnic_device_info."
+
+
+def _ipv6_only(host: SimHost) -> str:
+    host.ipv6_only("mlx5_0")
+    return (
+        "mlx5_0's netdev lost 10.0.0.1 and kept only IPv6 addresses: NCCL (NCCL_IB_ADDR_FAMILY=AF_INET) "
+        'keeps the link-local GID at index 0. Look at rnic_nccl_gid_usable{device="mlx5_0"} and run '
+        "rnic-exporter check --path.sysfs <the tree above>."
+    )
+
+
+def _heal(host: SimHost) -> str:
+    host.remove_address("mlx5_0", "fd00:0:0:0::1")
+    host.add_address("mlx5_0", "10.0.0.1")
+    host.restore_device("mlx5_4")
+    host.set_speed("mlx5_2", 400)
+    host.set_pcie("mlx5_3", 32.0, 16)
+    host.release_gids("mlx5_1")
+    return (
+        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 "
+        "ended. The cycle starts again."
+    )
+
+
+STEPS = (
+    Step("GID index shift (incident 1)", _gid_shift),
+    Step("Speed below rated (incident 2)", _speed_drop),
+    Step("PCIe downtrain (incident 2)", _pcie_downtrain),
+    Step("NIC disappeared (incident 2)", _nic_gone),
+    Step("NCCL would use a link-local GID (issue 13)", _ipv6_only),
+    Step("Everything healed", _heal),
+)
+
+
+def run_demo(
+    *, devices: int, step_seconds: float, listen: tuple[str, ...], poll_interval: float, echo: Callable[[str], None]
+) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="rnic-exporter-demo-"))
+    stop = threading.Event()
+    try:
+        ib = max(1, devices // 4)
+        host = SimHost.build(workdir / "sys", roce=devices - ib, infiniband=ib)
+        # A port whose PMA does not answer (as on an iWARP card or a restricted function): its counters
+        # are listed once in rnic_attribute_unsupported_info, never alerted on.
+        host.without_pma(f"mlx5_{devices - ib - 1}")
+        echo(
+            f"Simulated host with {devices} RNICs ({devices - ib} RoCE, {ib} InfiniBand) in {workdir / 'sys'}; "
+            f"mlx5_{devices - ib - 1}'s PMA does not answer (counters N/A: unsupported, not broken)"
+        )
+        users = SimProcfs(host, workdir / "proc", workdir / "root")
+        users.slurm_job(DEMO_JOB, ["mlx5_1"])
+        users.pod(*DEMO_POD, devices=["mlx5_1", "mlx5_2"])
+        echo(f"Slurm job {DEMO_JOB} uses mlx5_1; pod {DEMO_POD[0]}/{DEMO_POD[1]} uses mlx5_1 and mlx5_2")
+        echo(f"Try: rnic-exporter show --path.sysfs {workdir / 'sys'}")
+        echo(f"Metrics: http://{listen[0].lstrip(':') if listen[0].startswith(':') else listen[0]}/metrics")
+        player = threading.Thread(
+            target=_play, args=(host, step_seconds, poll_interval, stop, echo), name="demo-player", daemon=True
+        )
+        player.start()
+        config = agent.ServeConfig(
+            sysfs=workdir / "sys",
+            listen=listen,
+            poll_interval_s=poll_interval,
+            reader=ReaderSettings.build(),
+            state_dir=workdir / "state",
+            host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
+            consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),
+        )
+        return agent.run(config, stop=stop)  # the real scan, over the fake procfs
+    finally:
+        stop.set()
+        shutil.rmtree(workdir, ignore_errors=True)
+        echo(f"Removed {workdir}")
+
+
+def _play(
+    host: SimHost, step_seconds: float, poll_interval: float, stop: threading.Event, echo: Callable[[str], None]
+) -> None:
+    step = 0
+    elapsed = 0.0
+    while not stop.wait(poll_interval):
+        host.add_traffic(poll_interval)
+        elapsed += poll_interval
+        if elapsed >= step_seconds:
+            elapsed = 0.0
+            current = STEPS[step % len(STEPS)]
+            echo(f"\n== step {step + 1}: {current.title}\n{current.act(host)}")
+            step += 1

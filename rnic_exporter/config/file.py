@@ -1,0 +1,427 @@
+"""The `--config FILE` (TOML or YAML): parsed strictly, every problem named with file, key and reason.
+
+Precedence, as documented in the README: a flag given on the command line or through its
+environment variable beats the file; the file beats the built-in default.
+
+    poll_interval_seconds = 5
+    [collector.infiniband]
+    device_include = "^mlx5_"
+    device_exclude = "^mlx5_bond"
+    [collector.hw_counters]       # driver counters (hw_counters/); names anchored: ^(?:REGEX)$
+    enabled = true
+    include = "out_of_sequence|local_ack_timeout_err|np_.*|rp_.*"
+    exclude = "rx_.*_requests"
+    [nccl]
+    ib_gid_index = 3              # what your jobs set NCCL_IB_GID_INDEX to (-1 = auto)
+    ib_addr_family = "AF_INET"
+    ib_addr_range = "10.0.0.0/8"
+    ib_roce_version_num = 2
+    [collector.consumers]
+    enabled = true                # who holds each RNIC open (off by default)
+    interval_seconds = 30
+    [inventory]
+    expected_devices = 8          # check and alerts: fewer present is a problem
+    [flapping]
+    transitions = 4               # up/down transitions within window_seconds make a port flapping
+    window_seconds = 300
+    clear_after_seconds = 900     # quiet time before it counts as stable again
+    [addresses]
+    forget_after_seconds = 86400  # an expected address missing this long stops being expected
+    [[rated]]                     # expectations; all given match keys must agree; last match wins
+    match = { hca_type = "MT4129" }   # keys: device, pci_address, hca_type, board_id
+    port_rate_gbps = 400
+    port_width = 4
+    netdev_speed_gbps = 400
+    pcie_speed_gts = 32
+    pcie_width = 16
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from rnic_exporter.config.bounds import (
+    CLEAR_AFTER,
+    DEVICES,
+    FORGET_AFTER,
+    GBPS,
+    GID_INDEX,
+    GTS,
+    POLL_INTERVAL,
+    ROCE_VERSION,
+    TRANSITIONS,
+    WIDTH,
+    WINDOW,
+    check_number,
+    show,
+    within,
+)
+from rnic_exporter.daemon.consumer_watch import INTERVAL as CONSUMER_INTERVAL
+from rnic_exporter.daemon.consumer_watch import ConsumerSettings
+from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
+from rnic_exporter.errors import ConfigError
+from rnic_exporter.sources.counter_filter import CounterFilter
+from rnic_exporter.sources.reader import ReaderSettings
+
+
+@dataclass(frozen=True, slots=True)
+class FileConfig:
+    """What a config file may set; None means "not set in the file"."""
+
+    poll_interval_seconds: float | None = None
+    device_include: str | None = None
+    device_exclude: str | None = None
+    hw_counters: bool | None = None
+    hw_counters_include: str | None = None
+    hw_counters_exclude: str | None = None
+    nccl_env: Mapping[str, str] = field(default_factory=dict)  # NCCL_* names -> values, as NCCL reads them
+    nccl_gid_index: int | None = None
+    expected_devices: int | None = None
+    flap_transitions: int | None = None
+    flap_window_seconds: float | None = None
+    flap_clear_after_seconds: float | None = None
+    address_forget_after_seconds: float | None = None
+    rated: tuple[RatedExpectation, ...] = ()
+    consumers_enabled: bool | None = None
+    consumers_interval_seconds: float | None = None
+
+    def detection(self, base: DetectionSettings, keep_gid_index: bool = False) -> DetectionSettings:
+        """`base` (built-in defaults, flags) overlaid with what this file sets. `keep_gid_index`:
+        base's NCCL index came from NCCL_IB_GID_INDEX, which is what jobs get and beats the file."""
+        flap = FlapSettings(
+            transitions=self.flap_transitions or base.flap.transitions,
+            window_s=self.flap_window_seconds or base.flap.window_s,
+            clear_after_s=self.flap_clear_after_seconds or base.flap.clear_after_s,
+        )
+        return replace(
+            base,
+            rated=self.rated or base.rated,
+            flap=flap,
+            expected_devices=self.expected_devices if self.expected_devices is not None else base.expected_devices,
+            nccl_gid_index=base.nccl_gid_index
+            if keep_gid_index or self.nccl_gid_index is None
+            else self.nccl_gid_index,
+            address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s,
+        )
+
+
+def _regex(path: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{path}: expected a regular expression string, got {show(value)}")
+    try:
+        re.compile(value)
+    except (re.error, RecursionError, OverflowError) as exc:
+        raise ValueError(f"{path}: {show(value)} is not a valid regular expression ({exc})") from None
+    return value
+
+
+# A [[rated]] table's values (RatedExpectation fields), in the order the error message lists them.
+_RATED_VALUES: Mapping[str, Callable[[str, Any], Any]] = {
+    "port_rate_gbps": within(GBPS),
+    "port_width": within(WIDTH),
+    "netdev_speed_gbps": within(GBPS),
+    "pcie_speed_gts": within(GTS),
+    "pcie_width": within(WIDTH),
+}
+
+
+def _rated(path: str, value: Any) -> tuple[RatedExpectation, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: expected a list of tables ([[rated]] in TOML, a list in YAML), got {show(value)}")
+    out = []
+    problems = []
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, Mapping):
+            problems.append(f"{where}: expected a table, got {show(item)}")
+            continue
+        match = item.get("match")
+        if not isinstance(match, Mapping) or not match:
+            problems.append(f"{where}.match: expected a table of {', '.join(MATCH_KEYS)}")
+            continue
+        bad = [k for k in match if k not in MATCH_KEYS or not isinstance(match[k], str)]
+        if bad:
+            problems.append(
+                f"{where}.match: unknown key or non-string value {show(bad[0])} (keys: {', '.join(MATCH_KEYS)})"
+            )
+            continue
+        values: dict[str, Any] = {}
+        for key, raw in item.items():
+            if key == "match":
+                continue
+            validate = _RATED_VALUES.get(key) if isinstance(key, str) else None
+            if validate is None:
+                problems.append(f"{where}.{show(key)}: unknown key ({', '.join(_RATED_VALUES)}, match)")
+                continue
+            try:
+                values[key] = validate(f"{where}.{key}", raw)
+            except ValueError as exc:
+                problems.append(str(exc))
+        if not values:
+            problems.append(f"{where}: sets no rated value")
+            continue
+        out.append(RatedExpectation(match=tuple(sorted((str(k), str(v)) for k, v in match.items())), **values))
+    if problems:
+        raise ValueError("; ".join(problems))
+    return tuple(out)
+
+
+def _bool(path: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: expected true or false, got {show(value)}")
+    return value
+
+
+def _str(path: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{path}: expected a string, got {show(value)}")
+    return value
+
+
+# key path -> (validator, FileConfig field or NCCL env name)
+_SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
+    "poll_interval_seconds": (within(POLL_INTERVAL), "poll_interval_seconds"),
+    "collector.infiniband.device_include": (_regex, "device_include"),
+    "collector.infiniband.device_exclude": (_regex, "device_exclude"),
+    "collector.hw_counters.enabled": (_bool, "hw_counters"),
+    "collector.hw_counters.include": (_regex, "hw_counters_include"),
+    "collector.hw_counters.exclude": (_regex, "hw_counters_exclude"),
+    "nccl.ib_gid_index": (within(GID_INDEX), "nccl_gid_index"),
+    "nccl.ib_addr_family": (_str, "env:NCCL_IB_ADDR_FAMILY"),
+    "nccl.ib_addr_range": (_str, "env:NCCL_IB_ADDR_RANGE"),
+    "nccl.ib_roce_version_num": (within(ROCE_VERSION), "env:NCCL_IB_ROCE_VERSION_NUM"),
+    "inventory.expected_devices": (within(DEVICES), "expected_devices"),
+    "flapping.transitions": (within(TRANSITIONS), "flap_transitions"),
+    "flapping.window_seconds": (within(WINDOW), "flap_window_seconds"),
+    "flapping.clear_after_seconds": (within(CLEAR_AFTER), "flap_clear_after_seconds"),
+    "addresses.forget_after_seconds": (within(FORGET_AFTER), "address_forget_after_seconds"),
+    "rated": (_rated, "rated"),
+    "collector.consumers.enabled": (_bool, "consumers_enabled"),
+    "collector.consumers.interval_seconds": (within(CONSUMER_INTERVAL), "consumers_interval_seconds"),
+}
+_SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}
+
+
+def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any], problems: list[str]) -> None:
+    for key, value in data.items():
+        if not isinstance(key, str):  # YAML allows `1: x` or `null: x`
+            problems.append(f"{prefix}{show(key)}: keys must be strings")
+            continue
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if path not in _SECTIONS:
+                problems.append(f"{path}: unknown section")
+                continue
+            _flatten(value, path + ".", out, problems)
+        else:
+            out[path] = value
+
+
+def load(path: Path) -> FileConfig:
+    """Parse and validate `path`; raise ConfigError listing every problem at once."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror}") from None
+    return parse_file(path, raw)
+
+
+def parse_file(path: Path, raw: bytes) -> FileConfig:
+    """The FileConfig in `raw`, the bytes of `path` (TOML, or YAML by suffix); ConfigError only."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path}: not UTF-8 (byte {raw[exc.start]:#04x} at offset {exc.start})") from None
+    data = parse_text(path, text)
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config file {path}: the top level must be a table/mapping of keys")
+    flat: dict[str, Any] = {}
+    problems: list[str] = []
+    _flatten(data, "", flat, problems)
+    values: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    for key, value in flat.items():
+        spec = _SCHEMA.get(key)
+        if spec is None:
+            close = [k for k in _SCHEMA if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+            listed = any("(known keys: " in p for p in problems)  # the list once, not per unknown key
+            hint = (
+                f" (did you mean {close[0]}?)"
+                if close
+                else ""
+                if listed
+                else f" (known keys: {', '.join(sorted(_SCHEMA))})"
+            )
+            problems.append(f"{key}: unknown key{hint}")
+            continue
+        validate, target = spec
+        try:
+            checked = validate(key, value)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        if target.startswith("env:"):
+            env[target.removeprefix("env:")] = str(checked)
+        else:
+            values[target] = checked
+    if problems:
+        shown = problems[:_SHOWN_PROBLEMS] + (
+            [f"and {len(problems) - _SHOWN_PROBLEMS} more problem(s)"] if len(problems) > _SHOWN_PROBLEMS else []
+        )
+        raise ConfigError(one_line(f"config file {path}: " + "; ".join(shown)))
+    return FileConfig(nccl_env=env, **values)
+
+
+_SHOWN_PROBLEMS = 8  # a message is read by a person: the first few problems, and how many more
+
+
+def one_line(message: str) -> str:
+    """A message as the one line the README promises (YAML's marks span several)."""
+    return " ".join(message.split())
+
+
+def parse_text(path: Path, text: str) -> Any:
+    """The document in `text`, TOML or YAML by `path`'s suffix; every failure is one ConfigError.
+
+    YAML is read with the strict loader the web config uses (a duplicate key is an error, not
+    "the last one wins"). Both parsers recurse: a 500-deep nested array is a RecursionError, and
+    TOML's int() refuses numbers of more than 4,300 digits with a ValueError; both are "not valid".
+    """
+    # Parsers only when a config file is given: PyYAML costs ~1.4 MB of resident memory.
+    import tomllib
+
+    import yaml
+
+    from rnic_exporter.config.yaml import strict_loader
+
+    is_yaml = path.suffix in (".yml", ".yaml")
+    kind = "YAML" if is_yaml else "TOML (use .yml/.yaml for YAML)"
+    try:
+        if is_yaml:
+            return yaml.load(text, Loader=strict_loader()) or {}  # a SafeLoader subclass
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"config file {path}: not valid {kind}: nested too deeply") from None
+    except (yaml.YAMLError, tomllib.TOMLDecodeError, ValueError) as exc:
+        raise ConfigError(one_line(f"config file {path}: not valid {kind}: {exc}")[:2000]) from None
+
+
+# -- precedence: one resolver for serve and check ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    poll_interval_s: float
+    reader: ReaderSettings
+    detection: DetectionSettings
+    consumers: ConsumerSettings = field(default_factory=ConsumerSettings)
+
+
+def resolve(
+    config_file: Path | None,
+    *,
+    poll_interval_s: float = 5.0,
+    device_include: str | None = None,
+    device_exclude: str | None = None,
+    counters: CounterFilter | None = None,
+    detection: DetectionSettings | None = None,
+    explicit: Collection[str] = (),
+    consumers: ConsumerSettings | None = None,
+) -> Resolved:
+    """Flags and environment, the config file, built-in defaults: in that order, for serve and check.
+
+    The keyword arguments are what the flags (or their environment variables) and the built-in
+    defaults say; `explicit` names those the operator gave (`poll_interval`, `device_include`,
+    `device_exclude`, `hw_counters`, `hw_counters_include`, `hw_counters_exclude`, `nccl_gid_index`,
+    `expected_devices`): those beat the file, defaults lose to it. NCCL_IB_GID_INDEX in the
+    environment counts as given (it is what jobs get). Every number goes through `check_number`,
+    whether it came from a flag or the file. Raises ConfigError only.
+    """
+    given = detection or DetectionSettings()
+    try:
+        check_number("--poll.interval", poll_interval_s, POLL_INTERVAL)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    loaded = load(config_file) if config_file is not None else FileConfig()
+
+    def pick(name: str, flag: Any, file: Any) -> Any:
+        return flag if name in explicit or file is None else file
+
+    merged = loaded.detection(given, keep_gid_index="nccl_gid_index" in explicit)
+    if "expected_devices" in explicit:
+        merged = replace(merged, expected_devices=given.expected_devices)
+    flags = counters or CounterFilter()
+    reader = ReaderSettings.build(
+        pick("device_include", device_include, loaded.device_include),
+        pick("device_exclude", device_exclude, loaded.device_exclude),
+        loaded.nccl_env,
+        CounterFilter.build(
+            pick("hw_counters", flags.hw_counters, loaded.hw_counters),
+            pick("hw_counters_include", _pattern(flags.hw_include), loaded.hw_counters_include),
+            pick("hw_counters_exclude", _pattern(flags.hw_exclude), loaded.hw_counters_exclude),
+        ),
+    )
+    wanted = consumers or ConsumerSettings()  # names "consumers", "consumers_interval" in `explicit`
+    return Resolved(
+        poll_interval_s=pick("poll_interval", poll_interval_s, loaded.poll_interval_seconds),
+        reader=reader,
+        detection=replace(merged, nccl=reader.nccl),  # judged as the reader picks
+        consumers=replace(
+            wanted,
+            enabled=pick("consumers", wanted.enabled, loaded.consumers_enabled),
+            interval_s=pick("consumers_interval", wanted.interval_s, loaded.consumers_interval_seconds),
+        ),
+    )
+
+
+def _pattern(compiled: re.Pattern[str] | None) -> str | None:
+    return None if compiled is None else compiled.pattern
+
+
+class Configurable(Protocol):
+    """What `apply_file` overlays: the daemon's ServeConfig (kept in daemon/agent.py)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def poll_interval_s(self) -> float: ...
+    @property
+    def reader(self) -> ReaderSettings: ...
+    @property
+    def detection(self) -> DetectionSettings: ...
+    @property
+    def config_file(self) -> Path | None: ...
+    @property
+    def consumers(self) -> ConsumerSettings: ...
+
+
+C = TypeVar("C", bound=Configurable)
+
+
+def apply_file(config: C, explicit: Collection[str]) -> C:
+    """`config` (flags and defaults) with the config file resolved onto it, by `resolve`."""
+    if config.config_file is None:  # nothing to overlay; the numbers are still checked
+        resolve(None, poll_interval_s=config.poll_interval_s)
+        return config
+    reader = config.reader
+    resolved = resolve(
+        config.config_file,
+        poll_interval_s=config.poll_interval_s,
+        device_include=_pattern(reader.device_include),
+        device_exclude=_pattern(reader.device_exclude),
+        counters=reader.counters,
+        detection=config.detection,
+        explicit=explicit,
+        consumers=config.consumers,
+    )
+    return replace(
+        config,
+        poll_interval_s=resolved.poll_interval_s,
+        reader=resolved.reader,
+        detection=resolved.detection,
+        consumers=resolved.consumers,
+    )

@@ -1,0 +1,1 @@
+"""The long-running agent: polls, detects, publishes; owns time, threads and process tuning."""
