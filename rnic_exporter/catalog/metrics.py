@@ -175,7 +175,7 @@ ATTRIBUTE_UNAVAILABLE = _m(
     "gauge",
     ("device", "port", "attribute", "reason"),
     "1 while an attribute that was readable cannot be read or parsed; reason is the errno "
-    "name, 'malformed' or 'no_pma'. port is empty for device-level attributes.",
+    "name, 'malformed', 'no_pma' or 'empty'. port is empty for device-level attributes.",
 )
 DEVICES = _m("rnic_devices", "gauge", (), "RDMA devices read in the last poll.")
 POLL_DURATION = _m("rnic_exporter_poll_duration_seconds", "gauge", (), "Wall time the last sysfs poll took.", "seconds")
@@ -327,7 +327,8 @@ ATTRIBUTE_UNSUPPORTED = _m(
     "info",
     ("device", "port", "attribute", "reason"),
     "An attribute the driver does not provide (no value, not a fault): reason absent, "
-    "no_pma or not_supported (EINVAL/EOPNOTSUPP since the first read); always 1.",
+    "no_pma, not_supported (EINVAL/EOPNOTSUPP since the first read) or empty (an empty line, "
+    "as rxe's and EFA's fw_ver); always 1.",
 )
 # Hung reads and data age (a sick firmware blocks a counter read for tens of seconds).
 DEVICE_READ_STUCK = _m(
@@ -531,8 +532,6 @@ METRICS: tuple[MetricSpec, ...] = (
     OTLP_DROPPED,
     ATTRIBUTE_UNSUPPORTED,
     NCCL_GID_USABLE,
-    OTLP_EXPORT_FAILURES,
-    OTLP_DROPPED,
     DEVICE_READ_STUCK,
     DEVICE_DATA_TIMESTAMP,
     ATTRIBUTE_BACKOFF,

@@ -14,6 +14,9 @@ Unsupported, each only when it holds from the attribute's first read in this dev
   answer MADs, so the kernel prints this text instead of a number.
 - `not_supported`: the read fails with EINVAL or EOPNOTSUPP: the driver's show handler refuses it
   (a PMA that does not answer on newer kernels, a rate width the core cannot name).
+- `empty`: a free-text attribute reads as an empty line: the driver has no value for it. rxe, EFA and
+  hns print `fw_ver` this way on healthy hosts (ib_core's `fw_ver_show` prints whatever the driver's
+  `get_dev_fw_str` filled in, and these drivers fill in nothing or have no such callback).
 
 Failed: anything else, keeping the reason it has today (the errno name, or `malformed`): EIO (a
 firmware command failed), ETIMEDOUT (the firmware did not answer), ENODEV (the device went away under a
@@ -36,12 +39,14 @@ from rnic_exporter.model.host import ReadError
 ABSENT = "absent"
 NO_PMA = "no_pma"
 NOT_SUPPORTED = "not_supported"
+EMPTY = "empty"
 
 UNSUPPORTED_REASONS: Mapping[str, str] = MappingProxyType(
     {
         ABSENT: "the file does not exist: the driver does not provide it",
         NO_PMA: "reads 'N/A (no PMA)': the port's performance-management agent does not answer",
         NOT_SUPPORTED: "EINVAL or EOPNOTSUPP from the first read on: the driver does not implement it",
+        EMPTY: "an empty line from the first read on: the driver has no value for it",
     }
 )
 
@@ -49,6 +54,7 @@ UNSUPPORTED_REASONS: Mapping[str, str] = MappingProxyType(
 # (instead of "malformed": the bytes are what the kernel prints on purpose).
 NO_PMA_TEXT = "N/A (no PMA)"
 NO_PMA_READ = f"{NO_PMA}: {NO_PMA_TEXT}"
+EMPTY_READ = f"{EMPTY}: the driver prints an empty line"
 
 _SYMPTOMS: Mapping[str, str] = MappingProxyType(
     {
@@ -57,6 +63,7 @@ _SYMPTOMS: Mapping[str, str] = MappingProxyType(
         "EOPNOTSUPP": NOT_SUPPORTED,
         "ENOTSUP": NOT_SUPPORTED,  # the same number on Linux; errno.errorcode names it either way
         NO_PMA: NO_PMA,
+        EMPTY: EMPTY,
     }
 )
 

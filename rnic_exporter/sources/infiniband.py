@@ -8,7 +8,7 @@ from types import MappingProxyType
 
 from rnic_exporter.model.host import LinkRate, NumberedState
 from rnic_exporter.sources.plan import Attribute
-from rnic_exporter.sources.sysfs import NOT_EXPOSED, MalformedValueError
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, EmptyValueError, MalformedValueError
 
 CLASS_DIR = "class/infiniband"
 
@@ -98,11 +98,12 @@ def parse_link_layer(text: str) -> str:
 
 
 def parse_string(text: str) -> str:
-    """Free text such as `fw_ver` or `board_id`: stripped; empty is malformed, and so is a NUL
-    (the kernel prints C strings: a NUL is not part of any value)."""
+    """Free text such as `fw_ver` or `board_id`: stripped. Empty is the driver saying it has no value
+    (rxe, EFA and hns print `fw_ver` as an empty line), not a fault; a NUL is malformed (the kernel
+    prints C strings: a NUL is not part of any value)."""
     value = text.strip()
     if not value:
-        raise MalformedValueError("empty value")
+        raise EmptyValueError("empty value")
     if "\0" in value:
         raise MalformedValueError(f"{text[:40]!r} holds a NUL byte")
     return value

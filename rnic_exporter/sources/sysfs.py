@@ -18,7 +18,7 @@ from typing import TypeVar, cast
 
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import ReadError
-from rnic_exporter.sources.availability import NO_PMA_READ, is_no_pma
+from rnic_exporter.sources.availability import EMPTY_READ, NO_PMA_READ, is_no_pma
 from rnic_exporter.sources.read_thread import progress
 
 T = TypeVar("T")
@@ -39,6 +39,11 @@ Raw = bytes | int
 
 class MalformedValueError(ValueError):
     """A parser's complaint about a sysfs value; the message becomes the ReadError reason."""
+
+
+class EmptyValueError(MalformedValueError):
+    """A free-text attribute that is an empty line: the driver has no value for it (availability's
+    `empty`), which is unsupported when it holds from the first read and a failure after a value."""
 
 
 def raise_open_file_limit() -> None:
@@ -384,6 +389,8 @@ def interpret(raw: Raw, parse: Callable[[str], T], quiet: frozenset[int]) -> tup
         return None, (None if raw in quiet else errno_name(raw))
     try:
         return parse(decode(raw)), None
+    except EmptyValueError:
+        return None, EMPTY_READ
     except ValueError as exc:
         if is_no_pma(decode(raw)):  # the kernel's own text for a PMA that does not answer: see availability
             return None, NO_PMA_READ

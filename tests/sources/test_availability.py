@@ -35,6 +35,7 @@ def err(attribute: str, reason: str, port: int | None = 1) -> ReadError:
         ("EINVAL", "not_supported: EINVAL"),
         ("EOPNOTSUPP", "not_supported: EOPNOTSUPP"),
         ("no_pma: N/A (no PMA)", "no_pma: N/A (no PMA)"),
+        ("empty: the driver prints an empty line", "empty: the driver prints an empty line"),
         ("EIO", None),
         ("ETIMEDOUT", None),
         ("ENODEV", None),
@@ -49,7 +50,7 @@ def test_first_read_decides(reason: str, unsupported_as: str | None) -> None:
         assert judged.unsupported == () and judged.failed == (err("counters/symbol_error", reason),)
         return
     assert judged.failed == () and judged.unsupported == (err("counters/symbol_error", unsupported_as),)
-    assert judged.unsupported[0].kind in ("absent", "not_supported", "no_pma")
+    assert judged.unsupported[0].kind in ("absent", "not_supported", "no_pma", "empty")
     # Still unreadable the same way: still unsupported, poll after poll.
     assert first.judge([err("counters/symbol_error", reason)]).unsupported == judged.unsupported
     # Readable once, then the same symptom: it failed (the driver did provide it).
@@ -121,6 +122,23 @@ def test_einval_on_every_counter_from_the_first_read_is_no_problem(tmp_path: Pat
     assert report.healthy, report.problems
     assert any("counters/*" in note and "not_supported" in note for note in report.notes)
     assert any("mlx5_0: board_id: not_supported" in note for note in report.notes)
+
+
+def test_an_empty_firmware_string_is_unsupported_not_malformed(tmp_path: Path) -> None:
+    """rxe, EFA and hns print `fw_ver` as an empty line (the kernel lab showed it on rxe): a healthy
+    host passes `check` with a note, `show --json` has no firmware, and nothing is a read error."""
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
+    host.corrupt("mlx5_0", "fw_ver", "\n")
+    snap = HostReader(SysfsRoot(host.root)).read()
+    assert snap.errors == ()
+    assert [(u.attribute, u.kind) for u in snap.unsupported] == [("fw_ver", "empty")]
+    assert snap.devices[0].fw_ver is None
+    code, out = invoke("check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "")
+    assert code == Exit.OK, out
+    assert "WARNING" not in out and "malformed" not in out
+    assert "mlx5_0: fw_ver: empty" in out
+    code, out = invoke("show", "--json", "--path.sysfs", str(host.root))
+    assert code == 0 and '"fw_ver": null' in out
 
 
 @pytest.mark.parametrize("code", [errno.EIO, errno.EINVAL])
