@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
-from rnic_exporter.detect.inputs import gather_inputs, host_risks
+from rnic_exporter.detect.inputs import gather_inputs
 from rnic_exporter.detect.problems import Problem, fails, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
@@ -21,7 +21,7 @@ from rnic_exporter.model.consumers import ConsumerScan, Workload
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sinks.consumer_fields import as_json as consumers_json
 from rnic_exporter.sinks.consumer_fields import workload_names
-from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.address_risks import HostPaths, host_risks
 from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.ethtool import EthtoolReader
 from rnic_exporter.sources.reader import HostReader, ReaderSettings

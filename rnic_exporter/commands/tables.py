@@ -1,6 +1,6 @@
 """One-shot views of a snapshot for `show` and `gids`: a table for people, JSON for scripts.
 
-The JSON is the scripting interface and is documented in the README; `schema` changes only
+The JSON is the scripting interface and is documented in docs/json-output.md; `schema` changes only
 when a field changes meaning or goes away (new fields may be added).
 """
 

@@ -26,6 +26,7 @@ from types import FrameType, MappingProxyType
 from typing import Protocol
 
 from rnic_exporter import __version__
+from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import Event
 from rnic_exporter.config.file import apply_file  # one resolver: check uses it too
 from rnic_exporter.daemon.consumer_watch import ConsumerSettings, ConsumerWatch, Scan
@@ -36,14 +37,15 @@ from rnic_exporter.detect.inputs import Inputs, gather_inputs
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateLock, StateStore
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model.host import ReadError, Snapshot
+from rnic_exporter.model.host import AdvertisedLink, ReadError, Snapshot
+from rnic_exporter.sinks.detection import detection_families
 from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.process import ProcessFamilies
 from rnic_exporter.sinks.prometheus import DEFAULT_COUNTER_WAIT_S, CounterView, PrometheusSink
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published
 from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
 from rnic_exporter.sources.availability import summarize
-from rnic_exporter.sources.ethtool import AdvertisedLink, EthtoolReader
+from rnic_exporter.sources.ethtool import EthtoolReader
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S, ReadRunner, SingleFlight
 from rnic_exporter.sources.reader import HostReader, Job, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
@@ -181,7 +183,19 @@ class Agent:
             event_log.log(_EVENT_LEVEL[event_.severity], event_.message, extra={"fields": event_.fields()})
         if self.ethtool.errors:
             self.source_errors["ethtool"] = self.ethtool.errors
-        self.detection_families = tuple(self.detector.families(self.source_errors, self.wakeups))
+        detector = self.detector
+        self.detection_families = tuple(
+            detection_families(
+                detector.last,
+                detector.gid_changes,
+                detector.events,
+                {
+                    catalog.STATE_ERRORS: detector.state_errors,
+                    catalog.EVENT_SOURCE_ERRORS: self.source_errors,
+                    catalog.WAKEUPS: self.wakeups,
+                },
+            )
+        )
         record = Published(snap, tuple(events), replace(self.stats(), last_poll=now), self.detection_families)
         self.prometheus.publish(record)
         self.last = snap  # after the sink has it: readiness means "scrapes see a poll"

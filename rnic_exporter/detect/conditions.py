@@ -17,9 +17,8 @@ from typing import Protocol
 from rnic_exporter.detect.expected import bound_expected
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.detect.state import State, device_key, port_key
-from rnic_exporter.model.host import ROCE_V2, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
+from rnic_exporter.model.host import ROCE_V2, AdvertisedLink, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
 from rnic_exporter.model.nccl import AF_INET6, NcclPick, NcclSettings, judge_pick, uses_roce
-from rnic_exporter.sources.ethtool import AdvertisedLink
 
 PORT, NETDEV, PCIE = "port", "netdev", "pcie"
 SOURCE_CONFIG, SOURCE_ETHTOOL, SOURCE_BASELINE, SOURCE_DEVICE = "config", "ethtool", "baseline", "device"

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterator, Mapping
 
-from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import Event
 from rnic_exporter.detect.conditions import HostConditions, judge
 from rnic_exporter.detect.diff import diff
@@ -15,8 +13,6 @@ from rnic_exporter.detect.inputs import Inputs
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import Baseline, KnownAddress, KnownDevice, State, StateStore, device_key, port_key
 from rnic_exporter.model.host import Snapshot
-from rnic_exporter.sinks.detection import detection_families
-from rnic_exporter.sinks.samples import Family
 
 log = logging.getLogger("rnic_exporter.detect")
 
@@ -156,15 +152,3 @@ class Detector:
                     "cannot write the state file; the inventory will not survive a restart",
                     extra={"fields": {"path": str(self.store.path), "err": exc.strerror or str(exc)}},
                 )
-
-    def families(self, source_errors: Mapping[str, int], wakeups: Mapping[str, int]) -> Iterator[Family]:
-        return detection_families(
-            self.last,
-            self.gid_changes,
-            self.events,
-            {
-                catalog.STATE_ERRORS: self.state_errors,
-                catalog.EVENT_SOURCE_ERRORS: source_errors,
-                catalog.WAKEUPS: wakeups,
-            },
-        )

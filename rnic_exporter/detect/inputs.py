@@ -1,4 +1,7 @@
-"""What detection needs besides sysfs, gathered in one place for the daemon and for `check`."""
+"""What detection needs besides sysfs, gathered in one place for the daemon and for `check`.
+
+The reads themselves are the sources' (`sources/address_risks.py`, `sources/ethtool.py`): this module
+only asks the callables it is handed."""
 
 from __future__ import annotations
 
@@ -6,9 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from rnic_exporter.detect.conditions import AddressLike, is_expected_candidate
-from rnic_exporter.model.host import Snapshot
-from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
-from rnic_exporter.sources.ethtool import AdvertisedLink
+from rnic_exporter.model.host import AdvertisedLink, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,13 +20,6 @@ class Inputs:
 
 
 RiskLookup = Callable[[str, int | None, bool], frozenset[str]]  # (netdev, ifindex, has global IPv6)
-
-
-def host_risks(paths: HostPaths) -> RiskLookup:
-    def lookup(netdev: str, ifindex: int | None, has_global_ipv6: bool) -> frozenset[str]:
-        return address_loss_risks(paths, netdev, ifindex, has_global_ipv6)
-
-    return lookup
 
 
 def gather_inputs(

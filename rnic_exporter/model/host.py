@@ -373,3 +373,25 @@ class CounterGroup:
             mapping = {n: v for n, v in zip(self.names, self.values, strict=True) if v is not None}
         self._mapping = (self.version, mapping)
         return mapping
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFreshness:
+    """How fresh one device's data is."""
+
+    name: str
+    stuck: bool  # a read of it has been blocking longer than the read deadline
+    state_at: float | None  # wall clock of its last finished state read
+    counters_at: float | None  # ... and counter read
+    backed_off: tuple[tuple[int | None, str, float], ...] = ()  # (port, attribute, back-off seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertisedLink:
+    speed_mbps: int
+    lanes: int | None
+
+
+# Why a RoCE netdev may lose its addresses on a port flap (sources/address_risks.py finds them).
+NETWORKMANAGER = "networkmanager"
+IPV6_KEEP_ADDR_OFF = "ipv6_keep_addr_on_down_off"

@@ -9,8 +9,8 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import EVENT_SPECS
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.detect.conditions import HostConditions, PortView
+from rnic_exporter.model.host import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
 from rnic_exporter.sinks.samples import Family, FamilyBuilder
-from rnic_exporter.sources.address_risks import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
 
 RISK_REASONS = (NETWORKMANAGER, IPV6_KEEP_ADDR_OFF)
 DEVICE_EVENTS = tuple(s.name for s in EVENT_SPECS if s.name.startswith("rnic.device."))

@@ -1,4 +1,5 @@
-"""The catalogue's metrics as OpenTelemetry instruments: one table, read by the OTLP sink and the README.
+"""The catalogue's metrics as OpenTelemetry instruments: one table, read by the OTLP sink and
+docs/opentelemetry.md.
 
 `hw.network.*` / `hw.errors` (semantic conventions, hardware/network.md) where they fit, `rnic.*`
 elsewhere. Attributes keep the catalogue's label names (`device`, `port`, `netdev`...), the same
@@ -246,7 +247,7 @@ def _attribute_note(mapping: MetricMapping, route: Route) -> str:
 
 
 def readme_table() -> str:
-    """The README's Prometheus -> OpenTelemetry table (a test keeps the README equal to this)."""
+    """docs/opentelemetry.md's Prometheus -> OpenTelemetry table (a test keeps the file equal to this)."""
     rows = [
         "| Prometheus | OpenTelemetry | instrument | unit | attributes besides the labels |",
         "|---|---|---|---|---|",

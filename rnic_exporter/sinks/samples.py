@@ -23,6 +23,7 @@ from rnic_exporter.model.host import (
     CounterGroup,
     CounterValue,
     Device,
+    DeviceFreshness,
     GidEntry,
     Netdev,
     PcieLink,
@@ -54,17 +55,6 @@ class FamilyBuilder:
 
     def __iter__(self) -> Iterator[Family]:
         return iter(self._by_spec.values())
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceFreshness:
-    """How fresh one device's data is."""
-
-    name: str
-    stuck: bool  # a read of it has been blocking longer than the read deadline
-    state_at: float | None  # wall clock of its last finished state read
-    counters_at: float | None  # ... and counter read
-    backed_off: tuple[tuple[int | None, str, float], ...] = ()  # (port, attribute, back-off seconds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,11 +11,11 @@ Two signs of that risk are readable without privileges:
 from __future__ import annotations
 
 import configparser
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-NETWORKMANAGER = "networkmanager"
-IPV6_KEEP_ADDR_OFF = "ipv6_keep_addr_on_down_off"
+from rnic_exporter.model.host import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +72,13 @@ def address_loss_risks(paths: HostPaths, ifname: str, ifindex: int | None, has_g
     if has_global_ipv6 and ipv6_keeps_addresses(paths, ifname) is False:
         risks.add(IPV6_KEEP_ADDR_OFF)
     return frozenset(risks)
+
+
+def host_risks(paths: HostPaths) -> Callable[[str, int | None, bool], frozenset[str]]:
+    """`address_loss_risks` bound to this host's paths: detection's risk lookup by (netdev, ifindex,
+    has a global IPv6 address)."""
+
+    def lookup(netdev: str, ifindex: int | None, has_global_ipv6: bool) -> frozenset[str]:
+        return address_loss_risks(paths, netdev, ifindex, has_global_ipv6)
+
+    return lookup

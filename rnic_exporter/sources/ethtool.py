@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from rnic_exporter.model.host import AdvertisedLink
 from rnic_exporter.sources import pyroute2_parts
 
 log = logging.getLogger("rnic_exporter.ethtool")
 
 # "400000baseCR4/Full", "100000baseSR4_Full", "25000baseCR/Full", "200000baseCR2/Full"
 _MODE = re.compile(r"^(\d+)base([A-Za-z]+?)(\d*)(?:[/_](?:Full|Half))?$")
-
-
-@dataclass(frozen=True, slots=True)
-class AdvertisedLink:
-    speed_mbps: int
-    lanes: int | None
 
 
 def best_mode(modes: list[str] | tuple[str, ...]) -> AdvertisedLink | None:

@@ -47,6 +47,7 @@ from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import (
     CounterValue,
     Device,
+    DeviceFreshness,
     LinkRate,
     Netdev,
     NumberedState,
@@ -56,7 +57,6 @@ from rnic_exporter.model.host import (
     Snapshot,
 )
 from rnic_exporter.model.nccl import NcclSettings, nccl_environment, select_gid_index
-from rnic_exporter.sinks.samples import DeviceFreshness
 from rnic_exporter.sources import availability, netclass, pci
 from rnic_exporter.sources import gids as gid_source
 from rnic_exporter.sources.counter_filter import CounterFilter

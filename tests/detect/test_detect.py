@@ -23,11 +23,11 @@ from rnic_exporter.detect.inputs import Inputs
 from rnic_exporter.detect.problems import find_problems
 from rnic_exporter.detect.settings import DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.detect.state import STATE_FILE, State, StateStore
-from rnic_exporter.model.host import Snapshot
+from rnic_exporter.model.host import AdvertisedLink, Snapshot
 from rnic_exporter.model.nccl import NcclSettings
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
-from rnic_exporter.sources.ethtool import AdvertisedLink, best_mode
+from rnic_exporter.sources.ethtool import best_mode
 from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
 
