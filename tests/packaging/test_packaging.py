@@ -33,7 +33,7 @@ from tests.support.processes import require_binary, venv_tool
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD = REPO / "packaging/systemd"
 UNIT = SYSTEMD / "rnic-exporter.service"
-INSTALLED_BINARY = "/opt/rnic-exporter/bin/rnic-exporter"  # the layout the unit and README document
+INSTALLED_BINARY = "/opt/rnic-exporter/bin/rnic-exporter"  # the layout the unit and docs/deployment.md document
 OTEL = REPO / "packaging/otel-collector/config.yaml"
 GRAFANA = REPO / "packaging/grafana/provisioning"
 DOCKERFILE = REPO / "Dockerfile"
@@ -136,7 +136,8 @@ _DOTTED_FLAG = re.compile(r"--[a-z]+\.[a-z0-9.-]+[a-z0-9]")
 def test_every_exporter_flag_in_the_deployment_files_exists() -> None:
     """A unit, manifest or example that names a flag `serve` does not have would fail at start-up."""
     units = [p for p in sorted(SYSTEMD.rglob("*")) if p.is_file()]  # with the drop-ins
-    files = [*units, REPO / "packaging/kubernetes/daemonset.yaml", OTEL, DOCKERFILE, REPO / "README.md"]
+    files = [*units, REPO / "packaging/kubernetes/daemonset.yaml", OTEL, DOCKERFILE]
+    files += [REPO / "README.md", REPO / "docs/deployment.md"]
     named: dict[str, str] = {}
     for path in files:
         for line in path.read_text().splitlines():
@@ -405,7 +406,7 @@ def test_collector_check_would_catch_a_broken_pipeline(breakage: Any) -> None:
 
 
 def test_collector_batches_and_limits_fit_together() -> None:
-    """The fleet sizing (README, "Fleet scale"): batches bounded, the queue on, memory refused before it runs out."""
+    """The fleet sizing (docs/fleet-scale.md): batches bounded, the queue on, memory refused before it runs out."""
     config = _otel_config()
     batch = config["processors"]["batch"]
     assert batch["send_batch_size"] <= batch["send_batch_max_size"]
@@ -617,7 +618,7 @@ def test_consumers_drop_in_grants_the_two_capabilities_and_the_processes_they_in
 def test_consumers_drop_in_costs_only_its_capabilities_in_the_security_score(unit_for_this_machine: Path) -> None:
     without, failed_without = _security(unit_for_this_machine)
     with_drop_in, failed_with = _security(_add_consumers_drop_in(unit_for_this_machine))
-    # Measured with systemd 252: 1.3 without, 1.8 with (README, "Consumers: privileges").
+    # Measured with systemd 252: 1.3 without, 1.8 with (docs/consumers.md, "Privileges").
     assert without < with_drop_in <= 2.0
     assert failed_with - failed_without == {
         "AmbientCapabilities=",

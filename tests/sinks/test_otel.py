@@ -40,7 +40,7 @@ from rnic_exporter.sinks.samples import ExporterStats, Family, Published, snapsh
 from tests.support.tls import self_signed
 from tests.support.wait import wait_for
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OTEL_DOC = Path(__file__).resolve().parents[2] / "docs" / "opentelemetry.md"
 
 # --------------------------------------------------------------------------- receivers
 
@@ -313,10 +313,10 @@ def test_mapping_keeps_kind_units_and_labels() -> None:
     assert sorted(dict(m.routes[0].constant)["network.io.direction"] for m in io) == ["receive", "transmit"]
 
 
-def test_readme_table_is_the_generated_one() -> None:
+def test_docs_table_is_the_generated_one() -> None:
     table = otel_metrics.readme_table()
-    assert table in README.read_text(), (
-        "README's OpenTelemetry table is stale; regenerate it with "
+    assert table in OTEL_DOC.read_text(), (
+        "docs/opentelemetry.md's metric table is stale; regenerate it with "
         "python -c 'from rnic_exporter.sinks.otel_metrics import readme_table; "
         "print(readme_table())'"
     )

@@ -202,7 +202,7 @@ def readable_host() -> Iterator[SimHost]:
 def test_a_non_root_scanner_needs_ptrace_read_and_dac_read_search(
     readable_host: SimHost, started: list[Holder], caps: str, sees_it: bool
 ) -> None:
-    """The privileges the README and the packaged drop-in/patch name, checked: a scanner running
+    """The privileges docs/consumers.md and the packaged drop-in/patch name, checked: a scanner running
     as nobody (65534) with exactly `caps` as ambient capabilities, against a holder owned by root."""
     if os.geteuid() != 0:
         pytest.fail("needs root: it starts the scanner as another user")
