@@ -15,8 +15,17 @@ import pytest
 def descriptors_exhausted(spare: int = 0) -> Iterator[None]:
     """Within the block this process can open only `spare` more descriptors (EMFILE after that)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    open_now = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
-    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now + spare, hard))
+    # The limit caps descriptor *numbers*, and a new descriptor takes the lowest free number: with holes
+    # below the highest open one (a pytest-xdist worker has some), a limit of "how many are open" still
+    # leaves room. The limit is the number of the free slot after the `spare` lowest ones.
+    listing = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        held = {int(name) for name in os.listdir(listing)} - {listing}
+    finally:
+        os.close(listing)
+    free = (n for n in range(soft + len(held) + spare + 1) if n not in held)
+    limit = next(n for i, n in enumerate(free) if i == spare)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
     try:
         yield
     finally:
