@@ -1,0 +1,66 @@
+"""The kernel lab's pytest side: one boot per session runs every selected scenario.
+
+`pytest -m kernel tests/kernel` boots Debian's kernel once (tests/kernel/vm.py), runs the scenarios
+of every collected kernel-marked test module (module attribute SCENARIOS, else the module name
+test_<scenario>.py), and each test reads its scenario's result. A missing tool (qemu, kernel,
+vng) fails the tests with the package to install; it never skips. RNIC_KERNEL_LAB_OUT=DIR keeps the
+results there (default: a pytest temporary directory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kernel.vm import LabSetupError, RunReport, all_scenarios, run_lab
+
+OUT_ENV = "RNIC_KERNEL_LAB_OUT"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "kernel: boots the real Linux RDMA stack (rdma_rxe) under QEMU (the kernel lab)")
+
+
+def _scenarios_of(session: pytest.Session) -> list[str]:
+    names: list[str] = []
+    known = set(all_scenarios())
+    for item in session.items:
+        if item.get_closest_marker("kernel") is None:
+            continue
+        module = getattr(item, "module", None)
+        wanted = getattr(module, "SCENARIOS", None)
+        if wanted is None and module is not None:
+            stem = Path(str(module.__file__)).stem.removeprefix("test_")
+            wanted = [stem] if stem in known else []
+        for name in wanted or []:
+            if name not in names:
+                names.append(name)
+    return names
+
+
+@pytest.fixture(scope="session")
+def kernel_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunReport:
+    """The one boot of this session, with every selected scenario's result."""
+    names = _scenarios_of(request.session)
+    if not names:
+        pytest.fail("no kernel scenarios selected", pytrace=False)
+    out = Path(os.environ[OUT_ENV]) if os.environ.get(OUT_ENV) else tmp_path_factory.mktemp("kernel-lab")
+    try:
+        report = run_lab(names, out)
+    except LabSetupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    print("\n" + report.summary())
+    return report
+
+
+def scenario_result(report: RunReport, name: str) -> Any:
+    """The scenario's result, or a test failure that says why there is none (a VM error, a traceback)."""
+    result = report.result(name)
+    if result is None:
+        pytest.fail(f"scenario {name}: no result ({report.failure or 'the driver never got to it'})", pytrace=False)
+    if isinstance(result, dict) and "error" in result and len(result) == 1:
+        pytest.fail(f"scenario {name} failed in the VM:\n{result['error']}", pytrace=False)
+    return result
