@@ -1,10 +1,16 @@
 """The kernel's RoCE GID table bookkeeping (roce_gid_mgmt.c + cache.c), for the simulator.
 
-- Slots 0 and 1 are reserved for the default GIDs (MAC-derived `fe80::`, v1 then v2).
-- An address takes the lowest free non-reserved slot, v1 first, then v2.
-- Deleting an address whose entry is still referenced (a QP of a running NCCL job) leaves the
-  slot PENDING_DEL: it reads as the zero GID but is not free, so a re-added address lands higher.
-  That is incident 1's "GID index incremented".
+- The first slots are reserved for the default GIDs (MAC-derived `fe80::`), one per GID type the
+  device supports: 0 and 1 (v1, v2) on mlx5, 0 alone on rxe, which has RoCE v2 only.
+- An address takes the lowest free non-reserved slot, one per type, v1 first (`find_gid` looks for
+  the first NULL slot; there is no "the same GID goes back to its old slot").
+- Deleting an address whose entry is still referenced leaves the slot PENDING_DEL (`del_gid` only
+  marks it and drops the table's reference): it reads as the zero GID, with EINVAL from its
+  gid_attrs, exactly as an empty slot, but is not free, so a re-added address lands higher. That is
+  incident 1's "GID index incremented". The kernel lab showed who holds such a reference on 6.1: a
+  QP past RTR (its address vector), an address handle, a bound rdma_cm id; a QP in INIT, a process
+  waiting to connect, or a job that died on the delete (rxe fails its next send) hold none. Once the
+  last reference goes the slot is freed, and the next add takes the lowest free slot again.
 """
 
 from __future__ import annotations
@@ -50,26 +56,27 @@ class GidTable:
     roce: bool = True  # False: InfiniBand link layer (no types per netdev, no pending state)
     slots: dict[int, Slot] = field(default_factory=dict)
     held: set[int] = field(default_factory=set)  # slots referenced by QPs (e.g. a running job)
+    types: tuple[str, ...] = (ROCE_V1, ROCE_V2)  # the RoCE GID types the device supports (rxe: v2 only)
 
     def set_defaults(self, gid: str, netdev: str | None) -> None:
         if self.roce:
-            self.slots[0] = Slot(gid, ROCE_V1, netdev)
-            self.slots[1] = Slot(gid, ROCE_V2, netdev)
+            for index, gid_type in enumerate(self.types):
+                self.slots[index] = Slot(gid, gid_type, netdev)
         else:
             self.slots[0] = Slot(gid, ROCE_V1, None)
 
     def _free_slot(self) -> int:
-        reserved = 2 if self.roce else 1
+        reserved = len(self.types) if self.roce else 1
         for index in range(reserved, self.size):
             if index not in self.slots:
                 return index
         raise OSError(28, "ENOSPC: GID table full")  # __ib_cache_gid_add ... error=-28
 
     def add_address(self, address: str, netdev: str) -> list[int]:
-        """Add v1 and v2 GIDs for an address; a (GID, type, netdev) already present is a no-op."""
+        """Add a GID of each supported type for an address; a (GID, type, netdev) already present is a no-op."""
         gid = address_gid(address)
         placed = []
-        for gid_type in (ROCE_V1, ROCE_V2):
+        for gid_type in self.types:
             existing = [
                 i
                 for i, s in self.slots.items()

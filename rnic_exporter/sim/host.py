@@ -18,6 +18,14 @@ real EINVAL. Fault methods inject the failures rnic-exporter exists for, and `wi
 `ipv6_only`, `drop_gid_table` and `drop_state_file` give a port the shapes real hosts have that
 are not faults of the exporter's making (a port whose PMA does not answer, an IPv6-only RoCE table,
 a capture without a GID table or a `state` file).
+
+`driver="rxe"` lays a device out as Debian's 6.1 kernel showed soft-RoCE in the kernel lab
+(tests/kernel/, tests/fixtures/kernel-rxe-6.1): a virtual device (`devices/virtual/infiniband/`,
+no `device` link, no PCI function) with a `parent` file naming its netdev, an empty `fw_ver`, no
+`hca_type`/`hw_rev`/`board_id`, no `counters/` (no PMA), rxe's own `hw_counters/` names, a RoCE v2
+only GID table of 1024 slots (link-local default at 0), a rate derived from the netdev speed by
+`ib_get_width_and_speed` that does not change when the link goes down (`1: DOWN`, `2: Polling`), and
+a veth netdev that reads `lowerlayerdown` while its peer is down.
 """
 
 from __future__ import annotations
@@ -64,6 +72,27 @@ MLX5_HW_COUNTERS = (
     "np_ecn_marked_roce_packets",
     "np_cnp_sent",
 )
+# rxe's hw_counters/ (rxe_hw_counters.c on 6.1), as the kernel lab listed them; `lifespan` aside.
+RXE_HW_COUNTERS = (
+    "sent_pkts",
+    "rcvd_pkts",
+    "duplicate_request",
+    "out_of_seq_request",
+    "rcvd_rnr_err",
+    "send_rnr_err",
+    "rcvd_seq_err",
+    "ack_deferred",
+    "retry_exceeded_err",
+    "retry_rnr_exceeded_err",
+    "completer_retry_err",
+    "send_err",
+    "link_downed",
+    "rdma_sends",
+    "rdma_recvs",
+)
+# hw_counters/lifespan: the stats' cache lifetime in jiffies as the driver sets it (10 ms on mlx5);
+# rxe leaves the core's default of 10 ms, printed in jiffies: 12 at HZ=250 (Debian's kernel).
+HW_LIFESPAN = {"mlx5": 10, "rxe": 12}
 PMA_EXTENDED_COUNTERS = (
     *PMA_ERROR_COUNTER_NAMES,
     "port_xmit_wait",
@@ -110,6 +139,21 @@ def ethernet_rate_text(gbps: int) -> str:
     return rate_text(lanes, speed)
 
 
+def rxe_rate_text(netdev_mbps: int) -> str:
+    """The rate rxe reports for its netdev's speed: `ib_get_width_and_speed` of 6.1 (verbs.c), which
+    knows no width or speed beyond 4X EDR, so every netdev from 50G up reads 100 Gb/sec."""
+    for ceiling, lanes, speed in (
+        (1000, 1, "SDR"),
+        (10000, 1, "FDR10"),
+        (20000, 4, "DDR"),
+        (25000, 1, "EDR"),
+        (40000, 4, "FDR10"),
+    ):
+        if netdev_mbps <= ceiling:
+            return rate_text(lanes, speed)
+    return rate_text(4, "EDR")
+
+
 def pcie_speed_text(gts: float) -> str:
     return f"{gts:.1f} GT/s PCIe"
 
@@ -141,6 +185,12 @@ class SimDevice:
     pma: str = "ok"  # "ok", "text" (`N/A (no PMA)`, kernels < ~4.20) or "einval" (later kernels)
     has_gid_table: bool = True  # False: no gids/ or gid_attrs/ under the port
     has_state_file: bool = True  # False: no ports/1/state
+    driver: str = "mlx5"  # "mlx5" (a PCI function, mlx5's files) or "rxe" (soft-RoCE on a veth)
+
+    @property
+    def soft(self) -> bool:
+        """A software device (rxe): virtual, no PCI function, no PMA."""
+        return self.driver == "rxe"
 
     @property
     def bus(self) -> int:
@@ -161,6 +211,8 @@ class SimDevice:
 
     @property
     def node_guid(self) -> str:
+        if self.soft:  # rxe: the netdev's MAC as EUI-64 (rxe_init_device_param)
+            return mac_default_gid(self.mac)[20:]
         h = f"0c42a10300{self.number:02x}c7a8"
         return ":".join(h[i : i + 4] for i in range(0, 16, 4))
 
@@ -181,6 +233,8 @@ class SimDevice:
 
     @property
     def rate(self) -> str:
+        if self.soft:
+            return rxe_rate_text(self.gbps * 1000)
         if not self.roce:
             return rate_text(self.lanes, self.ib_speed)
         return ethernet_rate_text(self.gbps) if self.up else "40 Gb/sec (4X QDR)"
@@ -214,12 +268,19 @@ class SimHost:
         ethernet_gbps: int = 400,
         ib_speed: str = "NDR",
         ib_lanes: int = 4,
-        name_prefix: str = "mlx5_",
+        name_prefix: str | None = None,
+        driver: str = "mlx5",
     ) -> SimHost:
+        """`driver="rxe"`: the RoCE devices are soft-RoCE ones as the kernel lab showed them (veth
+        netdevs named `veth<n>`, 1024-slot RoCE v2 tables whatever `gid_table_size` says)."""
+        if driver not in ("mlx5", "rxe"):
+            raise ValueError(f"driver {driver!r}: 'mlx5' or 'rxe'")
         host = cls(root)
+        prefix = name_prefix if name_prefix is not None else ("rxe" if driver == "rxe" else "mlx5_")
         for n in range(roce + infiniband):
             is_roce = n < roce
-            name = f"{name_prefix}{n}"
+            soft = driver == "rxe" and is_roce
+            name = f"{prefix}{n}"
             dev = SimDevice(
                 name=name,
                 number=n,
@@ -227,10 +288,18 @@ class SimHost:
                 gbps=ethernet_gbps if is_roce else int(IB_LANE_GBPS[ib_speed] * ib_lanes),
                 lanes=ib_lanes,
                 ib_speed=ib_speed,
-                netdev=f"ens{n + 1}f0np0" if is_roce else f"ibp{0x10 + n * 0x10}s0",
+                netdev=(f"veth{n}" if soft else f"ens{n + 1}f0np0") if is_roce else f"ibp{0x10 + n * 0x10}s0",
                 mac=f"0c:42:a1:41:{n:02x}:36",
                 addresses=[f"10.0.{n}.1"] if is_roce else [],
-                gid_table=GidTable(gid_table_size if is_roce else min(gid_table_size, 128), roce=is_roce),
+                gid_table=(
+                    GidTable(1024, roce=True, types=(ROCE_V2,))
+                    if soft
+                    else GidTable(gid_table_size if is_roce else min(gid_table_size, 128), roce=is_roce)
+                ),
+                driver="rxe" if soft else "mlx5",
+                hca_type="" if soft else "MT4129",
+                fw_ver="" if soft else "28.39.2048",
+                board_id="" if soft else "MT_0000000970",
             )
             host.add_device(dev)
         return host
@@ -242,9 +311,10 @@ class SimHost:
                 dev.gid_table.add_address(address, dev.netdev)
         else:
             dev.gid_table.set_defaults(dev.port_gid, None)
-        for i, name in enumerate(PMA_EXTENDED_COUNTERS):
-            dev.counters.setdefault(name, 1000 * (i + 1) if "data" in name or "packets" in name else 0)
-        for name in MLX5_HW_COUNTERS:
+        if not dev.soft:  # rxe has no PMA: no counters/ at all
+            for i, name in enumerate(PMA_EXTENDED_COUNTERS):
+                dev.counters.setdefault(name, 1000 * (i + 1) if "data" in name or "packets" in name else 0)
+        for name in RXE_HW_COUNTERS if dev.soft else MLX5_HW_COUNTERS:
             dev.hw_counters.setdefault(name, 0)
         self.devices[dev.name] = dev
         self._write_device(dev)
@@ -278,15 +348,40 @@ class SimHost:
         path.symlink_to(target)
 
     def _ib_dir(self, dev: SimDevice) -> str:
+        if dev.soft:
+            return f"devices/virtual/infiniband/{dev.name}"
         return f"{dev.function_dir}/infiniband/{dev.name}"
 
     def _port_dir(self, dev: SimDevice) -> str:
         return f"{self._ib_dir(dev)}/ports/1"
 
     def _net_dir(self, dev: SimDevice) -> str:
+        if dev.soft:
+            return f"devices/virtual/net/{dev.netdev}"
         return f"{dev.function_dir}/net/{dev.netdev}"
 
+    def _write_soft_device(self, dev: SimDevice) -> None:
+        """rxe as 6.1 lays it out (tests/fixtures/kernel-rxe-6.1): see the module docstring."""
+        ib = self._ib_dir(dev)
+        self._write(f"{ib}/node_type", "1: CA")
+        self._write(f"{ib}/node_guid", dev.node_guid)
+        self._write(f"{ib}/sys_image_guid", dev.node_guid)
+        self._write(f"{ib}/fw_ver", dev.fw_ver)  # "": the driver has no firmware string
+        self._write(f"{ib}/node_desc", "rxe")
+        self._write(f"{ib}/parent", dev.netdev)
+        self._link(f"class/infiniband/{dev.name}", f"../../{ib}")
+        verbs = f"devices/virtual/infiniband_verbs/{dev.uverbs}"
+        self._write(f"{verbs}/ibdev", dev.name)
+        self._write(f"{verbs}/abi_version", 1)
+        self._write(f"{verbs}/dev", f"231:{192 + dev.number}")
+        self._link(f"class/infiniband_verbs/{dev.uverbs}", f"../../{verbs}")
+        self._write("class/infiniband_verbs/abi_version", 6)
+
     def _write_device(self, dev: SimDevice) -> None:
+        if dev.soft:
+            self._write_soft_device(dev)
+            self._write_port_and_netdev(dev)
+            return
         upstream = os.path.dirname(dev.function_dir)
         self._write(f"{upstream}/max_link_speed", pcie_speed_text(dev.pcie_max[0]))
         self._write(f"{upstream}/max_link_width", dev.pcie_max[1])
@@ -321,7 +416,9 @@ class SimHost:
         self._link(f"{verbs}/device", f"../../../{dev.pci_address}")
         self._link(f"class/infiniband_verbs/{dev.uverbs}", f"../../{verbs}")
         self._write("class/infiniband_verbs/abi_version", 6)
+        self._write_port_and_netdev(dev)
 
+    def _write_port_and_netdev(self, dev: SimDevice) -> None:
         port = self._port_dir(dev)
         self._write(f"{port}/link_layer", dev.link_layer)
         self._write(f"{port}/lid", "0x0" if dev.roce else f"0x{dev.number + 1:x}")
@@ -331,7 +428,7 @@ class SimHost:
         self._write(f"{port}/cap_mask", "0x00010000" if dev.roce else "0x2651e84a")
         self._write_port_state(dev)
         self._write(f"{port}/pkeys/0", "0xffff")
-        self._write(f"{port}/hw_counters/lifespan", 10)
+        self._write(f"{port}/hw_counters/lifespan", HW_LIFESPAN[dev.driver])
         self._write_counters(dev)
         self._gids_on_disk.pop(dev.name, None)  # a (re)built device gets every slot written
         self._write_gid_table(dev)
@@ -343,7 +440,8 @@ class SimHost:
         self._write(f"{net}/type", 1 if dev.roce else 32)
         self._write(f"{net}/dev_port", 0)
         self._write(f"{net}/flags", "0x1003")
-        self._link(f"{net}/device", f"../../../{dev.pci_address}")
+        if not dev.soft:  # a veth is virtual: no device link
+            self._link(f"{net}/device", f"../../../{dev.pci_address}")
         self._link(f"class/net/{dev.netdev}", f"../../{net}")
         self._write_netdev_state(dev)
 
@@ -359,6 +457,8 @@ class SimHost:
         port = self._port_dir(dev)
         if dev.up:
             state, phys = "4: ACTIVE", "5: LinkUp"
+        elif dev.soft:
+            state, phys = "1: DOWN", "2: Polling"  # rxe_query_port: Polling whenever not LinkUp
         elif dev.roce:
             state, phys = "1: DOWN", "3: Disabled"  # mlx5 RoCE never shows Polling
         else:
@@ -370,9 +470,12 @@ class SimHost:
 
     def _write_netdev_state(self, dev: SimDevice) -> None:
         net = self._net_dir(dev)
-        self._write(f"{net}/operstate", "up" if dev.up else "down")
+        if dev.soft:  # a veth whose peer went down: lower layer down, speed kept
+            self._write(f"{net}/operstate", "up" if dev.up else "lowerlayerdown")
+        else:
+            self._write(f"{net}/operstate", "up" if dev.up else "down")
         self._write(f"{net}/carrier", 1 if dev.up else 0)
-        self._write(f"{net}/speed", dev.gbps * 1000 if dev.up else -1)
+        self._write(f"{net}/speed", dev.gbps * 1000 if dev.up or dev.soft else -1)
         self._write(f"{net}/duplex", "full" if dev.up else "unknown")
         self._write(f"{net}/carrier_changes", dev.carrier_up + dev.carrier_down)
         self._write(f"{net}/carrier_up_count", dev.carrier_up)
@@ -442,7 +545,8 @@ class SimHost:
             dev.carrier_up += 1
         else:
             dev.carrier_down += 1
-            dev.counters["link_downed"] = min(dev.counters["link_downed"] + 1, 255)
+            if "link_downed" in dev.counters:  # the PMA's; rxe has none
+                dev.counters["link_downed"] = min(dev.counters["link_downed"] + 1, 255)
         self._write_port_state(dev)
         self._write_netdev_state(dev)
         self._write_counters(dev)
@@ -516,6 +620,12 @@ class SimHost:
         dev = self.devices[name]
         self.removed.add(name)
         self._gids_on_disk.pop(name, None)
+        if dev.soft:  # `rdma link delete`: the device goes, its netdev stays
+            for rel in (f"class/infiniband/{name}", f"class/infiniband_verbs/{dev.uverbs}"):
+                (self.root / rel).unlink(missing_ok=True)
+            shutil.rmtree(self.root / self._ib_dir(dev), ignore_errors=True)
+            shutil.rmtree(self.root / f"devices/virtual/infiniband_verbs/{dev.uverbs}", ignore_errors=True)
+            return
         for rel in (
             f"class/infiniband/{name}",
             f"class/infiniband_verbs/{dev.uverbs}",
@@ -599,6 +709,11 @@ class SimHost:
             octets = int(dev.gbps * 1e9 / 8 * utilisation * seconds)
             words = octets // 4  # port_*_data count 4-octet words
             packets = octets // 4096
+            if dev.soft:  # no PMA: rxe counts packets in hw_counters/
+                dev.hw_counters["sent_pkts"] += packets
+                dev.hw_counters["rcvd_pkts"] += packets
+                self._write_counters(dev)
+                continue
             for direction in ("xmit", "rcv"):
                 dev.counters[f"port_{direction}_data"] += words
                 dev.counters[f"port_{direction}_packets"] += packets
@@ -606,4 +721,4 @@ class SimHost:
             self._write_counters(dev)
 
 
-__all__ = ["ROCE_V1", "ROCE_V2", "SimDevice", "SimHost", "ethernet_rate_text", "rate_text"]
+__all__ = ["ROCE_V1", "ROCE_V2", "SimDevice", "SimHost", "ethernet_rate_text", "rate_text", "rxe_rate_text"]

@@ -107,9 +107,7 @@ def sim_steps(workdir: Path) -> tuple[dict[str, Tree], dict[str, Any]]:
     """The kernel scenario's steps played on SimHost: one RoCE device, 1024 GID slots as rxe has."""
     from rnic_exporter.sim import SimHost
 
-    host = SimHost.build(
-        workdir / "sys", roce=1, infiniband=0, gid_table_size=1024, ethernet_gbps=10, name_prefix="rxe"
-    )
+    host = SimHost.build(workdir / "sys", roce=1, infiniband=0, ethernet_gbps=10, driver="rxe")
     dev = next(iter(host.devices))
     for address in list(host.device(dev).addresses):
         host.remove_address(dev, address)
