@@ -10,7 +10,7 @@ from typing import cast
 
 from rnic_exporter.model.host import Netdev
 from rnic_exporter.sources.plan import Attribute
-from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, MalformedValueError, Tree, errno_reason, interpret
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, MalformedValueError, Tree, errno_reason
 
 CLASS_DIR = "class/net"
 
@@ -101,26 +101,3 @@ def netdev_pci_address(root: Tree, name: str) -> tuple[str | None, str | None]:
         if exc.errno == errno.ENOENT:
             return None, None
         return None, f"{errno_reason(exc)}: not a symlink to a PCI function"
-
-
-def read_netdev(log: ErrorLog, name: str, device: str, port: int | None) -> Netdev | None:
-    """The netdev's attributes, or None when it does not exist (a one-shot read).
-
-    Errors are filed under the RDMA `device`/`port` that uses the netdev, as `net/<name>/<file>`,
-    so one label set (`device`, `port`, `attribute`) covers every unreadable value.
-    """
-    base = f"{CLASS_DIR}/{name}"
-    if not log.root.exists(base):
-        return None
-    prefix = f"net/{name}/"
-    pci_address, reason = netdev_pci_address(log.root, name)
-    if reason is not None:
-        log.add(device, port, prefix + "device", reason)
-    values = []
-    raws = log.root.read_many([f"{base}/{attr.file}" for attr in NETDEV_POLLED])
-    for attr, raw in zip(NETDEV_POLLED, raws, strict=True):
-        value, reason = interpret(raw, attr.parse, attr.quiet)
-        if reason is not None:
-            log.add(device, port, prefix + attr.file, reason)
-        values.append(value)
-    return netdev_from_values(name, values, pci_address)

@@ -397,12 +397,6 @@ def interpret(raw: Raw, parse: Callable[[str], T], quiet: frozenset[int]) -> tup
         return None, f"malformed: {exc}"
 
 
-def quiet_errnos(optional: bool = False, expected: frozenset[int] = frozenset()) -> frozenset[int]:
-    """`optional`: a missing file means the driver does not expose it. `expected`: errnos that carry
-    a meaning for this file (EINVAL on `speed` of an admin-down netdev), so they are no fault."""
-    return expected | NOT_EXPOSED if optional else expected
-
-
 class ErrorLog:
     """Reads one attribute at a time and turns every failure into a `ReadError`.
 
@@ -417,28 +411,12 @@ class ErrorLog:
         self.errors.append(ReadError(device, port, attribute, reason))
 
     def read(
-        self,
-        base: str,
-        attribute: str,
-        parse: Callable[[str], T],
-        *,
-        device: str,
-        port: int | None = None,
-        optional: bool = False,
-        expected: frozenset[int] = frozenset(),
-        label_prefix: str = "",
+        self, base: str, attribute: str, parse: Callable[[str], T], *, device: str, port: int | None = None
     ) -> T | None:
-        """Read `base/attribute` and parse it.
-
-        `optional`: a missing file means the driver does not expose it (no error).
-        `expected`: errnos that carry a meaning for this file (EINVAL on `speed` of an admin-down
-        netdev) and are therefore not faults.
-        """
-        value, reason = interpret(
-            self.root._read_or_errno(f"{base}/{attribute}"), parse, quiet_errnos(optional, expected)
-        )
+        """Read `base/attribute` and parse it; a failure is recorded and gives None."""
+        value, reason = interpret(self.root._read_or_errno(f"{base}/{attribute}"), parse, frozenset())
         if reason is not None:
-            self.add(device, port, label_prefix + attribute, reason)
+            self.add(device, port, attribute, reason)
         return value
 
     def listdir(

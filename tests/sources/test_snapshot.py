@@ -33,9 +33,9 @@ from rnic_exporter.model.host import (
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.gid_table import address_gid
 from rnic_exporter.sim.host import ETH_RATE_NAMES, IB_LANE_GBPS
-from rnic_exporter.sources.netclass import read_netdev
 from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader, ReaderSettings
 from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot
+from tests.support.netdev import read_netdev
 
 Content = tuple[tuple[Device, ...], dict[str, Netdev], dict[str, PcieLink]]
 
