@@ -94,6 +94,10 @@ def run_here(jobs: Sequence[Job]) -> None:
             job()
 
 
+# Errnos a read gets when the device itself is being removed (see _DeviceReader._gone).
+_GONE_ERRNOS = frozenset({"ENOENT", "ENODEV"})
+
+
 @dataclass(frozen=True, slots=True)
 class ReaderSettings:
     device_include: re.Pattern[str] | None = None  # --collector.infiniband.device-include
@@ -457,15 +461,27 @@ class _DeviceReader:
         plan = self.counter_plan
         if plan is None:
             return
-        self._counter_errors.extend(plan.refresh(self.fds))
+        refresh_errors = plan.refresh(self.fds)
+        if self._gone(refresh_errors):
+            # The device went away under held descriptors (`rdma link delete`, a NIC off the bus: the
+            # kernel answers ENODEV): its disappearance, seen by the next state pass, is the news, not
+            # a warning per counter file (the kernel lab logged 15 of them before "disappeared").
+            self.counter_failed, self.counter_unsupported = (), ()
+            return
+        self._counter_errors.extend(refresh_errors)
         first = () if self._counter_plan_read else [plan.slot_label(i) for i in range(len(plan.rels))]
         self._counter_plan_read = True
-        judged = self._counter_reads.judge(plan.errors, first, present=self._present(plan.errors))
+        judged = self._counter_reads.judge(plan.errors, first, present=True)
         self.counter_failed, self.counter_unsupported = judged.failed, judged.unsupported
 
+    def _gone(self, errors: Sequence[ReadError]) -> bool:
+        """ENOENT (a path looked up afresh) or ENODEV (a held descriptor of a removed kernfs node) may
+        mean the device is going away under us; one stat says whether its registration is gone."""
+        return any(e.kind in _GONE_ERRNOS for e in errors) and self._unregistered()
+
     def _present(self, errors: Sequence[ReadError]) -> bool:
-        """ENOENT may mean the device is going away under us: then nothing it lacks is "unsupported"."""
-        return all(e.kind != "ENOENT" for e in errors) or not self._unregistered()
+        """A device going away explains every missing file: then nothing it lacks is "unsupported"."""
+        return not self._gone(errors)
 
     def with_counters(self, device: Device) -> Device:
         """`device` with its counters (one-shot reads); the same object while nothing changed."""

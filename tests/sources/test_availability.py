@@ -226,3 +226,31 @@ def test_an_attribute_a_driver_lacks_does_not_make_every_poll_learn_the_device_a
     healthy = reads_per_poll(None)
     assert reads_per_poll(errno.EINVAL) == healthy
     assert reads_per_poll(errno.EIO) > healthy  # a failure is retried: the device is learned again
+
+
+def test_a_device_removed_under_held_descriptors_is_not_a_warning_per_counter(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`rdma link delete rxe0` in the kernel lab: the counter reads through held descriptors answered
+    ENODEV and serve logged a warning per hw_counters file before the device was seen gone."""
+    host = SimHost.build(tmp_path / "sys", roce=2, ethernet_gbps=10, driver="rxe")
+    overlay = host.errno_overlay
+    agent = Agent(
+        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
+        SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay),
+    )
+    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
+    try:
+        assert agent.poll_once(full_gid_tables=True).errors == ()
+        assert agent.counter_view(None).stats.counter_errors == ()
+        held = [f"class/infiniband/rxe0/ports/1/hw_counters/{n}" for n in host.device("rxe0").hw_counters]
+        host.remove_device("rxe0")
+        overlay.update(dict.fromkeys(held, errno.ENODEV))
+        with caplog.at_level(logging.INFO):
+            stats = agent.counter_view(None).stats
+            snap = agent.poll_once()
+        assert stats.counter_errors == () and stats.counter_unsupported == ()
+        assert [d.name for d in snap.devices] == ["rxe1"]
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "unreadable" in r.getMessage()]
+    finally:
+        agent.close()
