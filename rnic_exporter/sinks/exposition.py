@@ -18,7 +18,7 @@ from prometheus_client.exposition import choose_encoder
 
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.sinks.labels import label_value
-from rnic_exporter.sinks.samples import Family, Sample
+from rnic_exporter.sinks.samples import Sample
 
 Lines = dict[tuple[str, tuple[str, ...]], tuple[float, str]]  # (metric, labels) -> (value, line)
 
@@ -229,19 +229,3 @@ class Assembler:
                 else:
                     entry[1].append((i, j))
         return list(by_name.values())
-
-
-class Renderer:
-    """Renders families; keeps each series' last line for the next call."""
-
-    def __init__(self) -> None:
-        self._assembler = Assembler()
-        self._lines: Lines = {}
-
-    def render(self, families: Iterable[Family]) -> tuple[bytes, bytes]:
-        """(text 0.0.4 body, OpenMetrics body) of `families`, in their order."""
-        fragment = Fragment(self._lines)
-        for family in families:
-            fragment.add_family(family.spec, family.samples)
-        self._lines = fragment.done().lines
-        return self._assembler.join((fragment,))

@@ -28,7 +28,6 @@ from rnic_exporter.sinks.exposition import (
     Assembler,
     Exposition,
     Fragment,
-    Renderer,
     go_float,
     negotiate,
     series_line,
@@ -40,7 +39,6 @@ from rnic_exporter.sinks.samples import (
     Published,
     counter_part,
     device_parts,
-    snapshot_families,
     snapshot_parts,
 )
 
@@ -425,9 +423,3 @@ class _PrefixGzip:
         self._pieces = pieces
         rest = self._compressor.copy()
         return self._head + rest.compress("".join(pieces[self._count :]).encode()) + rest.flush()
-
-
-def render_text(snap: Snapshot, stats: ExporterStats | None = None) -> str:
-    """The text exposition (0.0.4) of one snapshot; for golden tests and `promtool check metrics`."""
-    text, _ = Renderer().render(snapshot_families(snap, stats or ExporterStats()))
-    return text.decode()

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from rnic_exporter.catalog import metrics as catalog
-from rnic_exporter.dashboards.promql import metric_names
 from tests.support.processes import require_binary
+from tests.support.promql import metric_names
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "alerts"

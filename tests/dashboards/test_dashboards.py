@@ -19,9 +19,9 @@ import yaml
 from rnic_exporter.catalog import events
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.dashboards import generate, recording
-from rnic_exporter.dashboards.promql import metric_names
 from rnic_exporter.sim import SimHost
 from tests.support.processes import Prometheus, exporter, free_port, http_get, require_binary
+from tests.support.promql import metric_names
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]

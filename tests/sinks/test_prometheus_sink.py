@@ -14,10 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sinks.prometheus import PrometheusSink, render_text
+from rnic_exporter.sinks.prometheus import PrometheusSink
 from rnic_exporter.sinks.samples import ExporterStats
 from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.exposition import render_text
 from tests.support.processes import require_binary
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "procfs-fixture.prom"
@@ -168,8 +169,8 @@ def test_renderer_matches_prometheus_client_in_both_formats(tmp_path: Path) -> N
     from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
     from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-    from rnic_exporter.sinks.exposition import Renderer
     from rnic_exporter.sinks.samples import snapshot_families
+    from tests.support.exposition import Renderer
 
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
     host.corrupt("mlx5_0", "ports/1/rate", 'bad "quoted" \\ value')
@@ -206,8 +207,8 @@ def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: P
     from-scratch render of the same snapshot and extra families gives, whatever changed between polls."""
     import itertools
 
-    from rnic_exporter.sinks.exposition import Renderer
     from rnic_exporter.sinks.samples import Family, snapshot_families
+    from tests.support.exposition import Renderer
 
     host = SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=16)
     overlay = host.errno_overlay

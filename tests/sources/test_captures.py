@@ -16,11 +16,10 @@ from click.testing import CliRunner
 
 from rnic_exporter.cli import main
 from rnic_exporter.model.host import Snapshot
-from rnic_exporter.sinks.prometheus import render_text
 from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.captures import CAPTURES, FIXTURES, Capture
-from tests.support.exposition import samples
+from tests.support.exposition import render_text, samples
 from tests.support.processes import require_binary
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "captures"

@@ -14,10 +14,9 @@ from click.testing import CliRunner
 from rnic_exporter.cli import Exit, main
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sinks.prometheus import render_text
 from rnic_exporter.sinks.samples import ExporterStats, Published
 from tests.sinks.test_otel import HttpReceiver
-from tests.support.exposition import samples
+from tests.support.exposition import render_text, samples
 from tests.support.wait import wait_for
 
 

@@ -35,10 +35,10 @@ from rnic_exporter.model.host import (
     gid_table_hash,
     pcie_generation,
 )
-from rnic_exporter.sinks.exposition import Renderer
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published
 from rnic_exporter.sources import gids, infiniband, netclass, pci
 from rnic_exporter.sources.sysfs import MalformedValueError, interpret
+from tests.support.exposition import Renderer
 
 
 @dataclass(frozen=True)
