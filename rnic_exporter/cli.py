@@ -159,7 +159,7 @@ def proc_root_options(f: F) -> F:
 
 
 def consumers_flag(f: F) -> F:
-    """Who holds each RNIC open (issue 15): off by default, it must see the host's processes."""
+    """Who holds each RNIC open: off by default, it must see the host's processes."""
     return click.option(
         "--collector.consumers/--no-collector.consumers",
         "consumers",

@@ -401,7 +401,7 @@ PROCESS_METRICS: Mapping[str, MetricSpec] = MappingProxyType(
     }
 )
 
-# -- consumers (issue 15): who holds each RDMA device open. Processes are never series: a device's
+# -- consumers: who holds each RDMA device open. Processes are never series: a device's
 # processes are counted, and its workloads (a Slurm job, a pod, else a bare command) each get one
 # info series, at most CONSUMER_WORKLOADS_MAX per device (rnic_device_workloads stays exact).
 CONSUMER_WORKLOAD_LABELS = (

@@ -1,4 +1,4 @@
-"""Who holds an RDMA device: one bounded walk of the process table (issue 15).
+"""Who holds an RDMA device: one bounded walk of the process table.
 
 A process that uses verbs holds the character device `/dev/infiniband/uverbsN` open;
 `class/infiniband_verbs/uverbsN/{ibdev,dev}` in sysfs names the RDMA device behind it and its
