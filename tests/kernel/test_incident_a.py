@@ -1,6 +1,6 @@
 """Incident 1 on the real kernel: what keeps a deleted GID's slot so that the re-added address lands at
 a higher index, NetworkManager's port flap doing exactly that, the `ip`-configured fix, and what the
-exporter said about it. The kernel source behind each assertion is in tests/kernel/INCIDENT_A.md.
+exporter said about it. The kernel source behind each assertion is in docs/gid-index-moves.md.
 """
 
 from __future__ import annotations

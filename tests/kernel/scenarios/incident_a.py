@@ -2,7 +2,7 @@
 holds an RC QP on the IPv4 GID, the exporter watching, versus the same flap with the address
 configured with `ip`. Also the helpers of scenario `incident_a_holders` (which users of a GID keep
 its slot past an `ip addr del`: `holders()` below). Kernel source lines behind each outcome:
-tests/kernel/INCIDENT_A.md.
+docs/gid-index-moves.md.
 
 `run`: a real NetworkManager (its own D-Bus system bus, a keyfile profile with a static IPv4, a
 static IPv6 and NetworkManager's own link-local) manages va; an ib_send_bw client connected to
