@@ -34,7 +34,9 @@ from types import TracebackType
 from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
+from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.sinks.samples import Family
 from rnic_exporter.web.auth import Credential
 from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
@@ -214,6 +216,9 @@ class WebServer:
         self.evict_after = evict_after
         self.watcher = WebConfigWatcher(web_config_file, reload_interval)
         self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
+        self._codes: dict[int, int] = {}  # responses by status code
+        self._limited = 0  # scrapes answered 503 at --web.max-requests
+        self._counting = threading.Lock()
         self._reactor: Reactor | None = None
         self._listeners: list[socket.socket] = []
         self._stopping = threading.Event()
@@ -302,6 +307,26 @@ class WebServer:
     @property
     def open_connections(self) -> int:
         return 0 if self._reactor is None else self._reactor.open_connections
+
+    def families(self) -> list[Family]:
+        """rnic_exporter_http_* for /metrics: responses by code, scrapes over the cap, connections closed for room."""
+        with self._counting:
+            codes = sorted(self._codes.items())
+            limited = self._limited
+        reactor = self._reactor
+        requests = Family(catalog.HTTP_REQUESTS, [((str(code),), float(n)) for code, n in codes])
+        if reactor is not None and reactor.too_large:
+            requests.samples.append((("431",), float(reactor.too_large)))
+            requests.samples.sort(key=lambda sample: int(sample[0][0]))
+        closed = Family(catalog.HTTP_CONNECTIONS_CLOSED_FOR_ROOM)
+        if reactor is not None:
+            closed.samples += [(("waiting",), float(reactor.evicted)), (("accept",), float(reactor.refused))]
+        return [requests, Family(catalog.HTTP_REQUESTS_LIMITED, [((), float(limited))]), closed]
+
+    def _count(self, code: int, limited: bool = False) -> None:
+        with self._counting:
+            self._codes[code] = self._codes.get(code, 0) + 1
+            self._limited += limited
 
     def reload_web_config(self) -> None:
         """Re-read the web config now; a broken or weakening file keeps the old config and logs why."""
@@ -445,6 +470,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"  # keep-alive, so Prometheus reuses its connection
     server_version = "rnic-exporter"
+    _limited = False  # answered 503 at --web.max-requests
 
     def __init__(self, front: WebServer, conn: Connection, head: bytes, security: Security) -> None:
         # No super().__init__(): it would read and answer the whole connection on its own.
@@ -496,6 +522,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def route_path(self) -> str:
         return unquote(urlsplit(self.path).path)
 
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.front._count(code, limited=self._limited)
+        super().send_response(code, message)
+
     def version_string(self) -> str:
         return self.server_version  # no Python version in the Server header
 
@@ -516,6 +546,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         """A scrape slot is held until the response is written (slow readers count)."""
         front, slots = self.front, self.front._slots
         if slots is not None and not slots.acquire(blocking=False):
+            self._limited = True
             body = f"too many concurrent scrapes (limit {front.max_requests})\n".encode()
             self._send(503, body, {"Content-Type": TEXT}, send_body)
             return

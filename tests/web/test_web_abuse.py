@@ -184,6 +184,8 @@ def test_at_the_cap_a_client_on_its_own_address_does_not_wait_behind_a_flood_fro
         assert scraper.getresponse().read() == BODY
     finally:
         scraper.close()
+    closed = {family.spec.name: family.samples for family in server.families()}
+    assert closed["rnic_exporter_http_connections_closed_for_room_total"] == [(("waiting",), 1.0), (("accept",), 1.0)]
 
 
 def test_at_the_cap_a_flood_from_several_addresses_is_closed_rather_than_left_ahead_of_a_scraper(
