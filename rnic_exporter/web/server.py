@@ -9,7 +9,8 @@ costs a descriptor and a few kilobytes, never a thread. Limits: `max_connections
 and health checks are not capped, so a scrape storm does not get the exporter killed by its
 liveness probe); a request head must be complete `request_timeout` after the connection is ready
 (or its next request's first byte); a response must be written within `write_timeout`. bcrypt
-checks leave the worker and continue when `auth.py` has judged them.
+checks leave the worker and continue when `auth.py` has judged them. The health endpoints need no
+basic auth: probes cannot send credentials without writing them into the manifest.
 """
 
 from __future__ import annotations
@@ -356,7 +357,10 @@ class WebServer:
             if not handler.parse():
                 self._finish(handler, keep_alive=False)
                 return
-            verdict = handler.security.auth.decide(handler.headers.get("Authorization"))
+            if self._route(handler.route_path()) == "health":
+                verdict: bool | Credential = True  # probes cannot send credentials (module docstring)
+            else:
+                verdict = handler.security.auth.decide(handler.headers.get("Authorization"))
         except Exception:
             log.debug("request from %s failed", conn.address, exc_info=True)
             self._finish(handler, keep_alive=False)
