@@ -577,7 +577,7 @@ def run_phase(
     # The attackers share this machine's cores: what they burn (reconnecting after the exporter
     # closes them costs them TLS handshakes) is taken from the exporter and the scrapers too.
     phase.cpu["attackers"] = sum(cpu_seconds(a.pid) for a in attackers if a.poll() is None) / (RAMP_UP + window)
-    phase.loadavg = Path("/proc/loadavg").read_text().split(" ", 3)[2]
+    phase.loadavg = Path("/proc/loadavg").read_text().split(" ", 1)[0]  # 1-min
     for attacker in attackers:
         attacker.wait(120)
     phase.results = {mode: json.loads((work / f"{name}-{mode}.json").read_text()) for mode in scrapers}
