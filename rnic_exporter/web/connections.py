@@ -446,8 +446,9 @@ class Reactor:
             if conn in self._open and conn.phase is not Phase.BUSY and conn.deadline == deadline:
                 log.debug("closing %s: no complete request by the deadline (%s)", conn.address, conn.phase.value)
                 self._close(conn)
-        # Closed connections leave their entries behind; rebuild before they outgrow the live ones.
-        if len(self._deadlines) > 4 * len(self._open) + 1024:
+        # Closed connections leave their entries behind (each holding its Connection, socket and
+        # buffer): rebuild soon, or a scraper's thousand connections were a megabyte held for nothing.
+        if len(self._deadlines) > 4 * len(self._open) + 64:
             self._deadlines = [(c.deadline, next(self._seq), c) for c in self._open if c.phase is not Phase.BUSY]
             heapq.heapify(self._deadlines)
         if not self._accepting and self._accept_paused_until and now >= self._accept_paused_until:
