@@ -47,7 +47,10 @@ ENV PATH=/opt/rnic-exporter/bin:$PATH \
     PYTHONUNBUFFERED=1
 USER 65534:65534
 EXPOSE 19879
+# /-/healthy at the address and scheme the exporter (PID 1) was started with: it reads that command
+# line's --web.listen-address and --web.config.file (HTTPS when the web config has TLS; the health
+# endpoints need no basic auth). See docs/http-front.md.
 HEALTHCHECK --interval=30s --timeout=5s \
-    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:19879/-/healthy', timeout=4)"]
+    CMD ["python", "-m", "rnic_exporter.commands.healthcheck"]
 ENTRYPOINT ["rnic-exporter"]
 CMD ["serve", "--path.sysfs=/host/sys", "--path.rootfs=/host/root", "--state.dir=/var/lib/rnic-exporter"]

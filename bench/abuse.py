@@ -12,15 +12,15 @@ In three phases, printed side by side: `quiet` (no attack), `floor` (the same at
 decoy exporter of the same code and config, while the scrapers scrape the first: what the
 attackers and the server side of their connections cost this machine's cores, which no exporter
 can give back) and `attack` (the attack on the scraped exporter). The difference between the last
-two is what the exporter's handling of the attack costs its scrapers. The scraped exporter runs
-with its timing trace on (RNIC_EXPORTER_WEB_TRACE, rnic_exporter/web/trace.py), joined with the
-scrapers' own timestamps: where a scrape's time goes (backlog, handshake, head, worker, write),
-the reactor's rounds, how late a thread gets the GIL and a core back, CPU by thread. Also printed:
-failed scrapes, the exporter's peak RSS, threads and descriptors. Bounded: fixed durations and counts.
+two is what the exporter's handling of the attack costs its scrapers. Also printed: where a fresh
+scrape's time goes on the client's clock (TCP connect, TLS, the answer), failed scrapes, the
+exporter's peak RSS, threads and descriptors, the load average. Bounded: fixed durations and counts.
 
     python bench/abuse.py                      # this tree
     python bench/abuse.py --tree ../other/tree # the same bench against another checkout's code
     python bench/abuse.py --phases attack      # only the attack (no floor)
+    python bench/abuse.py --phases quiet,attack --tree A --tree B --rounds 2
+                                               # A, B, A, B in one window, then one line per run
 """
 
 from __future__ import annotations
@@ -105,15 +105,15 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str, p
     headers = {"Authorization": auth_header(USER, PASSWORD), "Accept-Encoding": "gzip"}
     done: list[tuple[float, float]] = []  # (when it started, how long it took), monotonic clock
     failed: list[float] = []  # when it started
-    # Per scrape, the client's side of its timeline (monotonic, as the exporter's trace): started,
-    # TCP connected, TLS done (fresh only), request sent, response read; keyed by its X-Trace id.
+    # Per scrape, its timeline (monotonic): started, TCP connected, TLS done (fresh only), request
+    # sent, response read.
     timeline: dict[str, dict[str, float]] = {}
     conn: http.client.HTTPSConnection | None = None
     count = 0
 
     def one(c: http.client.HTTPSConnection, marks: dict[str, float]) -> None:
         marks["sent"] = time.monotonic()
-        c.request("GET", "/metrics", headers={**headers, "X-Trace": trace_id})
+        c.request("GET", "/metrics", headers=headers)
         response = c.getresponse()
         response.read()
         marks["received"] = time.monotonic()
@@ -124,7 +124,7 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str, p
     while time.monotonic() < end:
         started = time.monotonic()
         count += 1
-        trace_id = f"{phase}/{mode}/{count}"
+        scrape_id = f"{phase}/{mode}/{count}"
         marks = {"started": started}
         if mode == "keep_alive":
             try:
@@ -132,7 +132,7 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str, p
                     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
                 one(conn, marks)
                 done.append((started, time.monotonic() - started))
-                timeline[trace_id] = marks
+                timeline[scrape_id] = marks
             except (OSError, http.client.HTTPException):
                 failed.append(started)
                 if conn is not None:
@@ -149,7 +149,7 @@ def scrape_role(port: int, cafile: Path, seconds: float, out: Path, mode: str, p
                 marks["tls"] = time.monotonic()
                 one(fresh_conn, marks)
                 done.append((started, time.monotonic() - started))
-                timeline[trace_id] = marks
+                timeline[scrape_id] = marks
             except (OSError, http.client.HTTPException):
                 failed.append(started)
             finally:
@@ -300,9 +300,11 @@ def main() -> None:
     parser.add_argument(
         "--tree",
         type=Path,
-        default=Path(__file__).resolve().parent.parent,
-        help="checkout whose rnic_exporter to run (default: this one)",
+        action="append",
+        help="checkout whose rnic_exporter to run (default: this one); repeat to compare trees, alternating",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each tree, alternating (default 1)")
+    parser.add_argument("--json", type=Path, help=argparse.SUPPRESS)  # one run's summary, for --rounds
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--slowloris", type=int, default=4000)
     parser.add_argument("--idle", type=int, default=1000)
@@ -357,6 +359,11 @@ def main() -> None:
     phases = [p for p in opts.phases.split(",") if p]
     if not phases or set(phases) - set(PHASES):
         raise SystemExit(f"--phases: choose from {', '.join(PHASES)}")
+    opts.tree = opts.tree or [Path(__file__).resolve().parent.parent]
+    if len(opts.tree) > 1 or opts.rounds > 1:
+        alternate(opts, sys.argv[1:])
+        return
+    opts.tree = opts.tree[0]
 
     import bcrypt
 
@@ -375,7 +382,7 @@ def main() -> None:
             "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
             f"basic_auth_users:\n  {USER}: '{hashed}'\n"
         )
-        servers["target"] = Exporter.start(opts, work, "target", trace=work / "trace.json")
+        servers["target"] = Exporter.start(opts, work, "target")
         if "floor" in phases:
             servers["decoy"] = Exporter.start(opts, work, "decoy")
         run(opts, servers, work, phases)
@@ -394,11 +401,9 @@ class Exporter:
         self.pid = proc.pid
 
     @classmethod
-    def start(cls, opts: Any, work: Path, name: str, trace: Path | None = None) -> Exporter:
+    def start(cls, opts: Any, work: Path, name: str) -> Exporter:
         port = free_port()
         env = tree_env(opts.tree)
-        if trace is not None:
-            env["RNIC_EXPORTER_WEB_TRACE"] = str(trace)  # rnic_exporter/web/trace.py
         args = [
             sys.executable,
             "-S",
@@ -519,10 +524,9 @@ def run(opts: Any, servers: dict[str, Exporter], work: Path, phases: list[str]) 
     )
     print(f"attack: {counts}, {sources}; each phase measured after a {RAMP_UP:.0f} s ramp-up")
     runs = [run_phase(opts, name, target, servers.get("decoy"), counts, work) for name in phases]
-    target.stop()  # the exporter writes its timing trace as it shuts down
-    trace_file = work / "trace.json"
-    trace = json.loads(trace_file.read_text()) if trace_file.exists() else None
-    report(runs, trace)
+    report(runs)
+    if opts.json:
+        opts.json.write_text(json.dumps(summary(runs)))
 
 
 def run_phase(
@@ -573,7 +577,7 @@ def run_phase(
     # The attackers share this machine's cores: what they burn (reconnecting after the exporter
     # closes them costs them TLS handshakes) is taken from the exporter and the scrapers too.
     phase.cpu["attackers"] = sum(cpu_seconds(a.pid) for a in attackers if a.poll() is None) / (RAMP_UP + window)
-    phase.loadavg = Path("/proc/loadavg").read_text().split(" ", 3)[2]
+    phase.loadavg = Path("/proc/loadavg").read_text().split(" ", 1)[0]  # 1-min
     for attacker in attackers:
         attacker.wait(120)
     phase.results = {mode: json.loads((work / f"{name}-{mode}.json").read_text()) for mode in scrapers}
@@ -587,28 +591,30 @@ def run_phase(
     return phase
 
 
-# The stages of a scrape, from the client's and the exporter's clocks (one monotonic clock per host).
-STAGES = {
-    "keep_alive": [
-        ("client sent -> head read", "sent", "head"),
-        ("head read -> worker took it", "head", "picked"),
-        ("worker -> response written", "picked", "written"),
-        ("written -> client read it", "written", "received"),
-    ],
-    "fresh": [
-        ("connect -> accepted", "started", "accepted"),
-        ("accepted -> out of the lobby", "accepted", "admitted"),
-        ("out of the lobby -> TLS done", "admitted", "handshaken"),
-        ("TLS done -> client sent", "handshaken", "sent"),
-        ("client sent -> head read", "sent", "head"),
-        ("head read -> worker took it", "head", "picked"),
-        ("worker -> response written", "picked", "written"),
-        ("written -> client read it", "written", "received"),
-    ],
-}
+# Where a fresh scrape's time goes, on the client's clock.
+STAGES = [("TCP connect", "started", "connected"), ("TLS", "connected", "tls"), ("the answer", "sent", "received")]
 
 
-def report(runs: list[PhaseRun], trace: dict[str, Any] | None) -> None:
+def measured(phase: PhaseRun, mode: str) -> tuple[list[float], int]:
+    """A scraper's scrape times in the phase's window, and how many failed there."""
+    result = phase.results[mode]
+    samples = [took for when, took in result["done"] if phase.start <= when < phase.end]
+    return samples, sum(1 for when in result["failed"] if phase.start <= when < phase.end)
+
+
+def summary(runs: list[PhaseRun]) -> dict[str, Any]:
+    """Per phase: each scraper's p99 (ms) and failures, peak RSS (MiB), load average."""
+    out: dict[str, Any] = {}
+    for phase in runs:
+        row: dict[str, Any] = {"rss_mib": phase.peak.get("rss_kb", 0) / 1024, "load": phase.loadavg}
+        for mode in ("keep_alive", "fresh"):
+            samples, failed = measured(phase, mode)
+            row[mode] = {"p99_ms": quantiles(samples)[1] if len(samples) > 1 else None, "failed": failed}
+        out[phase.name] = row
+    return out
+
+
+def report(runs: list[PhaseRun]) -> None:
     print("\n## a well-behaved scraper (every 0.1 s) by phase: p50 / p99 / max in ms")
     for phase in runs:
         print(f"  {phase.name}: {PHASES[phase.name]}; load average (1 min) at its end {phase.loadavg}")
@@ -616,9 +622,7 @@ def report(runs: list[PhaseRun], trace: dict[str, Any] | None) -> None:
     for mode in ("keep_alive", "fresh"):
         cells = []
         for phase in runs:
-            result = phase.results[mode]
-            samples = [took for when, took in result["done"] if phase.start <= when < phase.end]
-            failed = sum(1 for when in result["failed"] if phase.start <= when < phase.end)
+            samples, failed = measured(phase, mode)
             if len(samples) < 2:
                 cells.append(f"{'n=' + str(len(samples)):>26}")
                 continue
@@ -631,6 +635,15 @@ def report(runs: list[PhaseRun], trace: dict[str, Any] | None) -> None:
                 f"  {phase.name}: attackers' connections at peak (as they saw them) {phase.attack['peak_open']}; "
                 f"opened {phase.attack['opened']}; wrong-password answers {phase.attack['statuses']}"
             )
+    print("\n## where a fresh scrape's time goes (p50 / p99 / max ms, the client's clock)")
+    for phase in runs:
+        marks = [m for m in phase.results["fresh"]["timeline"].values() if phase.start <= m["started"] < phase.end]
+        parts = []
+        for label, a, b in STAGES:
+            spans = [m[b] - m[a] for m in marks if a in m and b in m]
+            if len(spans) > 1:
+                parts.append("{} {:.1f} / {:.1f} / {:.1f}".format(label, *quantiles(spans)))
+        print(f"  {phase.name}: " + "; ".join(parts))
     print("\n## the scraped exporter by phase")
     for phase in runs:
         cpu = ", ".join(f"{k} {v * 100:.0f}%" for k, v in phase.cpu.items())
@@ -639,64 +652,38 @@ def report(runs: list[PhaseRun], trace: dict[str, Any] | None) -> None:
             f"{DAEMONSET_LIMIT_MIB} MiB), peak {phase.peak.get('threads')} threads, {phase.peak.get('fds')} fds; "
             f"CPU (of one core): {cpu}"
         )
-    if trace is None:
-        print("(no timing trace from the exporter: a tree without rnic_exporter/web/trace.py)")
-        return
-    print("\n## where a scrape's time goes (p50 / p99 / max ms; the exporter's timing trace joined with the client's)")
-    requests = {r["id"]: r for r in trace["requests"]}
-    for phase in runs:
-        for mode, stages in STAGES.items():
-            joined = [
-                {**marks, **requests[tid]}
-                for tid, marks in phase.results[mode]["timeline"].items()
-                if tid in requests and phase.start <= marks["started"] < phase.end
-            ]
-            if len(joined) < 2:
-                continue
-            parts = []
-            for label, a, b in stages:
-                spans = [j[b] - j[a] for j in joined if j.get(a) and j.get(b)]
-                if len(spans) > 1:
-                    p50, p99, top = quantiles(spans)
-                    parts.append(f"{label} {p50:.1f} / {p99:.1f} / {top:.1f}")
-            keeper = sum(1 for j in joined if j.get("keeper"))
-            priority = sum(1 for j in joined if j.get("priority"))
-            print(
-                f"  {phase.name} {mode} (n={len(joined)}, {keeper} on a keeper thread, "
-                f"{priority} through the priority queue):"
-            )
-            for part in parts:
-                print(f"      {part}")
-    print("\n## the exporter's threads, by phase")
-    for phase in runs:
-        rounds = [r for r in trace["rounds"] if phase.start <= r[0] < phase.end]
-        probe = [late for when, late in trace["probe"] if phase.start <= when < phase.end]
-        if rounds:
-            p50, p99, top = quantiles([r[1] for r in rounds])
-            print(
-                f"  {phase.name}: reactor {len(rounds) / (phase.end - phase.start):.0f} rounds/s, work per round "
-                f"p50 {p50:.2f} / p99 {p99:.2f} / max {top:.2f} ms; per round at most "
-                f"{max(r[2] for r in rounds)} reads, {max(r[3] for r in rounds)} handshake steps, "
-                f"{max(r[4] for r in rounds)} accepts"
-            )
-        if probe:
-            p50, p99, top = quantiles(probe)
-            print(
-                f"  {phase.name}: a thread waking from a 2 ms sleep runs again late by p50 {p50:.2f} / "
-                f"p99 {p99:.2f} / max {top:.2f} ms (waiting for the GIL and for a core)"
-            )
-        threads = sorted(cpu_by_thread(trace["cpu"], phase.start, phase.end).items(), key=lambda kv: -kv[1])
-        if threads:
-            shares = ", ".join(f"{n} {v * 100:.0f}%" for n, v in threads if v >= 0.005)
-            print(f"  {phase.name}: CPU by thread (of one core): {shares}")
 
 
-def cpu_by_thread(samples: list[tuple[float, dict[str, float]]], start: float, end: float) -> dict[str, float]:
-    inside = [(t, c) for t, c in samples if start <= t <= end]
-    if len(inside) < 2:
-        return {}
-    (t0, first), (t1, last) = inside[0], inside[-1]
-    return {name: (seconds - first.get(name, 0.0)) / (t1 - t0) for name, seconds in last.items()}
+def alternate(opts: Any, argv: list[str]) -> None:
+    """Each tree in turn, `--rounds` times, each run in a process of its own; then one line per run."""
+    rows = []
+    passed: list[str] = []
+    skip = False
+    for arg in argv:  # the same arguments less --tree and --rounds (as `--flag value` or `--flag=value`)
+        if not skip and not arg.startswith(("--tree", "--rounds")):
+            passed.append(arg)
+        skip = arg in ("--tree", "--rounds")
+    for round_ in range(1, opts.rounds + 1):
+        for tree in opts.tree:
+            with tempfile.NamedTemporaryFile(suffix=".json") as out:
+                print(f"\n# {tree} (round {round_})", flush=True)
+                args = [sys.executable, __file__, *passed, "--tree", str(tree), "--json", out.name]
+                subprocess.run(args, check=False)
+                result = json.loads(Path(out.name).read_text() or "{}")
+            rows.append((tree, round_, result))
+    print("\n## runs in order: p99 ms (failed) per scraper, peak RSS MiB, 1-min load at the phase's end")
+    for tree, round_, result in rows:
+        cells = [
+            f"{name}: keep-alive {fmt(row['keep_alive'])}, fresh {fmt(row['fresh'])}, "
+            f"RSS {row['rss_mib']:.1f}, load {row['load']}"
+            for name, row in result.items()
+        ]
+        print(f"  {tree} #{round_}: " + " | ".join(cells or ["failed"]))
+
+
+def fmt(scraper: dict[str, Any]) -> str:
+    p99 = "n/a" if scraper["p99_ms"] is None else f"{scraper['p99_ms']:.1f}"
+    return p99 + (f" (F{scraper['failed']})" if scraper["failed"] else "")
 
 
 if __name__ == "__main__":

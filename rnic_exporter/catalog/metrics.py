@@ -313,6 +313,27 @@ OTLP_DROPPED = _m(
     ("signal",),
     "OTLP items dropped because the bounded export queue was full, by signal.",
 )
+# -- the HTTP front (rnic_exporter/web): node_exporter has promhttp_metric_handler_requests_total{code}.
+HTTP_REQUESTS = _m(
+    "rnic_exporter_http_requests_total",
+    "counter",
+    ("code",),
+    "HTTP responses the exporter's web server sent, by status code (401: failed basic auth, "
+    "503: --web.max-requests reached or unhealthy, 431: request head over 64 KiB).",
+)
+HTTP_REQUESTS_LIMITED = _m(
+    "rnic_exporter_http_requests_limited_total",
+    "counter",
+    (),
+    "Scrapes answered 503 at once because --web.max-requests scrapes were already running.",
+)
+HTTP_CONNECTIONS_CLOSED_FOR_ROOM = _m(
+    "rnic_exporter_http_connections_closed_for_room_total",
+    "counter",
+    ("stage",),
+    "Connections closed at --web.max-connections to make room: stage=waiting, one waiting for a "
+    "request; stage=accept, a newcomer closed as soon as it was accepted.",
+)
 NCCL_GID_USABLE = _m(
     "rnic_nccl_gid_usable",
     "gauge",
@@ -536,6 +557,9 @@ METRICS: tuple[MetricSpec, ...] = (
     DEVICE_DATA_TIMESTAMP,
     ATTRIBUTE_BACKOFF,
     COUNTERS_STALE,
+    HTTP_REQUESTS,
+    HTTP_REQUESTS_LIMITED,
+    HTTP_CONNECTIONS_CLOSED_FOR_ROOM,
     *PROCESS_METRICS.values(),
     *CONSUMER_METRICS,
 )

@@ -131,6 +131,7 @@ class Agent:
         self._announced_empty = False
         self.config_reload_ok = True
         self.web_config_reload_ok: Callable[[], bool] = lambda: True  # the web server's, wired by run()
+        self.web_families: Callable[[], Iterable[Family]] = tuple  # its rnic_exporter_http_*, wired by run()
         self.sinks: list[EventSink] = []
         self.consumers: ConsumerWatch | None = None  # --collector.consumers: names each event's users
         self.detection_families: tuple[Family, ...] = ()  # the last detection's, shared by every sink
@@ -245,7 +246,11 @@ class Agent:
             counter_unsupported=tuple(unsupported),
             counters_stale=stale,
         )
-        health = (*self.process.families(), *(family for sink in self.sinks for family in sink.families()))
+        health = (
+            *self.process.families(),
+            *(family for sink in self.sinks for family in sink.families()),
+            *self.web_families(),
+        )
         return CounterView(groups, stats, self._counter_pass.passes * 2 + (1 if stale else 0), health)
 
     def stats(self, **scrape: object) -> ExporterStats:
@@ -429,6 +434,7 @@ def run(
         max_requests=config.web_max_requests,
     )
     agent.web_config_reload_ok = lambda: web.config_reload_ok
+    agent.web_families = web.families
     with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll
         cleanup.callback(agent.close)

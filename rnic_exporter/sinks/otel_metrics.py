@@ -214,6 +214,10 @@ EXCLUDED: MappingProxyType[str, str] = MappingProxyType(
         "channel is down",
         c.COUNTERS_STALE.name: "describes one scrape's answer; rnic.device.data.time says the same per device",
         **{
+            spec.name: "describes the exporter's HTTP server (its scrapers), which OTLP export does not go through"
+            for spec in (c.HTTP_REQUESTS, c.HTTP_REQUESTS_LIMITED, c.HTTP_CONNECTIONS_CLOSED_FOR_ROOM)
+        },
+        **{
             spec.name: "the process's own series, for Prometheus; OTel describes a process with its resource and "
             "the process.* semantic conventions of an SDK's runtime instrumentation"
             for spec in c.PROCESS_METRICS.values()

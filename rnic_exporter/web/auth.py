@@ -121,11 +121,6 @@ class BasicAuth:
 
     # -- blocking conveniences (tests, tools) -----------------------------------------------
 
-    def check_header(self, authorization: str | None) -> bool:
-        """Whether an `Authorization` header value carries valid credentials (blocks for bcrypt)."""
-        outcome = self.decide(authorization)
-        return outcome if isinstance(outcome, bool) else self._wait(outcome)
-
     def check(self, user: str, password: str | bytes) -> bool:
         if not self._users:
             return False

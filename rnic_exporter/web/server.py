@@ -1,25 +1,16 @@
 """The exporter's HTTP(S) server: landing page, telemetry path, health endpoints.
 
-Why not prometheus-client's `start_http_server`: it wraps the *listening* socket in TLS, so every
-handshake runs inside `accept()` on the one serving thread and a single TCP client that connects
-and says nothing stalls all scrapes. Here one reactor thread (`connections.py`) holds every
-connection that is not being answered, handshakes and reads request heads without blocking,
-each under a whole-step deadline, and a bounded pool of worker threads answers complete
-requests in arrival order. So a client that is slow, silent or malicious costs a descriptor and a
-few kilobytes, never a thread, and the number of threads is fixed by the limits below.
-
-Limits (flags in the CLI):
-- `max_connections` (--web.max-connections): open connections; see `connections.py` for what
-  happens at the cap.
-- `max_requests` (--web.max-requests, as node_exporter): concurrent scrapes; one over the cap gets
-  503 at once. The landing page and health checks are not capped, so a scrape storm does not
-  make a liveness probe kill the exporter. Workers: `max_requests` plus a few spare for those.
-- `request_timeout`: a request head must be complete this long after the connection (or its
-  handshake) is ready, or after its first byte on a keep-alive connection.
-- `write_timeout`: the whole response must be written within it (a client that does not read
-  frees its worker).
-Basic-auth checks that need bcrypt leave the worker and continue when `auth.py` has judged them.
-A few keeper threads wait on authenticated keep-alive connections themselves (`_keep`).
+Not prometheus-client's `start_http_server`: it wraps the *listening* socket in TLS, so one TCP
+client that connects and says nothing stalls every scrape. Here one reactor thread
+(`connections.py`) holds every connection that is not being answered, and a bounded pool of
+worker threads answers complete requests in arrival order: a slow, silent or malicious client
+costs a descriptor and a few kilobytes, never a thread. Limits: `max_connections` (see
+`connections.py`); `max_requests` concurrent scrapes, one more gets 503 at once (the landing page
+and health checks are not capped, so a scrape storm does not get the exporter killed by its
+liveness probe); a request head must be complete `request_timeout` after the connection is ready
+(or its next request's first byte); a response must be written within `write_timeout`. bcrypt
+checks leave the worker and continue when `auth.py` has judged them. The health endpoints need no
+basic auth: probes cannot send credentials without writing them into the manifest.
 """
 
 from __future__ import annotations
@@ -30,28 +21,27 @@ import http.server
 import io
 import logging
 import os
-import select
 import socket
 import ssl
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
+from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.web import trace
+from rnic_exporter.sinks.samples import Family
 from rnic_exporter.web.auth import Credential
-from rnic_exporter.web.connections import EVICT_AFTER, MAX_HEAD, Connection, Reactor, close_socket
+from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
 from rnic_exporter.web.reload import Security, WebConfigWatcher
-from rnic_exporter.web.steer import Priority, bind_steered
 from rnic_exporter.web.webconfig import client_sans_allowed
 
 __all__ = ["LandingPage", "MetricsProvider", "WebServer", "parse_listen_address", "render_landing_page"]
@@ -71,8 +61,6 @@ DEFAULT_MAX_REQUESTS = 40  # node_exporter's --web.max-requests default
 _SPARE_WORKERS = 4
 _UNCAPPED_WORKERS = 64
 _SWITCH_INTERVAL = 0.001
-# Threads that wait on authenticated keep-alive connections themselves (see WebServer._keep).
-_KEEPERS = 4
 
 # glibc malloc arenas for the whole process (see _limit_malloc_arenas).
 _MALLOC_ARENAS = 2
@@ -204,7 +192,6 @@ class WebServer:
         write_timeout: float = 10.0,
         reload_interval: float = 1.0,
         evict_after: float = EVICT_AFTER,
-        priority_queue: bool = True,
     ) -> None:
         if not listen_addresses:
             raise ConfigError("no listen address given (example: ':9100')")
@@ -228,11 +215,11 @@ class WebServer:
         self.idle_timeout = idle_timeout
         self.write_timeout = write_timeout
         self.evict_after = evict_after
-        self.priority_queue = priority_queue  # a second accept queue for proven scrapers (steer.py)
         self.watcher = WebConfigWatcher(web_config_file, reload_interval)
         self._workers = _Workers(max_requests + _SPARE_WORKERS if max_requests else _UNCAPPED_WORKERS)
-        self._keepers = threading.BoundedSemaphore(_KEEPERS)
-        self._keeping = threading.local()  # on a keeper thread: its connection, and whether to go on
+        self._codes: dict[int, int] = {}  # responses by status code
+        self._limited = 0  # scrapes answered 503 at --web.max-requests
+        self._counting = threading.Lock()
         self._reactor: Reactor | None = None
         self._listeners: list[socket.socket] = []
         self._stopping = threading.Event()
@@ -244,17 +231,11 @@ class WebServer:
         if self._reactor is not None:
             raise RuntimeError("WebServer.start() called twice")
         listeners: list[socket.socket] = []
-        steered: list[socket.socket] = []  # the general listeners that have a priority one
-        priority_listeners: list[socket.socket] = []
         try:
             for address in self._addresses:
-                general, priority = bind_steered(address) if self.priority_queue else (bind(address), None)
-                listeners.append(general)
-                if priority is not None:
-                    steered.append(general)
-                    priority_listeners.append(priority)
+                listeners.append(bind(address))
         except ConfigError:
-            for sock in listeners + priority_listeners:
+            for sock in listeners:
                 sock.close()
             raise
         self._listeners = listeners
@@ -268,9 +249,6 @@ class WebServer:
             request_timeout=self.request_timeout,
             idle_timeout=self.idle_timeout,
             evict_after=self.evict_after,
-            priority_listeners=priority_listeners,
-            priority=Priority(steered) if steered else None,
-            on_priority=self._take_priority,
         )
         bound = self.bound
         _warn_if_descriptors_short(self.max_connections)
@@ -280,7 +258,6 @@ class WebServer:
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL))
         _freeze_long_lived_objects()
         _limit_malloc_arenas()
-        trace.start_from_environment()
         self._reactor.start()
         scheme = "https" if self.tls_enabled else "http"
         for host, port in bound:
@@ -292,7 +269,6 @@ class WebServer:
             return
         self._stopping.set()
         self._reactor.stop(_SHUTDOWN_GRACE)
-        trace.dump()
         for conn in self._reactor.busy():
             # The base-class shutdown acts on the descriptor even for an SSLSocket whose TLS
             # object a worker is using; it wakes that worker's blocking write.
@@ -333,6 +309,26 @@ class WebServer:
     def open_connections(self) -> int:
         return 0 if self._reactor is None else self._reactor.open_connections
 
+    def families(self) -> list[Family]:
+        """rnic_exporter_http_* for /metrics: responses by code, scrapes over the cap, connections closed for room."""
+        with self._counting:
+            codes = sorted(self._codes.items())
+            limited = self._limited
+        reactor = self._reactor
+        requests = Family(catalog.HTTP_REQUESTS, [((str(code),), float(n)) for code, n in codes])
+        if reactor is not None and reactor.too_large:
+            requests.samples.append((("431",), float(reactor.too_large)))
+            requests.samples.sort(key=lambda sample: int(sample[0][0]))
+        closed = Family(catalog.HTTP_CONNECTIONS_CLOSED_FOR_ROOM)
+        if reactor is not None:
+            closed.samples += [(("waiting",), float(reactor.evicted)), (("accept",), float(reactor.refused))]
+        return [requests, Family(catalog.HTTP_REQUESTS_LIMITED, [((), float(limited))]), closed]
+
+    def _count(self, code: int, limited: bool = False) -> None:
+        with self._counting:
+            self._codes[code] = self._codes.get(code, 0) + 1
+            self._limited += limited
+
     def reload_web_config(self) -> None:
         """Re-read the web config now; a broken or weakening file keeps the old config and logs why."""
         self.watcher.reload()
@@ -357,13 +353,14 @@ class WebServer:
 
     def _begin(self, conn: Connection, head: bytes) -> None:
         handler = _Handler(self, conn, head, self.watcher.current())
-        if trace.TRACE is not None:
-            handler.picked_at = time.monotonic()
         try:
             if not handler.parse():
                 self._finish(handler, keep_alive=False)
                 return
-            verdict = handler.security.auth.decide(handler.headers.get("Authorization"))
+            if self._route(handler.route_path()) == "health":
+                verdict: bool | Credential = True  # probes cannot send credentials (module docstring)
+            else:
+                verdict = handler.security.auth.decide(handler.headers.get("Authorization"))
         except Exception:
             log.debug("request from %s failed", conn.address, exc_info=True)
             self._finish(handler, keep_alive=False)
@@ -383,124 +380,18 @@ class WebServer:
             log.debug("request from %s failed", handler.conn.address, exc_info=True)
         if authorized:
             handler.conn.proven = True
-            if self._reactor is not None:
-                self._reactor.proven(handler.conn)
-        if trace.TRACE is not None:
-            _record(handler, keep_alive)
         self._finish(handler, keep_alive)
 
     def _finish(self, handler: _Handler, keep_alive: bool) -> None:
-        reactor = self._reactor
-        assert reactor is not None
         conn = handler.conn
         if self._stopping.is_set():
             self._close(conn)
             return
-        if keep_alive and conn.proven and getattr(self._keeping, "conn", None) is conn:
-            self._keeping.again = True  # this keeper thread waits for the next request itself
-            return
-        if keep_alive and conn.proven and self._keepers.acquire(blocking=False):
-            try:
-                threading.Thread(target=self._keep, args=(conn,), name="rnic-web-keep", daemon=True).start()
-                return
-            except RuntimeError:  # "can't start new thread": the reactor takes it
-                self._keepers.release()
-        reactor.resume(conn, keep_alive)
-
-    def _take_priority(self, conn: Connection) -> bool:
-        """A connection from the priority queue (steer.py), just accepted: handshake and answer it on
-        a keeper thread, if one is free, rather than through the reactor's rounds (each of which a
-        flood makes long: its accepts, handshakes and reads)."""
-        if not self._keepers.acquire(blocking=False):
-            return False
-        try:
-            threading.Thread(target=self._keep, args=(conn, True), name="rnic-web-keep", daemon=True).start()
-        except RuntimeError:  # "can't start new thread": the reactor takes it
-            self._keepers.release()
-            return False
-        return True
-
-    def _handshake_here(self, conn: Connection) -> bool:
-        """A new connection's TLS handshake on this thread, under the handshake deadline for the whole step."""
-        ctx = self._tls_context()
-        if ctx is None:
-            return True
-        deadline = time.monotonic() + self.tls_handshake_timeout
-        try:
-            conn.sock.setblocking(False)
-            tls = ctx.wrap_socket(conn.sock, server_side=True, do_handshake_on_connect=False)
-            conn.sock = tls
-            poll = select.poll()
-            while True:
-                try:
-                    tls.do_handshake()
-                    break
-                except ssl.SSLWantReadError:
-                    poll.register(tls, select.POLLIN)
-                except ssl.SSLWantWriteError:
-                    poll.register(tls, select.POLLOUT)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not poll.poll(remaining * 1000):
-                    log.debug("TLS handshake with %s: no complete handshake by the deadline", conn.address)
-                    return False
-        except (OSError, ValueError) as exc:
-            log.debug("TLS handshake with %s failed: %s", conn.address, exc)
-            return False
-        conn.handshaken_at = time.monotonic()
-        return self._tls_peer_ok(tls)
-
-    def _keep(self, conn: Connection, fresh: bool = False) -> None:
-        """Wait for a scraper's requests on this thread and answer them here, one after another.
-
-        The reactor would do as well in a quiet room, but during a flood its rounds are full of
-        handshakes and evictions, and a request it reads then waits for a worker to wake as well:
-        two scheduler hand-offs. A few threads (_KEEPERS) for connections that passed
-        authentication give the scrapers one hand-off, as a thread per connection does. With
-        `fresh`, a connection just accepted from the priority queue: its handshake first, and its
-        first request under the request deadline.
-        """
-        try:
-            if fresh and not self._handshake_here(conn):
-                self._close(conn)
-                return
-            wait = self.request_timeout if fresh else self.idle_timeout
-            while True:
-                try:
-                    head = self._read_head(conn, wait)
-                except (OSError, ValueError):
-                    head = None
-                wait = self.idle_timeout
-                if head is None or self._stopping.is_set():
-                    self._close(conn)
-                    return
-                self._keeping.conn, self._keeping.again = conn, False
-                try:
-                    self._begin(conn, head)
-                finally:
-                    self._keeping.conn = None
-                if not self._keeping.again:  # closed, given to the reactor, or waiting for bcrypt
-                    return
-        finally:
-            self._keepers.release()
-
-    def _read_head(self, conn: Connection, wait: float) -> bytes | None:
-        """The next request head (blocking), under `wait` and then the request deadline."""
-        deadline = time.monotonic() + wait
-        while (head := conn.take_head()) is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or len(conn.buffer) > MAX_HEAD:
-                return None
-            conn.sock.settimeout(remaining)
-            chunk = conn.sock.recv(MAX_HEAD + 1)
-            if not chunk:
-                return None
-            if not conn.buffer:  # the next request started: from now on it has the request deadline
-                deadline = min(deadline, time.monotonic() + self.request_timeout)
-            conn.buffer += chunk
-        return head
+        assert self._reactor is not None
+        self._reactor.resume(conn, keep_alive)
 
     def _close(self, conn: Connection) -> None:
-        """Close a connection a worker or keeper holds."""
+        """Close a connection a worker holds."""
         assert self._reactor is not None
         if self._stopping.is_set():  # the reactor has stopped or is stopping
             close_socket(conn.sock)
@@ -518,19 +409,6 @@ class WebServer:
         if path in HEALTH_PATHS:
             return "health"
         return None
-
-    @contextmanager
-    def _scrape_slot(self) -> Iterator[bool]:
-        """Whether this scrape may run; held until its response is written (slow readers count)."""
-        if self._slots is None:
-            yield True
-            return
-        acquired = self._slots.acquire(blocking=False)
-        try:
-            yield acquired
-        finally:
-            if acquired:
-                self._slots.release()
 
     def _telemetry(self, accept: str | None, accept_encoding: str | None) -> tuple[int, bytes, dict[str, str]]:
         try:
@@ -596,7 +474,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"  # keep-alive, so Prometheus reuses its connection
     server_version = "rnic-exporter"
-    _date: tuple[int, str] = (0, "")
+    _limited = False  # answered 503 at --web.max-requests
 
     def __init__(self, front: WebServer, conn: Connection, head: bytes, security: Security) -> None:
         # No super().__init__(): it would read and answer the whole connection on its own.
@@ -612,7 +490,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.request_version = self.default_request_version
         self.requestline = ""
         self._body = b""  # sent with the head by flush_headers
-        self.picked_at = 0.0  # when a worker took it (timing trace only)
 
     def parse(self) -> bool:
         """Parse the head; False when it was answered with an error (or was empty)."""
@@ -633,7 +510,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not authorized:
             self._send(401, b"Unauthorized\n", {"Content-Type": TEXT, "WWW-Authenticate": AUTH_CHALLENGE}, send_body)
             return
-        route = front._route(unquote(urlsplit(self.path).path))
+        route = front._route(self.route_path())
         if route is None:
             self._send(404, b"Not Found\n", {"Content-Type": TEXT}, send_body)
         elif self.command not in ("GET", "HEAD"):
@@ -646,6 +523,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             self._send(*front._landing(), send_body)
 
+    def route_path(self) -> str:
+        return unquote(urlsplit(self.path).path)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.front._count(code, limited=self._limited)
+        super().send_response(code, message)
+
     def version_string(self) -> str:
         return self.server_version  # no Python version in the Server header
 
@@ -656,17 +540,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def address_string(self) -> str:
         return str(self.client_address[0]) if self.client_address else "-"
 
-    def date_time_string(self, timestamp: float | None = None) -> str:
-        """The Date header, formatted once a second rather than for every response."""
-        if timestamp is not None:
-            return super().date_time_string(timestamp)
-        now = int(time.time())
-        second, text = _Handler._date
-        if second != now:
-            text = super().date_time_string(now)
-            _Handler._date = (now, text)  # one tuple, swapped whole: safe across threads
-        return text
-
     def end_headers(self) -> None:
         # Every response, error pages from the base class included, carries the configured headers.
         for name, value in self.security.config.http_server_config.headers.items():
@@ -674,14 +547,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         super().end_headers()
 
     def _scrape(self, send_body: bool) -> None:
-        front = self.front
-        with front._scrape_slot() as allowed:
-            if not allowed:
-                body = f"too many concurrent scrapes (limit {front.max_requests})\n".encode()
-                self._send(503, body, {"Content-Type": TEXT}, send_body)
-                return
-            response = front._telemetry(self.headers.get("Accept"), self.headers.get("Accept-Encoding"))
-            self._send(*response, send_body)
+        """A scrape slot is held until the response is written (slow readers count)."""
+        front, slots = self.front, self.front._slots
+        if slots is not None and not slots.acquire(blocking=False):
+            self._limited = True
+            body = f"too many concurrent scrapes (limit {front.max_requests})\n".encode()
+            self._send(503, body, {"Content-Type": TEXT}, send_body)
+            return
+        try:
+            self._send(*front._telemetry(self.headers.get("Accept"), self.headers.get("Accept-Encoding")), send_body)
+        finally:
+            if slots is not None:
+                slots.release()
 
     def _send(self, status: int, body: bytes, headers: Mapping[str, str], send_body: bool) -> None:
         self.send_response(status)
@@ -702,39 +579,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         super().flush_headers()
 
 
-def _record(handler: _Handler, keep_alive: bool) -> None:
-    """A traced request's timeline (web/trace.py); the client names it with the X-Trace header."""
-    headers = getattr(handler, "headers", None)
-    trace_id = headers.get(trace.HEADER) if headers is not None else None
-    if trace_id is None or trace.TRACE is None:
-        return
-    conn = handler.conn
-    times = {
-        "accepted": conn.accepted_at,
-        "admitted": conn.admitted_at,
-        "handshaken": conn.handshaken_at,
-        "head": conn.head_at,
-        "picked": handler.picked_at,
-        "written": time.monotonic(),
-    }
-    times["keeper"] = float(getattr(handler.front._keeping, "conn", None) is conn)
-    times["priority"] = float(conn.priority)
-    trace.TRACE.request(trace_id, times)
-
-
 _frozen = threading.Lock()
 
 
 def _freeze_long_lived_objects() -> None:
     """Once per process: take what exists now out of the garbage collector's full walks.
 
-    A full collection holds the GIL while it walks every tracked object, and a flood of
-    connections triggers collections (a 63 ms pause under bench/abuse.py); what exists at start-up
-    (modules, classes, config) lives as long as the process. Collected first, so no garbage is
-    frozen with it; and once more after, over the now empty oldest generation: CPython runs a full
-    collection only once a quarter as many objects as the last full one found have been promoted
-    since, and the last one had found everything now frozen, so reference cycles that outlived
-    the young generations went uncollected for an hour or more (the soak's RSS rose ~3 MB an hour).
+    A full collection holds the GIL while it walks every tracked object (a 63 ms pause under
+    bench/abuse.py), and what exists at start-up lives as long as the process. Collected before, so
+    no garbage is frozen, and after: CPython's next full collection waits for a quarter as many
+    new objects as the last one found, which had found everything now frozen (the soak's RSS rose
+    ~3 MB an hour from cycles left uncollected).
     """
     if _frozen.acquire(blocking=False):
         gc.collect()
@@ -745,15 +600,11 @@ def _freeze_long_lived_objects() -> None:
 def _limit_malloc_arenas() -> None:
     """Cap glibc's malloc arenas for the process (unless the operator set MALLOC_ARENA_MAX).
 
-    glibc gives a thread that finds no free arena an arena of its own (up to 8 per core), and
-    memory freed in an arena stays there. After one burst of 40 concurrent scrapes each web
-    worker's arena kept about 0.8 MB of the bodies it had built and sent (+7 MB resident,
-    bench/bench.py's 50 clients); and every read worker written off behind a hung read is
-    replaced by a thread that found the old one's arena still taken, so a soak with hung reads
-    grew by an arena every few hung reads (46 -> 60 MB in an hour, with flat Python objects).
-    CPython allocates with the GIL held, so threads rarely contend for an arena; two cost no
-    measurable time. Set here because serving always starts the web front; the cap holds for
-    threads started before it too (they share the arenas that exist).
+    glibc gives a thread that finds no free arena one of its own (up to 8 per core), and memory
+    freed in an arena stays there: each web worker's kept ~0.8 MB after a burst of 40 scrapes, and
+    a soak with hung reads grew by an arena every few replaced read workers (46 -> 60 MB in an
+    hour). CPython allocates with the GIL held, so two arenas cost no measurable time. Set here
+    because serving always starts the web front; it holds for threads started before it too.
     """
     if os.environ.get("MALLOC_ARENA_MAX"):
         return

@@ -193,7 +193,8 @@ def test_dockerfile_is_multi_stage_non_root_and_runs_serve() -> None:
     assert cmd[0] == "serve" and _flags_in(cmd) <= serve_flags()
     assert "--path.sysfs=/host/sys" in cmd  # the documented mount of the host's /sys
     assert ops["EXPOSE"] == str(DEFAULT_PORT)
-    assert "/-/healthy" in ops["HEALTHCHECK"] and str(DEFAULT_PORT) in ops["HEALTHCHECK"]
+    # It follows the exporter's own flags (tests/web/test_web_health.py runs it against a real serve).
+    assert json.loads(ops["HEALTHCHECK"].split("CMD", 1)[1]) == ["python", "-m", "rnic_exporter.commands.healthcheck"]
     # The runtime stage takes the build stage's venv and installs nothing itself.
     assert any(op == "COPY" and args.startswith("--from=build") for op, args in final)
     assert not any(op == "RUN" and "pip" in args for op, args in final)

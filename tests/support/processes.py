@@ -84,11 +84,16 @@ def exporter(
     context: ssl.SSLContext | None = None,
     headers: dict[str, str] | None = None,
     log_path: Path | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`rnic-exporter <args>` in a subprocess, waited for until `ready_url` answers 200."""
     log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rnic_exporter", *args], stdout=log, stderr=log, env={**os.environ, **(env or {})}
+        [sys.executable, "-m", "rnic_exporter", *args],
+        stdout=log,
+        stderr=log,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     try:
 

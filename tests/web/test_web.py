@@ -318,7 +318,7 @@ def test_https_with_basic_auth(serve: ServerFactory, confdir: Path, certs: Certs
         denied = request(server, context=ctx, headers=headers)
         assert denied.status == 401
         assert denied.headers["WWW-Authenticate"] == 'Basic realm="rnic-exporter"'
-    assert request(server, "/-/healthy", context=ctx).status == 401  # auth covers every route
+    assert request(server, "/", context=ctx).status == 401  # auth covers every route but the health checks
 
 
 def test_plain_http_client_on_the_tls_port_gets_no_response(serve: ServerFactory, confdir: Path) -> None:
