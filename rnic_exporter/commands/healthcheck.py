@@ -18,9 +18,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from rnic_exporter.config.web_file import ClientAuthType, load_web_config
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.web.listen import parse_listen_address
-from rnic_exporter.web.webconfig import ClientAuthType, load_web_config
 
 DEFAULT_LISTEN = ":19879"
 _TIMEOUT = 4.0

@@ -13,7 +13,6 @@ SIGHUP re-reads the config file (a broken file keeps the running config and says
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import signal
 import threading
@@ -30,6 +29,7 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import Event
 from rnic_exporter.config.file import apply_file  # one resolver: check uses it too
 from rnic_exporter.daemon.consumer_watch import ConsumerSettings, ConsumerWatch, Scan
+from rnic_exporter.daemon.runtime import settle_garbage_collector, tune_process
 from rnic_exporter.daemon.schedule import PollSchedule
 from rnic_exporter.detect.conditions import AddressLike
 from rnic_exporter.detect.detector import Detector
@@ -59,9 +59,6 @@ COUNTER_PASS_REUSE_S = 1.0
 # With nothing changed, detection still runs this often: time-based judgements (flap windows,
 # last-seen refreshes, risk re-reads) move without any byte moving.
 DETECTION_REFRESH_S = 60.0
-# Generation 0 collections every ~50k allocations instead of 700: a busy pass allocates a few
-# thousand short-lived objects, and the long-lived ones are frozen after start-up.
-GC_GEN0_THRESHOLD = 50_000
 
 
 class EventSink(Protocol):
@@ -435,6 +432,7 @@ def run(
     )
     agent.web_config_reload_ok = lambda: web.config_reload_ok
     agent.web_families = web.families
+    tune_process()
     with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll
         cleanup.callback(agent.close)
@@ -480,15 +478,6 @@ def start_consumer_watch(config: ServeConfig, scan: Scan | None = None) -> Consu
     watch = ConsumerWatch(scan or scanner(config.sysfs, paths.procfs, paths.rootfs), config.consumers)
     watch.start()
     return watch
-
-
-def settle_garbage_collector() -> None:
-    """After start-up: move everything alive (modules, plans, held objects) out of the collector's
-    sight, and collect young objects rarely; a poll's garbage is mostly freed by reference counts."""
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 class Watcher(Protocol):

@@ -24,9 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rnic_exporter.config.web_file import ClientAuthType, WebConfig, parse_web_config
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.web.auth import BasicAuth
-from rnic_exporter.web.webconfig import ClientAuthType, WebConfig, build_ssl_context, parse_web_config
+from rnic_exporter.web.tls import build_ssl_context
 
 log = logging.getLogger(__name__)
 _clock = time.monotonic  # tests step time through the settle interval without sleeping

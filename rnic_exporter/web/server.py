@@ -15,7 +15,6 @@ basic auth: probes cannot send credentials without writing them into the manifes
 
 from __future__ import annotations
 
-import gc
 import html
 import http.server
 import io
@@ -23,7 +22,6 @@ import logging
 import os
 import socket
 import ssl
-import sys
 import threading
 import time
 from collections import deque
@@ -42,7 +40,7 @@ from rnic_exporter.web.auth import Credential
 from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
 from rnic_exporter.web.reload import Security, WebConfigWatcher
-from rnic_exporter.web.webconfig import client_sans_allowed
+from rnic_exporter.web.tls import client_sans_allowed
 
 __all__ = ["LandingPage", "MetricsProvider", "WebServer", "parse_listen_address", "render_landing_page"]
 
@@ -60,11 +58,6 @@ DEFAULT_MAX_REQUESTS = 40  # node_exporter's --web.max-requests default
 # every scrape slot is taken; and the pool when scrapes are not capped.
 _SPARE_WORKERS = 4
 _UNCAPPED_WORKERS = 64
-_SWITCH_INTERVAL = 0.001
-
-# glibc malloc arenas for the whole process (see _limit_malloc_arenas).
-_MALLOC_ARENAS = 2
-_M_ARENA_MAX = -8  # mallopt() parameter, malloc.h
 
 # Descriptors beyond the connection cap for everything else (config files, sysfs reads, logs).
 _SPARE_DESCRIPTORS = 64
@@ -252,12 +245,6 @@ class WebServer:
         )
         bound = self.bound
         _warn_if_descriptors_short(self.max_connections)
-        # A thread waiting for the GIL forces a switch after this long. The default 5 ms, paid
-        # on each of a scrape's socket calls while the reactor is busy with a flood, dominates its
-        # latency; 1 ms costs a CPU-bound thread a few more switches.
-        sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL))
-        _freeze_long_lived_objects()
-        _limit_malloc_arenas()
         self._reactor.start()
         scheme = "https" if self.tls_enabled else "http"
         for host, port in bound:
@@ -577,44 +564,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._headers_buffer.append(self._body)
             self._body = b""
         super().flush_headers()
-
-
-_frozen = threading.Lock()
-
-
-def _freeze_long_lived_objects() -> None:
-    """Once per process: take what exists now out of the garbage collector's full walks.
-
-    A full collection holds the GIL while it walks every tracked object (a 63 ms pause under
-    bench/abuse.py), and what exists at start-up lives as long as the process. Collected before, so
-    no garbage is frozen, and after: CPython's next full collection waits for a quarter as many
-    new objects as the last one found, which had found everything now frozen (the soak's RSS rose
-    ~3 MB an hour from cycles left uncollected).
-    """
-    if _frozen.acquire(blocking=False):
-        gc.collect()
-        gc.freeze()
-        gc.collect()
-
-
-def _limit_malloc_arenas() -> None:
-    """Cap glibc's malloc arenas for the process (unless the operator set MALLOC_ARENA_MAX).
-
-    glibc gives a thread that finds no free arena one of its own (up to 8 per core), and memory
-    freed in an arena stays there: each web worker's kept ~0.8 MB after a burst of 40 scrapes, and
-    a soak with hung reads grew by an arena every few replaced read workers (46 -> 60 MB in an
-    hour). CPython allocates with the GIL held, so two arenas cost no measurable time. Set here
-    because serving always starts the web front; it holds for threads started before it too.
-    """
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return
-    try:
-        os.confstr("CS_GNU_LIBC_VERSION")  # glibc only (musl has no arenas to cap)
-        import ctypes
-
-        ctypes.CDLL(None).mallopt(_M_ARENA_MAX, _MALLOC_ARENAS)
-    except (ValueError, OSError, AttributeError):
-        log.debug("cannot cap malloc arenas on this C library")
 
 
 def _warn_if_descriptors_short(max_connections: int) -> None:

@@ -60,9 +60,9 @@ def test_a_churning_host_leaves_no_garbage_for_the_collector(tmp_path: Path) -> 
 
 _AFTER_FREEZE = """
 import gc
-from rnic_exporter.web.server import _freeze_long_lived_objects
+from rnic_exporter.daemon.runtime import freeze_start_up_objects
 start_up = [[i] for i in range(300_000)]  # modules, classes, config: frozen
-_freeze_long_lived_objects()
+freeze_start_up_objects()
 full = gc.get_stats()[2]["collections"]
 kept = []
 for _ in range(200_000):

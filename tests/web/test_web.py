@@ -20,11 +20,11 @@ from typing import Any
 import bcrypt
 import pytest
 
+from rnic_exporter.config.web_file import load_web_config
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.web import webconfig
 from rnic_exporter.web.auth import BasicAuth, parse_basic_authorization
 from rnic_exporter.web.server import LandingPage, WebServer, parse_listen_address
-from rnic_exporter.web.webconfig import load_web_config
+from rnic_exporter.web.tls import build_ssl_context
 from tests.support.wait import wait_for
 
 BODY = b"# HELP rdma_up Whether the port is up.\n# TYPE rdma_up gauge\nrdma_up 1\n"
@@ -555,7 +555,7 @@ def test_empty_config_means_plain_http_without_auth(tmp_path: Path) -> None:
     config = load_web_config(write_config(tmp_path, ""))
     assert config.tls_server_config is None
     assert not config.basic_auth_users
-    assert webconfig.build_ssl_context(config) is None
+    assert build_ssl_context(config) is None
 
 
 def test_relative_paths_resolve_against_the_config_directory(

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from rnic_exporter.catalog.metrics import CONFIG_RELOAD_OK
+from rnic_exporter.config.web_file import load_web_config
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sim import SimHost
 from rnic_exporter.web import reload
 from rnic_exporter.web.reload import WebConfigWatcher
-from rnic_exporter.web.webconfig import load_web_config
 from tests.support.processes import free_port, http_get, stop_process
 from tests.support.wait import wait_for
 from tests.web.test_web import (  # noqa: F401  (fixtures, found by their names)

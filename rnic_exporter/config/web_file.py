@@ -1,4 +1,6 @@
-"""The exporter-toolkit web config file (`--web.config.file`): parsing and the TLS context.
+"""The exporter-toolkit web config file (`--web.config.file`): its strict parsing into `WebConfig`.
+
+The TLS context and client-certificate checks built from it are the web front's (`web/tls.py`).
 
 The YAML format is the one node_exporter reads (exporter-toolkit `docs/web-configuration.md`), so
 one file can serve both. Parsing is strict like the toolkit's `yaml.UnmarshalStrict`: an unknown
@@ -9,7 +11,6 @@ in protection they do not have.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import ssl
 from collections.abc import Collection, Mapping
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from rnic_exporter.config.yaml import strict_loader as _strict_loader  # one home: --config uses it too
 from rnic_exporter.errors import ConfigError
@@ -154,7 +155,7 @@ def load_web_config(path: Path | str, *, allow_empty: bool = True) -> WebConfig:
     try:
         raw = source.read_bytes()
     except OSError as exc:
-        raise ConfigError(f"web config {source}: cannot read it: {_reason(exc)}") from exc
+        raise ConfigError(f"web config {source}: cannot read it: {error_reason(exc)}") from exc
     return parse_web_config(source, raw, allow_empty=allow_empty)
 
 
@@ -165,11 +166,11 @@ def parse_web_config(source: Path, raw: bytes, *, allow_empty: bool = True) -> W
     because that is also what a file looks like in the middle of a non-atomic rewrite.
     """
     if len(raw) > MAX_BYTES:
-        _fail(source, "(file)", f"{len(raw)} bytes; a web config is at most {MAX_BYTES} bytes")
+        web_config_error(source, "(file)", f"{len(raw)} bytes; a web config is at most {MAX_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        _fail(source, "(file)", f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}")
+        web_config_error(source, "(file)", f"not UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}")
     import yaml  # only with a web config: PyYAML costs ~1.4 MB of resident memory
 
     try:
@@ -181,7 +182,7 @@ def parse_web_config(source: Path, raw: bytes, *, allow_empty: bool = True) -> W
     except RecursionError as exc:  # a bound we missed above; never let it reach a serving thread
         raise ConfigError(f"web config {source}: nested too deeply") from exc
     if document is None and not allow_empty:
-        _fail(
+        web_config_error(
             source,
             "(file)",
             "empty (or only comments); an incomplete write looks like this, so it is "
@@ -202,91 +203,16 @@ def _check_depth(source: Path, text: str) -> None:
     for bracket in _FLOW_BRACKET.finditer(_NOT_STRUCTURE.sub("", text)):
         depth += 1 if bracket[0] in "[{" else -1
         if depth > MAX_DEPTH:
-            _fail(source, "(file)", f"nested more than {MAX_DEPTH} levels deep")
+            web_config_error(source, "(file)", f"nested more than {MAX_DEPTH} levels deep")
     depth = 0
     for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             depth += 1
             if depth > MAX_DEPTH:
                 line = event.start_mark.line + 1 if event.start_mark else 0
-                _fail(source, "(file)", f"nested more than {MAX_DEPTH} levels deep (line {line})")
+                web_config_error(source, "(file)", f"nested more than {MAX_DEPTH} levels deep (line {line})")
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
-
-
-def build_ssl_context(config: WebConfig) -> ssl.SSLContext | None:
-    """The server-side TLS context for `config`, or None when it does not enable TLS.
-
-    Loading the key pair here (not lazily per handshake) is what turns a mismatched or garbled
-    certificate into a start-up error instead of every scrape failing.
-    """
-    tls = config.tls_server_config
-    if tls is None:
-        return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = TLS_VERSIONS[tls.min_version]
-    ctx.maximum_version = TLS_VERSIONS[tls.max_version]
-    if tls.prefer_server_cipher_suites:
-        ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
-    # We never speak h2; saying so in ALPN stops clients that offer it from guessing.
-    ctx.set_alpn_protocols(["http/1.1"])
-    try:
-        ctx.load_cert_chain(tls.cert_file, tls.key_file, password=_refuse_passphrase)
-    except (OSError, ValueError) as exc:
-        # OpenSSL's own words ("PEM lib") do not say what is wrong with the files.
-        hint = " (need a PEM certificate chain and its matching unencrypted PEM key)"
-        hint = hint if isinstance(exc, ssl.SSLError) else ""
-        reason = f"cannot use {tls.cert_file} with key {tls.key_file}: {_reason(exc)}{hint}"
-        _fail(config.source, "tls_server_config.cert_file", reason)
-    _configure_client_auth(ctx, tls, config.source)
-    return ctx
-
-
-def _configure_client_auth(ctx: ssl.SSLContext, tls: TLSServerConfig, source: Path | None) -> None:
-    # RequestClientCert asks for a certificate but never verifies or uses it, so not asking at all
-    # is indistinguishable to the client and to us.
-    if tls.client_auth_type in (ClientAuthType.NO_CLIENT_CERT, ClientAuthType.REQUEST_CLIENT_CERT):
-        ctx.verify_mode = ssl.CERT_NONE
-        return
-    if tls.client_auth_type is ClientAuthType.VERIFY_CLIENT_CERT_IF_GIVEN:
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-    else:
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    assert tls.client_ca_file is not None  # the parser enforces it for verifying policies
-    try:
-        ctx.load_verify_locations(cafile=tls.client_ca_file)
-    except (OSError, ValueError) as exc:
-        _fail(source, "tls_server_config.client_ca_file", f"cannot load {tls.client_ca_file}: {_reason(exc)}")
-
-
-def _refuse_passphrase() -> bytes:
-    # Without a callback OpenSSL would prompt on the terminal, hanging a daemon at start-up.
-    raise ValueError("the key file is encrypted; give an unencrypted key (restrict it with file permissions)")
-
-
-def client_sans_allowed(peercert: Mapping[str, Any] | None, allowed: Collection[str]) -> bool:
-    """Whether a verified client certificate carries one of `allowed` as a SAN (toolkit semantics).
-
-    Like the toolkit this matches DNS names, e-mail addresses, IP addresses and URIs exactly.
-    IP addresses are compared as addresses because OpenSSL prints IPv6 uncompressed and upper case.
-    """
-    if not allowed:
-        return True
-    if not peercert:
-        return False
-    wanted = {_canonical_ip(name) or name for name in allowed}
-    for kind, value in peercert.get("subjectAltName", ()):
-        candidate = _canonical_ip(value) if kind == "IP Address" else value
-        if kind in ("DNS", "email", "URI", "IP Address") and candidate in wanted:
-            return True
-    return False
-
-
-def _canonical_ip(text: str) -> str | None:
-    try:
-        return str(ipaddress.ip_address(text.strip()))
-    except ValueError:
-        return None
 
 
 class _Parser:
@@ -296,7 +222,7 @@ class _Parser:
         self.source = source
 
     def fail(self, key: str, reason: str) -> NoReturn:
-        _fail(self.source, key, reason)
+        web_config_error(self.source, key, reason)
 
     def web_config(self, document: object) -> WebConfig:
         top = self.mapping(document, "(top level)", _TOP_KEYS, prefix="")
@@ -346,7 +272,7 @@ class _Parser:
             with path.open("rb"):
                 pass
         except OSError as exc:
-            self.fail(key, f"cannot read {path}: {_reason(exc)}")
+            self.fail(key, f"cannot read {path}: {error_reason(exc)}")
         return path
 
     def choice(self, value: object, key: str, choices: Collection[str], default: str) -> str:
@@ -472,12 +398,12 @@ class _Parser:
         return hashed
 
 
-def _fail(source: Path | None, key: str, reason: str) -> NoReturn:
+def web_config_error(source: Path | None, key: str, reason: str) -> NoReturn:
     where = "web config" if source is None else f"web config {source}"
     raise ConfigError(f"{where}: {key}: {reason}")
 
 
-def _reason(exc: BaseException) -> str:
+def error_reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc) or type(exc).__name__
