@@ -34,9 +34,27 @@ LOCK_FILE = "state.lock"
 DEFAULT_STATE_DIR = Path("/var/lib/rnic-exporter")
 
 
+_ZERO_GUID = "0000:0000:0000:0000"
+
+
 def device_key(device: Device) -> str:
-    """PCI address when there is one: device names are not stable (renames, LAG), slots are."""
-    return device.pci_address or f"name:{device.name}"
+    """What stays when a device is renamed: its PCI address when it has one (names are not stable:
+    renames, LAG; slots are), else its node GUID (a soft device such as rxe: `rdma dev set rxe0 name
+    rxe9` in the kernel lab keeps the GUID, and keying by name read the rename as a lost NIC), else,
+    for a driver that reports no GUID (EFA prints zeros), its name."""
+    if device.pci_address:
+        return device.pci_address
+    if device.node_guid and device.node_guid != _ZERO_GUID:
+        return f"guid:{device.node_guid}"
+    return f"name:{device.name}"
+
+
+def _rekeyed(key: str, known: KnownDevice) -> str:
+    """A state file written before soft devices were keyed by node GUID kept them as `name:<name>`:
+    the same device read now must not look new (and the old entry missing)."""
+    if key.startswith("name:") and known.pci_address is None and known.node_guid and known.node_guid != _ZERO_GUID:
+        return f"guid:{known.node_guid}"
+    return key
 
 
 def port_key(device: str, port: int) -> str:
@@ -98,8 +116,9 @@ class State:
             raise ValueError(f"unknown top-level key {unknown[0][:40]!r}")
         return cls(
             devices={
-                k: KnownDevice(**_record(f"devices.{k}", v, _DEVICE_FIELDS))
+                _rekeyed(k, known): known
                 for k, v in _table("devices", data.get("devices")).items()
+                for known in (KnownDevice(**_record(f"devices.{k}", v, _DEVICE_FIELDS)),)
             },
             baselines={
                 k: Baseline(**_record(f"baselines.{k}", v, _BASELINE_FIELDS))

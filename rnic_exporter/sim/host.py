@@ -637,6 +637,19 @@ class SimHost:
                 path.unlink()
         shutil.rmtree(self.root / dev.function_dir, ignore_errors=True)
 
+    def rename_device(self, name: str, new: str) -> None:
+        """`rdma dev set NAME name NEW`: the device directory and its class link take the new name;
+        its GUID, PCI function and netdev stay."""
+        dev = self.devices.pop(name)
+        old_dir = self.root / self._ib_dir(dev)
+        (self.root / f"class/infiniband/{name}").unlink()
+        dev.name = new
+        old_dir.rename(self.root / self._ib_dir(dev))
+        self._link(f"class/infiniband/{new}", f"../../{self._ib_dir(dev)}")
+        self._write(f"{'devices/virtual' if dev.soft else dev.function_dir}/infiniband_verbs/{dev.uverbs}/ibdev", new)
+        self._gids_on_disk[new] = self._gids_on_disk.pop(name, {})
+        self.devices[new] = dev
+
     def restore_device(self, name: str) -> None:
         self.removed.discard(name)
         self._write_device(self.devices[name])

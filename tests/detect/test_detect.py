@@ -475,3 +475,32 @@ def test_a_card_registered_under_a_departed_cards_name_is_still_judged(sim_host:
     assert (gone.device, gone.pci_address) == ("mlx5_1", "0000:19:00.0")
     # The new card's port is down: the old card's absence under the same name must not mute that.
     assert "rnic.port.down" in names(events), names(events)
+
+
+# -- identity: what stays when a device is renamed ------------------------------------------------
+
+
+def test_a_renamed_soft_device_is_the_same_device_not_a_lost_one(tmp_path: Path) -> None:
+    """`rdma dev set rxe0 name rxe9` in the kernel lab: rxe has no PCI address, and keying it by name
+    made the rename a critical "disappeared" for rxe0 and a new device rxe9 (its GUID never changed)."""
+    host = SimHost.build(tmp_path / "sys", roce=2, ethernet_gbps=10, driver="rxe")
+    run = Run(host)
+    assert names(run.poll()) == ["rnic.device.discovered"] * 2
+    host.rename_device("rxe0", "rxe9")
+    events = run.poll()
+    assert "rnic.device.disappeared" not in names(events) and "rnic.device.discovered" not in names(events)
+    devices = {view.name: view for view in run.detector.last.devices.values()} if run.detector.last else {}
+    assert devices["rxe9"].present and "rxe0" not in devices
+
+
+def test_a_state_file_that_keyed_a_soft_device_by_name_still_knows_it(tmp_path: Path) -> None:
+    """State written before the GUID key: the same device read now is neither new nor missing."""
+    host = SimHost.build(tmp_path / "sys", roce=1, ethernet_gbps=10, driver="rxe")
+    run = Run(host, tmp_path / "state")
+    run.poll()
+    path = tmp_path / "state" / "state.json"
+    data = json.loads(path.read_text())
+    data["devices"] = {f"name:{v['name']}": v for v in data["devices"].values()}
+    path.write_text(json.dumps(data))
+    again = Run(host, tmp_path / "state")
+    assert names(again.poll()) == []
