@@ -205,9 +205,20 @@ def judge_netdev_link(
     else:
         value, source = _first(ratings, "rate_bytes_per_second")
         rated = None if value is None else float(value)
+        if source == SOURCE_BASELINE and not _port_mirrors_netdev(port, speed):
+            # The baseline is the port's best rate, a measure of the netdev only where the driver
+            # reports the netdev's own speed as the port rate (mlx5 does). rxe buckets it: a 50G to
+            # 400G netdev is a 100 Gb/s port, 2.5G and 5G a 10 Gb/s one (the kernel lab's tap_speed),
+            # and a healthy 50G netdev read as "below rated 100".
+            rated = None
     if rated is None:
         return None
     return LinkJudgement(NETDEV, speed < rated * _TOLERANCE, _gbps(speed), f"{_gbps(rated)} ({source})", source)
+
+
+def _port_mirrors_netdev(port: Port, netdev_bytes_per_second: float) -> bool:
+    rate = port.rate
+    return rate is not None and abs(rate.bytes_per_second - netdev_bytes_per_second) <= 0.01 * netdev_bytes_per_second
 
 
 def judge_pcie(link: PcieLink | None, expectation: RatedExpectation | None) -> LinkJudgement | None:

@@ -504,3 +504,22 @@ def test_a_state_file_that_keyed_a_soft_device_by_name_still_knows_it(tmp_path: 
     path.write_text(json.dumps(data))
     again = Run(host, tmp_path / "state")
     assert names(again.poll()) == []
+
+
+def test_a_soft_roce_port_rate_is_no_measure_of_its_netdev(tmp_path: Path) -> None:
+    """rxe reports a 50G netdev as a 100 Gb/s port (the kernel lab's tap_speed): a healthy 50G netdev
+    is not below a "rated" 100 learned from the port. A real drop still shows on both links."""
+    host = SimHost.build(tmp_path / "sys", roce=1, ethernet_gbps=50, driver="rxe")
+    run = Run(host)
+    assert names(run.poll()) == ["rnic.device.discovered"]
+    run.poll()
+    assert run.detector.last is not None
+    view = run.detector.last.ports[("rxe0", 1)]
+    assert [(j.link, j.below) for j in view.links if j.link == "netdev"] == []
+    assert not any(j.below for j in view.links)
+    mirrored = SimHost.build(tmp_path / "sys2", roce=1, ethernet_gbps=100, driver="rxe")
+    run = Run(mirrored)
+    run.poll()
+    mirrored.set_speed("rxe0", 25)
+    below = [e for e in run.poll() if e.name == "rnic.link.below_rated"]
+    assert sorted(e.attributes.get("link", "") for e in below) == ["netdev", "port"], below
