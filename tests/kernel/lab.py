@@ -397,6 +397,31 @@ class Lab:
         return done
 
 
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def samples(scrape: str, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of metric `name` in a Prometheus text scrape whose labels include `labels`."""
+    out: list[tuple[dict[str, str], float]] = []
+    for line in scrape.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(_LABEL.findall(m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            out.append((got, float(m.group(3))))
+    return out
+
+
+def sample(scrape: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample of `name` with `labels` (None when absent; LabError when several)."""
+    found = samples(scrape, name, **labels)
+    if len(found) > 1:
+        raise LabError(f"{len(found)} samples of {name} match {labels}: {found}")
+    return found[0][1] if found else None
+
+
 def ipv4_gid(address: str) -> str:
     """10.77.0.1 -> 0000:0000:0000:0000:0000:ffff:0a4d:0001 (the IPv4-mapped GID as %pI6 prints it)."""
     a, b, c, d = (int(x) for x in address.split("."))
@@ -420,4 +445,17 @@ def timed(times: dict[str, float], key: str) -> Iterator[None]:
         times[key] = round(time.monotonic() - start, 3)
 
 
-__all__ = ["CliResult", "Lab", "LabError", "Serve", "Tree", "call_cli", "eui64_gid", "ipv4_gid", "tree", "uptime"]
+__all__ = [
+    "CliResult",
+    "Lab",
+    "LabError",
+    "Serve",
+    "Tree",
+    "call_cli",
+    "eui64_gid",
+    "ipv4_gid",
+    "sample",
+    "samples",
+    "tree",
+    "uptime",
+]
