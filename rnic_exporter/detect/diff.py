@@ -182,8 +182,8 @@ def _nccl_pick(p: PortView | None, c: PortView, where: str, out: list[Event]) ->
             _on(
                 c,
                 ev.NCCL_GID_UNUSABLE,
-                f"{how} on {where} uses {pick.content}: "
-                f"{(pick.problem or '').replace('_', ' ')}, NCCL connections across nodes fail",
+                f"{how} on {where}: {pick.content}, {(pick.problem or '').replace('_', ' ')}; "
+                "NCCL connections across nodes fail",
                 before=None if before is None else before.content,
                 after=pick.content,
                 attributes=attributes,
@@ -194,7 +194,7 @@ def _nccl_pick(p: PortView | None, c: PortView, where: str, out: list[Event]) ->
             _on(
                 c,
                 ev.NCCL_GID_USABLE,
-                f"{how} on {where} uses {pick.content} again",
+                f"{how} on {where}: {pick.content} again",
                 before=before.content,
                 after=pick.content,
                 attributes=attributes,
