@@ -21,7 +21,6 @@ from rnic_exporter.config.bounds import (
     DEMO_STEP,
     DEVICES,
     FOLLOW_DELAY,
-    GID_INDEX,
     POLL_INTERVAL,
     NumberParam,
 )
@@ -284,14 +283,23 @@ def consumer_options(f: F) -> F:
     return consumers_flag(f)
 
 
+class NcclIndexParam(click.ParamType[Any]):
+    """--nccl-gid-index: read as NCCL reads NCCL_IB_GID_INDEX (010 is 8, 0x3 is 3, -2 is auto), so
+    every value a job could run with is accepted."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        from rnic_exporter.model.nccl import gid_index_from_env
+
+        return value if isinstance(value, int) else gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
+
+
 def _nccl_gid_index_env() -> int | None:
-    """NCCL_IB_GID_INDEX as the jobs on this host would get it; a bad value is a usage error."""
+    """NCCL_IB_GID_INDEX as the jobs on this host would get it, read as NCCL reads it (never an error)."""
     from rnic_exporter.model.nccl import gid_index_from_env
 
-    try:
-        return gid_index_from_env(os.environ)
-    except ConfigError as exc:
-        fail(str(exc))
+    return gid_index_from_env(os.environ)
 
 
 def serve_options(f: F) -> F:
@@ -515,7 +523,7 @@ def serve(
 @click.option(
     "--nccl-gid-index",
     "nccl_gid_index",
-    type=NumberParam(GID_INDEX),
+    type=NcclIndexParam(),
     default=None,
     metavar="N",
     help="The NCCL_IB_GID_INDEX your jobs use (default: $NCCL_IB_GID_INDEX, then the config file; "

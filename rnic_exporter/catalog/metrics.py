@@ -259,10 +259,11 @@ NCCL_CONFIGURED_GID_INDEX_VALID = _m(
     "rnic_nccl_configured_gid_index_valid",
     "gauge",
     PORT_LABELS,
-    "1 when the configured NCCL_IB_GID_INDEX points at a RoCE v2 IPv4 GID on "
-    "the port (a routable IPv6 one under NCCL_IB_ADDR_FAMILY=AF_INET6, the "
-    "version NCCL_IB_ROCE_VERSION_NUM asks for), 0 when not; absent when no "
-    "index is configured.",
+    "1 when the GID at the configured NCCL_IB_GID_INDEX can carry NCCL's "
+    "traffic (not empty, not link-local, of the RoCE version "
+    "NCCL_IB_ROCE_VERSION_NUM asks for, inside NCCL_IB_ADDR_RANGE), 0 when not; "
+    "the same judgement as rnic_nccl_gid_usable. Absent when no index is "
+    "configured and on ports NCCL does not use (not ACTIVE, InfiniBand).",
 )
 PORT_FLAPPING = _m(
     "rnic_port_flapping",

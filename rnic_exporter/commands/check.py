@@ -131,6 +131,7 @@ def run_check(
     with contextlib.closing(reader):
         snap = reader.read(full_gid_tables=True)
     cur, notes = gather(snap, StateStore(state_dir), settings, paths, use_netlink)
+    notes.extend(f"NCCL: {note}" for note in settings.nccl.notes)
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
     notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))

@@ -145,7 +145,8 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                 "nccl_gid_index_invalid",
                 "critical",
                 where,
-                f"NCCL_IB_GID_INDEX={view.configured_index} is not a {wanted} ({view.configured_index_content})",
+                f"NCCL_IB_GID_INDEX={view.configured_index} points at {view.configured_index_fault} "
+                f"({view.configured_index_content})",
                 "NCCL init hangs or fails with 'Got completion with error 4'",
                 f"set NCCL_IB_GID_INDEX to the {wanted} index shown by `rnic-exporter gids` "
                 f"({_v2_hint(view, nccl)}) or unset it to let NCCL auto-select",
@@ -165,6 +166,20 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                 "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
                 "compare with show_gids or `rdma link show`",
                 "gids_missing" if missing else "unreadable",
+            )
+        )
+    if view.link_layer == "InfiniBand" and view.up is not False and nccl.routable_flid_gid_index < 0:
+        index = nccl.routable_flid_gid_index
+        out.append(
+            Problem(
+                "nccl_gid_unusable",
+                "critical",
+                where,
+                f"NCCL_IB_ROUTABLE_FLID_GID_INDEX={index}: NCCL queries GID index {index} on this InfiniBand "
+                "port, which fails",
+                "NCCL cannot set up connections over this port (ncclIbGetGidIndex returns an error)",
+                "unset NCCL_IB_ROUTABLE_FLID_GID_INDEX (default 1) or set it to a GID index of 0 or more",
+                "flid_index_negative",
             )
         )
     pick = view.judged_pick
