@@ -126,6 +126,16 @@ def _snapshot(sysfs: str, device_include: str | None = None, device_exclude: str
         reader.close()
 
 
+def _refuse_empty_filter(snap: Any, sysfs: str, device_include: str | None, device_exclude: str | None) -> None:
+    """A device filter that leaves out every RDMA device there is is a usage error (exit 2), not
+    "no hardware": a Broadcom node under a `^mlx5_` config must not read as empty."""
+    from rnic_exporter.sources.reader import ReaderSettings
+
+    excluded = ReaderSettings.build(device_include, device_exclude).excludes_all(snap, sysfs)
+    if excluded is not None:
+        fail(excluded)
+
+
 def _say_if_empty(snap: Any, sysfs: str) -> bool:
     """A host without RDMA devices is not an error: say so plainly (exit 0)."""
     if snap.devices:
@@ -201,6 +211,7 @@ def show(
     from rnic_exporter.commands import tables as views
 
     snap = _snapshot(sysfs, device_include, device_exclude)
+    _refuse_empty_filter(snap, sysfs, device_include, device_exclude)
     users = _consumer_scan(consumers, sysfs, procfs, rootfs)
     if as_json:
         _emit_json(views.show_json(snap, sysfs, users))

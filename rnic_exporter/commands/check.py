@@ -17,6 +17,7 @@ from rnic_exporter.detect.inputs import gather_inputs, host_risks
 from rnic_exporter.detect.problems import Problem, fails, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
+from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.consumers import ConsumerScan, Workload
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sinks.consumer_fields import as_json as consumers_json
@@ -130,6 +131,9 @@ def run_check(
     reader = HostReader(root or SysfsRoot(sysfs), reader_settings)
     with contextlib.closing(reader):
         snap = reader.read(full_gid_tables=True)
+    excluded = reader_settings.excludes_all(snap, sysfs)
+    if excluded is not None:  # nothing would be checked: "OK: 0 devices" would be a lie
+        raise ConfigError(excluded)
     cur, notes = gather(snap, StateStore(state_dir), settings, paths, use_netlink)
     notes.extend(f"NCCL: {note}" for note in settings.nccl.notes)
     if not snap.devices and not cur.devices:

@@ -283,10 +283,14 @@ class Agent:
 
     def _log_changes(self, snap: Snapshot) -> None:
         if not snap.devices and not self._announced_empty:
-            log.info(
-                "no RDMA devices found; serving the exporter's own metrics only",
-                extra={"fields": {"sysfs": str(self.config.sysfs)}},
-            )
+            excluded = self.reader.settings.excludes_all(snap, self.config.sysfs)
+            if excluded is not None:  # a misconfiguration, not a host without RDMA
+                log.warning(excluded, extra={"fields": {"sysfs": str(self.config.sysfs)}})
+            else:
+                log.info(
+                    "no RDMA devices found; serving the exporter's own metrics only",
+                    extra={"fields": {"sysfs": str(self.config.sysfs)}},
+                )
             self._announced_empty = True
         elif snap.devices:
             self._announced_empty = False

@@ -308,6 +308,9 @@ class Snapshot:
     # Devices the listing shows that were never read whole (a first read still hung, an unreadable
     # `device` link): registered, so not "disappeared", but nothing about them is known yet.
     listed_unread: tuple[str, ...] = ()
+    # Devices the listing shows that --collector.infiniband.device-include/-exclude leave out: a
+    # filter that leaves out every device is a misconfiguration, not a host without RDMA.
+    filtered_out: tuple[str, ...] = ()
 
     @property
     def ports(self) -> tuple[Port, ...]:

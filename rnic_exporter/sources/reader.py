@@ -117,6 +117,30 @@ class ReaderSettings:
             counters=counters or CounterFilter(),
         )
 
+    @property
+    def filter_text(self) -> str:
+        parts = [
+            f"{flag} {pattern.pattern!r}"
+            for flag, pattern in (
+                ("--collector.infiniband.device-include", self.device_include),
+                ("--collector.infiniband.device-exclude", self.device_exclude),
+            )
+            if pattern is not None
+        ]
+        return " and ".join(parts) or "no device filter"
+
+    def excludes_all(self, snap: Snapshot, sysfs: object) -> str | None:
+        """Why nothing is read though RDMA devices are there: the filter leaves out every one (the
+        config of another fleet: `^mlx5_` on a Broadcom node). None when that is not the case."""
+        if snap.devices or snap.listed_unread or not snap.filtered_out:
+            return None
+        names = snap.filtered_out
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        return (
+            f"the device filter ({self.filter_text}) matches none of the {len(names)} RDMA device(s) under "
+            f"{sysfs}/class/infiniband ({shown}): nothing on this host is monitored or checked"
+        )
+
     def wants(self, device: str) -> bool:
         if self.device_include is not None and not self.device_include.search(device):
             return False
@@ -188,6 +212,7 @@ class HostReader:
         self._errors_lock = threading.Lock()
         self.full_gid_reads = 0
         self._last: Snapshot | None = None
+        self._filtered_out: tuple[str, ...] = ()
         self._listing_failed = False
         self._passes = 0
 
@@ -255,6 +280,7 @@ class HostReader:
             and not listing_errors
             and not listing_failed
             and unread == last.listed_unread
+            and self._filtered_out == last.filtered_out
             and len(present) == len(last.devices)
             and all(r.device is d for r, d in zip(present, last.devices, strict=True))
         ):
@@ -277,6 +303,7 @@ class HostReader:
             read_seconds=time.monotonic() - started,
             unsupported=tuple(unsupported),
             listed_unread=unread,
+            filtered_out=self._filtered_out,
         )
         return StatePass(
             snap, tuple(changed) or ("-",), self._counted(readers) + tuple(listing_errors), snap.read_seconds
@@ -376,7 +403,9 @@ class HostReader:
                 return []  # no RDMA stack loaded: no devices, not a failure
             errors.append(ReadError("-", None, CLASS_DIR, errno_reason(exc)))
             return None
-        return sorted(n for n in names if self.settings.wants(n))
+        wanted = sorted(n for n in names if self.settings.wants(n))
+        self._filtered_out = tuple(sorted(set(names) - set(wanted)))
+        return wanted
 
 
 @dataclass(frozen=True, slots=True)

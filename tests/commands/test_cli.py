@@ -284,3 +284,17 @@ def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
     assert "step 1: GID index shift" in out
     workdir = next(line.split()[-1] for line in out.splitlines() if line.startswith("Removed "))
     assert not Path(workdir).exists()
+
+
+def test_a_device_filter_that_matches_nothing_is_not_no_hardware(host: SimHost) -> None:
+    # The shipped ConfigMap's `^mlx5_` on a Broadcom node: every device is there, none is read.
+    for command in (["show"], ["show", "--json"], ["check", "--no-netlink", "--state.dir", ""]):
+        code, out, err = invoke(
+            *command, "--path.sysfs", str(host.root), "--collector.infiniband.device-include", "^bnxt_"
+        )
+        assert code == Exit.USAGE, (command, out)
+        assert "No RDMA devices" not in out and "OK:" not in out
+        assert err.count("\n") == 1 and "matches none of the 3 RDMA device(s)" in err and "mlx5_0" in err, err
+    # A filter that keeps some devices, and a host with none at all, are as before.
+    code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--collector.infiniband.device-exclude", "^mlx5_0$")
+    assert code == 0 and "mlx5_1" in out and "mlx5_0" not in out

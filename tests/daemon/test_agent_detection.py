@@ -279,3 +279,24 @@ def test_nccl_gid_index_from_the_environment_beats_the_config_file(tmp_path: Pat
     assert apply_file(base, {"nccl_gid_index"}).detection.nccl_gid_index == 3  # NCCL_IB_GID_INDEX was set
     from_file = apply_file(base, set()).detection
     assert from_file.nccl_gid_index == 2 and from_file.expected_devices == 4
+
+
+def test_serve_says_when_the_device_filter_leaves_out_every_device(
+    sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dataclasses import replace
+
+    from rnic_exporter.sources.reader import ReaderSettings
+
+    agent = make_agent(sim_host, tmp_path)
+    agent.close()
+    config = replace(agent.config, reader=ReaderSettings.build(device_include="^bnxt_"))
+    agent = Agent(config, SysfsRoot(sim_host.root, hold_fds=True))
+    try:
+        with caplog.at_level(logging.INFO, logger="rnic_exporter"):
+            agent.poll_once()
+    finally:
+        agent.close()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "matches none of" in r.getMessage()]
+    assert warned and "mlx5_0" in warned[0].getMessage()
+    assert not [r for r in caplog.records if "no RDMA devices found" in r.getMessage()]
