@@ -463,12 +463,19 @@ def _walk(node: Any) -> Iterator[dict[str, Any]]:
             yield from _walk(value)
 
 
-def test_grafana_datasource_is_one_default_prometheus() -> None:
+def test_grafana_datasource_is_one_prometheus_that_cannot_stop_grafana() -> None:
     provisioning = yaml.safe_load((GRAFANA / "datasources/rnic-exporter.yaml").read_text())
     assert provisioning["apiVersion"] == 1
     (datasource,) = provisioning["datasources"]
-    assert datasource["type"] == "prometheus" and datasource["uid"] and datasource["isDefault"] is True
+    assert datasource["type"] == "prometheus" and datasource["uid"]
     assert datasource["url"].startswith(("http://", "https://")) and datasource["access"] == "proxy"
+    # Next to kube-prometheus-stack's provisioned datasource (default, uid `prometheus`, name
+    # `Prometheus`): Grafana refuses to start with two defaults in an organization, and a shared uid
+    # or name would overwrite the other.
+    stack = {"name": "Prometheus", "uid": "prometheus", "type": "prometheus", "isDefault": True}
+    both = [stack, datasource]
+    assert sum(1 for d in both if d.get("isDefault")) <= 1
+    assert len({d["uid"] for d in both}) == 2 and len({d["name"] for d in both}) == 2
 
 
 def test_grafana_provider_loads_the_dashboards_unchanged_from_one_directory() -> None:
@@ -498,7 +505,7 @@ def test_dashboards_select_the_provisioned_datasource_without_import_placeholder
         assert [v["query"] for v in ds_vars] == [datasource["type"]], path.name
         current = ds_vars[0].get("current") or {}
         if current.get("value") in (None, "", "default"):
-            assert datasource["isDefault"] is True  # no preset: Grafana selects the default datasource
+            pass  # no preset: Grafana selects the organization's default (or first) Prometheus
         else:
             assert current["value"] in (datasource["uid"], datasource["name"]), path.name
         refs = [node["datasource"] for node in _walk(dashboard) if isinstance(node.get("datasource"), dict)]
