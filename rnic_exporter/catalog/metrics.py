@@ -134,6 +134,13 @@ PCIE_LINK_SPEED = _m(
 PCIE_LINK_WIDTH = _m(
     "rnic_pcie_link_width_lanes", "gauge", PCIE_LABELS, "PCIe link width; link=current|max|upstream_max.", "lanes"
 )
+PCIE_AER_ERRORS = _m(
+    "rnic_pcie_aer_errors_total",
+    "counter",
+    ("device", "pci_address", "severity"),
+    "PCIe AER errors the RNIC's PCI function reported since boot (aer_dev_correctable, aer_dev_nonfatal, "
+    "aer_dev_fatal; kernel 4.17+); severity=correctable|nonfatal|fatal. Absent where AER is off.",
+)
 NETDEV_SPEED = _m(
     "rnic_netdev_speed_bytes_per_second",
     "gauge",
@@ -496,6 +503,7 @@ METRICS: tuple[MetricSpec, ...] = (
     PORT_PMA_SATURATED,
     PCIE_LINK_SPEED,
     PCIE_LINK_WIDTH,
+    PCIE_AER_ERRORS,
     NETDEV_SPEED,
     NETDEV_UP,
     NETDEV_CARRIER_CHANGES,

@@ -14,7 +14,7 @@ from typing import Any
 
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
 from rnic_exporter.detect.inputs import gather_inputs, host_risks
-from rnic_exporter.detect.problems import Problem, fails, find_problems
+from rnic_exporter.detect.problems import SEVERITY_ORDER, Problem, aer_problems, fails, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
 from rnic_exporter.errors import ConfigError
@@ -144,9 +144,11 @@ def run_check(
             f"the consumer scan was incomplete ({users.skipped} process(es) not inspectable): "
             "a problem may put more workloads at risk than it names"
         )
-    return CheckReport(
-        tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices), len(snap.ports), users
+    problems = sorted(
+        [*find_problems(cur, snap.errors, settings.nccl), *aer_problems(snap)],
+        key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code),
     )
+    return CheckReport(tuple(problems), tuple(notes), len(snap.devices), len(snap.ports), users)
 
 
 def format_report(report: CheckReport, fail_on: str = "warning") -> str:

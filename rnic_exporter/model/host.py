@@ -276,6 +276,12 @@ class PcieLink:
     # The upstream port's capability: a x16 card in a x8 slot is not "downtrained".
     upstream_max_speed_gts: float | None = None
     upstream_max_width: int | None = None
+    # AER errors the function reported since boot, by severity (correctable, nonfatal, fatal);
+    # only those whose file exists and reads (AER off: none).
+    aer_errors: tuple[tuple[str, int], ...] = ()
+
+    def aer(self, severity: str) -> int | None:
+        return dict(self.aer_errors).get(severity)
 
     @property
     def expected_speed_gts(self) -> float | None:

@@ -188,6 +188,7 @@ class _Shape:
     function_dir: str | None
     link_files: tuple[bool, bool]
     dev_netdevs: tuple[str, ...]
+    aer_files: tuple[Attribute, ...]
     ports: list[_PortShape]
     hw_names: list[str]
     errors: list[ReadError] = field(default_factory=list)
@@ -696,9 +697,11 @@ class _DeviceReader:
                 log.add(name, None, attr.file, reason)
         pci_address, function_dir = self._pci_function(log)
         link_files = (False, False)
+        aer_files: tuple[Attribute, ...] = ()
         dev_netdevs: tuple[str, ...] = ()
         if function_dir is not None:
             link_files = pci.link_files(self.root, function_dir)
+            aer_files = pci.aer_files(self.root, function_dir) if link_files[0] else ()
             dev_netdevs = tuple(
                 sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net", optional=True))
             )
@@ -719,6 +722,7 @@ class _DeviceReader:
             function_dir=function_dir,
             link_files=link_files,
             dev_netdevs=dev_netdevs,
+            aer_files=aer_files,
             ports=ports,
             hw_names=self._hw_names(log, base, None),
             errors=log.errors,
@@ -754,13 +758,17 @@ class _DeviceReader:
             slots = under(shape.function_dir, pci.LINK_POLLED, "device/")
             if shape.link_files[1]:
                 slots += under(os.path.dirname(shape.function_dir), pci.UPSTREAM_POLLED, "device/../")
-            address = shape.pci_address
+            up = len(slots)
+            slots += under(shape.function_dir, shape.aer_files, "device/")
+            address, aer_names = shape.pci_address, [a.file for a in shape.aer_files]
             plan.add_group(
                 "pcie",
                 slots,
                 port=None,
-                watched=pci.LINK_WATCHED,
-                build=lambda values: pci.pcie_link(address, values[:4], values[4:] or (None, None)),
+                watched=(*pci.LINK_WATCHED, *shape.aer_files),  # errors count between events too
+                build=lambda values: pci.pcie_link(
+                    address, values[:4], values[4:up] or (None, None), list(zip(aer_names, values[up:], strict=True))
+                ),
             )
         known, self._netdev_idents = self._netdev_idents, {}
         self._netdev_pci = {}
