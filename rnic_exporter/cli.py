@@ -95,12 +95,38 @@ def counter_filter_options(f: F) -> F:
     )(f)
 
 
+class OneLineGroup(click.Group):
+    """Usage errors as the one line the README promises (click prints usage, a hint and the error on
+    three or four lines): `rnic-exporter: error: No such option: --nope (see rnic-exporter show --help)`."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare `rnic-exporter`: the help, as click prints it
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "rnic-exporter"
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            click.echo(f"rnic-exporter: error: {message} (see {where} --help)", err=True)
+            raise SystemExit(Exit.USAGE) from None
+        except click.ClickException as exc:
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            raise SystemExit(1) from None
+        raise SystemExit(rv if isinstance(rv, int) else 0)
+
+
 @click.group(
+    cls=OneLineGroup,
     context_settings={
         "auto_envvar_prefix": "RNIC_EXPORTER",
         "show_default": True,
         "help_option_names": ["-h", "--help"],
-    }
+    },
 )
 @click.version_option(__version__, "--version", prog_name="rnic-exporter")
 def main() -> None:

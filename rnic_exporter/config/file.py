@@ -309,7 +309,7 @@ def parse_text(path: Path, text: str) -> Any:
 
     import yaml
 
-    from rnic_exporter.config.yaml import strict_loader
+    from rnic_exporter.config.yaml import strict_loader, yaml_error
 
     is_yaml = path.suffix in (".yml", ".yaml")
     kind = "YAML" if is_yaml else "TOML (use .yml/.yaml for YAML)"
@@ -320,7 +320,8 @@ def parse_text(path: Path, text: str) -> Any:
     except RecursionError:
         raise ConfigError(f"config file {path}: not valid {kind}: nested too deeply") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError, ValueError) as exc:
-        raise ConfigError(one_line(f"config file {path}: not valid {kind}: {exc}")[:2000]) from None
+        detail = yaml_error(exc, path) if isinstance(exc, yaml.YAMLError) else str(exc)
+        raise ConfigError(one_line(f"config file {path}: not valid {kind}: {detail}")[:2000]) from None
 
 
 # -- precedence: one resolver for serve and check ---------------------------------------------------

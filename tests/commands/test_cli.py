@@ -298,3 +298,23 @@ def test_a_device_filter_that_matches_nothing_is_not_no_hardware(host: SimHost) 
     # A filter that keeps some devices, and a host with none at all, are as before.
     code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--collector.infiniband.device-exclude", "^mlx5_0$")
     assert code == 0 and "mlx5_1" in out and "mlx5_0" not in out
+
+
+def test_every_error_is_one_line_naming_what_to_fix(host: SimHost, tmp_path: Path) -> None:
+    for args in (["show", "--nope"], ["nosuch"], ["show", "--path.sysfs"], ["check", "--fail-on", "sometimes"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "rnic_exporter", *args], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
+        assert proc.stderr.startswith("rnic-exporter: error: ") and "--help" in proc.stderr, proc.stderr
+    bad = tmp_path / "rnic.yml"
+    bad.write_text("poll_interval_seconds: [1\n")
+    code, _, err = invoke("check", "--path.sysfs", str(host.root), "--config", str(bad))
+    assert code == 2 and err.count("\n") == 1 and f'in "{bad}", line 1' in err and "<unicode string>" not in err
+    # An [nccl] value NCCL runs with is not an error at all (it used to name an environment variable).
+    cfg = tmp_path / "rnic.toml"
+    cfg.write_text('[nccl]\nib_addr_range = "10.0.0.0/33"\n')
+    code, out, err = invoke(
+        "check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--config", str(cfg)
+    )
+    assert code != 2 and "NCCL_IB_ADDR_RANGE='10.0.0.0/33'" in out and "NCCL ignores the range" in out, err
