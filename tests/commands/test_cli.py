@@ -318,3 +318,15 @@ def test_every_error_is_one_line_naming_what_to_fix(host: SimHost, tmp_path: Pat
         "check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--config", str(cfg)
     )
     assert code != 2 and "NCCL_IB_ADDR_RANGE='10.0.0.0/33'" in out and "NCCL ignores the range" in out, err
+
+
+def test_show_json_keeps_a_netdev_in_another_namespace(host: SimHost) -> None:
+    netdev = host.device("mlx5_0").netdev
+    (host.root / "class/net" / netdev).unlink()  # it lives in a pod's network namespace
+    _, table, _ = invoke("show", "--path.sysfs", str(host.root))
+    assert f"{netdev} (missing)" in table
+    code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--json")
+    (port,) = next(d for d in json.loads(out)["devices"] if d["name"] == "mlx5_0")["ports"]
+    assert code == 0 and [(n["name"], n["present"]) for n in port["netdevs"]] == [(netdev, False)]
+    other = next(d for d in json.loads(out)["devices"] if d["name"] == "mlx5_1")["ports"][0]["netdevs"]
+    assert other and all(n["present"] is True for n in other) and set(other[0]) == set(port["netdevs"][0])
