@@ -50,7 +50,10 @@ from rnic_exporter.sources.sysfs import SysfsRoot
 
 log = logging.getLogger("rnic_exporter.agent")
 event_log = logging.getLogger("rnic_exporter.events")
-_EVENT_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
+# A NIC event is news about the hardware, not a failure of the exporter: even a critical one logs at
+# warning (its `severity=critical` field says how bad), so log alerting on level=error keeps meaning
+# "the exporter is failing".
+_EVENT_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.WARNING}
 RISK_TTL_S = 60.0
 # A pass under this old is reused by the next consumer (concurrent scrapers, Prometheus HA pairs).
 COUNTER_PASS_REUSE_S = 1.0

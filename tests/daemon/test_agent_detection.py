@@ -119,6 +119,21 @@ def test_events_are_logged_as_structured_lines(
     agent.close()
 
 
+def test_a_critical_nic_event_is_not_logged_as_an_exporter_error(
+    sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = make_agent(sim_host, tmp_path / "state")
+    agent.poll_once(full_gid_tables=True)
+    caplog.clear()
+    sim_host.remove_device("mlx5_1")
+    with caplog.at_level(logging.INFO, logger="rnic_exporter"):
+        agent.poll_once()
+    agent.close()
+    gone = [r for r in caplog.records if r.name == "rnic_exporter.events" and r.fields["severity"] == "critical"]  # type: ignore[attr-defined]
+    assert gone and all(r.levelno == logging.WARNING for r in gone)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_event_log_line_in_json_format(sim_host: SimHost, tmp_path: Path) -> None:
     """The daemon's own formatter, end to end: one JSON object per event on stderr."""
     code = (
