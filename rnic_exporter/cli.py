@@ -95,11 +95,43 @@ def counter_filter_options(f: F) -> F:
     )(f)
 
 
+def _duration_text(seconds: float) -> str:
+    """5.0 -> 5s, 0.5 -> 500ms, 60 -> 1m: how --help shows a duration default (as it is typed)."""
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    if seconds >= 1 and seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+class HelpOption(click.Option):
+    """Defaults as an operator reads them: an on/off flag says on or off (click prints the name of
+    the flag that is the default, `no-collector.consumers`), a duration `5s` (click prints `5.0`)."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if "default" in extra and self.is_flag and self.secondary_opts:
+            extra["default"] = "on" if self.default else "off"
+        elif (
+            "default" in extra
+            and isinstance(self.type, NumberParam)
+            and self.type.bound.duration
+            and isinstance(self.default, int | float)
+            and not isinstance(self.default, bool)
+        ):
+            extra["default"] = _duration_text(float(self.default))
+        return extra
+
+
 class OneLineGroup(click.Group):
     """Usage errors as the one line the README promises (click prints usage, a hint and the error on
     three or four lines): `rnic-exporter: error: No such option: --nope (see rnic-exporter show --help)`."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
+        for command in self.commands.values():
+            for param in command.params:
+                if type(param) is click.Option:
+                    param.__class__ = HelpOption
         kwargs["standalone_mode"] = False
         try:
             rv = super().main(*args, **kwargs)

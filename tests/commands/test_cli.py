@@ -330,3 +330,10 @@ def test_show_json_keeps_a_netdev_in_another_namespace(host: SimHost) -> None:
     assert code == 0 and [(n["name"], n["present"]) for n in port["netdevs"]] == [(netdev, False)]
     other = next(d for d in json.loads(out)["devices"] if d["name"] == "mlx5_1")["ports"][0]["netdevs"]
     assert other and all(n["present"] is True for n in other) and set(other[0]) == set(port["netdevs"][0])
+
+
+def test_help_shows_defaults_as_an_operator_types_them() -> None:
+    _, out, _ = invoke("serve", "--help")
+    flat = " ".join(out.split())
+    assert "no-collector.consumers]" not in flat and "[default: 5.0]" not in flat, flat
+    assert "[default: 5s]" in flat and "[default: off]" in flat and "[default: on]" in flat
