@@ -139,7 +139,12 @@ def prometheus_rule(
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(K8S_LABELS)},
+        # `release`: what kube-prometheus-stack's ruleSelector matches (its Helm release name).
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**K8S_LABELS, "release": "kube-prometheus-stack"},
+        },
         "spec": {"groups": [dict(group) for group in groups]},
     }
 
@@ -161,7 +166,8 @@ def render_prometheus_rule(root: Path) -> str:
     header = (
         f"# Generated from {sources} by rnic_exporter.commands.bundle.render_prometheus_rule; do not edit.\n"
         "# Regenerate: pytest tests/packaging/test_packaging_kubernetes.py --update-golden\n"
-        "# Your Prometheus object's ruleSelector must match these labels.\n"
+        "# Your Prometheus object's ruleSelector must match these labels (kube-prometheus-stack's selects\n"
+        "# `release: <its Helm release name>`: change it to yours).\n"
     )
     body = yaml.dump(
         prometheus_rule(rule_groups(files)),
