@@ -22,7 +22,7 @@ import yaml
 
 from rnic_exporter.errors import ConfigError
 
-BUNDLED_DIRS = ("dashboards", "alerts", "packaging")  # keep in step with setup.py
+BUNDLED_DIRS = ("dashboards", "alerts", "packaging", "docs/runbooks")  # keep in step with setup.py
 _PACKAGE = Path(__file__).resolve().parents[1]  # rnic_exporter/
 _PACKAGED = _PACKAGE / "_bundle"
 _CHECKOUT = _PACKAGE.parent
@@ -70,8 +70,10 @@ def bundle_files(root: Path) -> list[PurePosixPath]:
 
 
 def output_path(rel: PurePosixPath) -> PurePosixPath:
-    """Where a bundle file lands under --out: `packaging/<kind>/...` becomes `<kind>/...`."""
-    if rel.parts[0] == "packaging":
+    """Where a bundle file lands under --out: `packaging/<kind>/...` becomes `<kind>/...`, and
+    `docs/runbooks/<alert>.md` becomes `runbooks/<alert>.md` (for a cluster that cannot reach the
+    alerts' runbook_url: serve them internally and point the rules there)."""
+    if rel.parts[0] in ("packaging", "docs"):
         return PurePosixPath(*rel.parts[1:])
     return rel
 

@@ -536,8 +536,14 @@ def test_bundle_writes_every_deployment_file_unchanged(tmp_path: Path) -> None:
         "grafana/provisioning/datasources/rnic-exporter.yaml",
         "grafana/provisioning/dashboards/rnic-exporter.yaml",
         "alerts/rnic-exporter.rules.yml",
+        "slurm/50-rnic-check.sh",
+        "runbooks/RnicPcieLinkDowntrained.md",
     ):
         assert (out / expected).is_file(), expected
+    # A runbook for every alert, next to the rules: an offline cluster cannot follow runbook_url.
+    alerts = yaml.safe_load((out / "alerts/rnic-exporter.rules.yml").read_text())
+    names = {r["alert"] for g in alerts["groups"] for r in g["rules"] if "alert" in r}
+    assert {p.stem for p in (out / "runbooks").glob("*.md")} == names
     assert list((out / "dashboards").glob("*.json")), "no dashboards in the bundle"
     assert list((out / "alertmanager").glob("*.yml")), "no Alertmanager example in the bundle"
     assert not list(out.rglob("*.py")) and not list(out.rglob("__pycache__"))
