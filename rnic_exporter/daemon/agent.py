@@ -55,6 +55,7 @@ event_log = logging.getLogger("rnic_exporter.events")
 # "the exporter is failing".
 _EVENT_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.WARNING}
 RISK_TTL_S = 60.0
+WAKEUP_SOURCES = ("netlink", "udev")  # what can start a poll early (schedule.announce)
 # A pass under this old is reused by the next consumer (concurrent scrapers, Prometheus HA pairs).
 COUNTER_PASS_REUSE_S = 1.0
 # With nothing changed, detection still runs this often: time-based judgements (flap windows,
@@ -140,7 +141,7 @@ class Agent:
         self._advertised: dict[str, AdvertisedLink | None] = {}  # netdev -> best advertised mode, cached
         self._risk_cache: dict[tuple[str, int | None, bool], tuple[float, frozenset[str]]] = {}
         self.source_errors: Counter[str] = Counter()
-        self.wakeups: Counter[str] = Counter()
+        self.wakeups: Counter[str] = Counter(dict.fromkeys(WAKEUP_SOURCES, 0))  # 0 on a quiet host, not absent
         self.addresses: Callable[[], Mapping[str, tuple[AddressLike, ...]]] | None = None  # set with netlink
         # The RDMA devices whose every change netlink announces (healthy, no overrun, all their
         # netdevs known to it), or True for all: set with netlink

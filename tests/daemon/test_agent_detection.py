@@ -315,3 +315,15 @@ def test_serve_says_when_the_device_filter_leaves_out_every_device(
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "matches none of" in r.getMessage()]
     assert warned and "mlx5_0" in warned[0].getMessage()
     assert not [r for r in caplog.records if "no RDMA devices found" in r.getMessage()]
+
+
+def test_exporter_error_and_wakeup_counters_are_zero_on_a_healthy_host(sim_host: SimHost, tmp_path: Path) -> None:
+    agent = make_agent(sim_host, tmp_path / "state")
+    try:
+        agent.poll_once(full_gid_tables=True)
+        for reason in ("corrupt", "foreign", "unreadable", "unwritable"):
+            assert series(agent, "rnic_exporter_state_errors_total", reason=reason) == 0, reason
+        for source in ("netlink", "udev"):
+            assert series(agent, "rnic_exporter_wakeups_total", source=source) == 0, source
+    finally:
+        agent.close()
