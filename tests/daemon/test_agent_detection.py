@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,36 +103,40 @@ def test_every_detection_name_is_in_the_catalogue_and_promtool_is_happy(sim_host
     agent.close()
 
 
+def _logged_after(
+    host: SimHost, state: Path, caplog: pytest.LogCaptureFixture, change: Callable[[], None]
+) -> list[logging.LogRecord]:
+    """What the agent logs on the poll after `change` (the first poll, learning the host, not counted)."""
+    agent = make_agent(host, state)
+    try:
+        agent.poll_once(full_gid_tables=True)
+        caplog.clear()
+        change()
+        with caplog.at_level(logging.INFO, logger="rnic_exporter"):
+            agent.poll_once()
+    finally:
+        agent.close()
+    return list(caplog.records)
+
+
 def test_events_are_logged_as_structured_lines(
     sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent = make_agent(sim_host, tmp_path / "state")
-    agent.poll_once(full_gid_tables=True)
-    caplog.clear()
-    sim_host.set_port_up("mlx5_1", False)
-    with caplog.at_level(logging.INFO, logger="rnic_exporter.events"):
-        agent.poll_once()
-    records = [r for r in caplog.records if r.name == "rnic_exporter.events"]
+    logged = _logged_after(sim_host, tmp_path / "state", caplog, lambda: sim_host.set_port_up("mlx5_1", False))
+    records = [r for r in logged if r.name == "rnic_exporter.events"]
     assert [r.getMessage() for r in records] == ["mlx5_1 port 1 (ens2f0np0) is down"]
     fields = records[0].fields  # type: ignore[attr-defined]
     assert fields["event"] == "rnic.port.down" and fields["device"] == "mlx5_1" and fields["port"] == "1"
     assert records[0].levelno == logging.WARNING
-    agent.close()
 
 
 def test_a_critical_nic_event_is_not_logged_as_an_exporter_error(
     sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent = make_agent(sim_host, tmp_path / "state")
-    agent.poll_once(full_gid_tables=True)
-    caplog.clear()
-    sim_host.remove_device("mlx5_1")
-    with caplog.at_level(logging.INFO, logger="rnic_exporter"):
-        agent.poll_once()
-    agent.close()
-    gone = [r for r in caplog.records if r.name == "rnic_exporter.events" and r.fields["severity"] == "critical"]  # type: ignore[attr-defined]
+    logged = _logged_after(sim_host, tmp_path / "state", caplog, lambda: sim_host.remove_device("mlx5_1"))
+    gone = [r for r in logged if r.name == "rnic_exporter.events" and r.fields["severity"] == "critical"]  # type: ignore[attr-defined]
     assert gone and all(r.levelno == logging.WARNING for r in gone)
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in logged if r.levelno >= logging.ERROR]
 
 
 def test_event_log_line_in_json_format(sim_host: SimHost, tmp_path: Path) -> None:
