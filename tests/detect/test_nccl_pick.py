@@ -280,7 +280,7 @@ def test_metric_and_events_follow_the_pick(host: SimHost, tmp_path: Path, caplog
             assert usable() == {"mlx5_0": 1, "mlx5_1": 1}
         fired = [r for r in caplog.records if getattr(r, "fields", {}).get("event", "").startswith("rnic.nccl.gid_u")]
         assert [r.fields["event"] for r in fired] == [ev.NCCL_GID_UNUSABLE.name, ev.NCCL_GID_USABLE.name]  # type: ignore[attr-defined]
-        assert fired[0].fields["reason"] == LINK_LOCAL and fired[0].levelno == logging.ERROR  # type: ignore[attr-defined]
+        assert fired[0].fields["reason"] == LINK_LOCAL and fired[0].levelno == logging.WARNING  # type: ignore[attr-defined]
         body = agent.prometheus.render(None, None)[0].decode()
         assert (
             samples(body)[
