@@ -29,6 +29,7 @@ COPY rnic_exporter/ rnic_exporter/
 COPY dashboards/ dashboards/
 COPY alerts/ alerts/
 COPY packaging/ packaging/
+COPY docs/runbooks/ docs/runbooks/
 RUN python -m venv /opt/rnic-exporter \
     && /opt/rnic-exporter/bin/pip install --no-cache-dir ".[otel]"
 

@@ -15,7 +15,12 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-BUNDLED_DIRS = ("dashboards", "alerts", "packaging")  # keep in step with rnic_exporter/commands/bundle.py
+BUNDLED_DIRS = (
+    "dashboards",
+    "alerts",
+    "packaging",
+    "docs/runbooks",
+)  # keep in step with rnic_exporter/commands/bundle.py
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
 
 

@@ -21,7 +21,6 @@ from rnic_exporter.config.bounds import (
     DEMO_STEP,
     DEVICES,
     FOLLOW_DELAY,
-    GID_INDEX,
     POLL_INTERVAL,
     NumberParam,
 )
@@ -96,12 +95,70 @@ def counter_filter_options(f: F) -> F:
     )(f)
 
 
+def _duration_text(seconds: float) -> str:
+    """5.0 -> 5s, 0.5 -> 500ms, 60 -> 1m: how --help shows a duration default (as it is typed)."""
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    if seconds >= 1 and seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{seconds * 1000:g}ms" if seconds < 1 else f"{seconds:g}s"
+
+
+class HelpOption(click.Option):
+    """Defaults as an operator reads them: an on/off flag says on or off (click prints the name of
+    the flag that is the default, `no-collector.consumers`), a duration `5s` (click prints `5.0`)."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if "default" in extra and self.is_flag and self.secondary_opts:
+            extra["default"] = "on" if self.default else "off"
+        elif (
+            "default" in extra
+            and isinstance(self.type, NumberParam)
+            and self.type.bound.duration
+            and isinstance(self.default, int | float)
+            and not isinstance(self.default, bool)
+        ):
+            extra["default"] = _duration_text(float(self.default))
+        return extra
+
+
+class OneLineGroup(click.Group):
+    """Usage errors as the one line the README promises (click prints usage, a hint and the error on
+    three or four lines): `rnic-exporter: error: No such option: --nope (see rnic-exporter show --help)`."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        for command in self.commands.values():
+            for param in command.params:
+                if type(param) is click.Option:
+                    param.__class__ = HelpOption
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare `rnic-exporter`: the help, as click prints it
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "rnic-exporter"
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            click.echo(f"rnic-exporter: error: {message} (see {where} --help)", err=True)
+            raise SystemExit(Exit.USAGE) from None
+        except click.ClickException as exc:
+            exc.show()
+            raise SystemExit(exc.exit_code) from None
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            raise SystemExit(1) from None
+        raise SystemExit(rv if isinstance(rv, int) else 0)
+
+
 @click.group(
+    cls=OneLineGroup,
     context_settings={
         "auto_envvar_prefix": "RNIC_EXPORTER",
         "show_default": True,
         "help_option_names": ["-h", "--help"],
-    }
+    },
 )
 @click.version_option(__version__, "--version", prog_name="rnic-exporter")
 def main() -> None:
@@ -125,6 +182,16 @@ def _snapshot(sysfs: str, device_include: str | None = None, device_exclude: str
         return reader.read(full_gid_tables=True)
     finally:
         reader.close()
+
+
+def _refuse_empty_filter(snap: Any, sysfs: str, device_include: str | None, device_exclude: str | None) -> None:
+    """A device filter that leaves out every RDMA device there is is a usage error (exit 2), not
+    "no hardware": a Broadcom node under a `^mlx5_` config must not read as empty."""
+    from rnic_exporter.sources.reader import ReaderSettings
+
+    excluded = ReaderSettings.build(device_include, device_exclude).excludes_all(snap, sysfs)
+    if excluded is not None:
+        fail(excluded)
 
 
 def _say_if_empty(snap: Any, sysfs: str) -> bool:
@@ -202,6 +269,7 @@ def show(
     from rnic_exporter.commands import tables as views
 
     snap = _snapshot(sysfs, device_include, device_exclude)
+    _refuse_empty_filter(snap, sysfs, device_include, device_exclude)
     users = _consumer_scan(consumers, sysfs, procfs, rootfs)
     if as_json:
         _emit_json(views.show_json(snap, sysfs, users))
@@ -284,14 +352,23 @@ def consumer_options(f: F) -> F:
     return consumers_flag(f)
 
 
+class NcclIndexParam(click.ParamType[Any]):
+    """--nccl-gid-index: read as NCCL reads NCCL_IB_GID_INDEX (010 is 8, 0x3 is 3, -2 is auto), so
+    every value a job could run with is accepted."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        from rnic_exporter.model.nccl import gid_index_from_env
+
+        return value if isinstance(value, int) else gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
+
+
 def _nccl_gid_index_env() -> int | None:
-    """NCCL_IB_GID_INDEX as the jobs on this host would get it; a bad value is a usage error."""
+    """NCCL_IB_GID_INDEX as the jobs on this host would get it, read as NCCL reads it (never an error)."""
     from rnic_exporter.model.nccl import gid_index_from_env
 
-    try:
-        return gid_index_from_env(os.environ)
-    except ConfigError as exc:
-        fail(str(exc))
+    return gid_index_from_env(os.environ)
 
 
 def serve_options(f: F) -> F:
@@ -515,7 +592,7 @@ def serve(
 @click.option(
     "--nccl-gid-index",
     "nccl_gid_index",
-    type=NumberParam(GID_INDEX),
+    type=NcclIndexParam(),
     default=None,
     metavar="N",
     help="The NCCL_IB_GID_INDEX your jobs use (default: $NCCL_IB_GID_INDEX, then the config file; "

@@ -134,6 +134,13 @@ PCIE_LINK_SPEED = _m(
 PCIE_LINK_WIDTH = _m(
     "rnic_pcie_link_width_lanes", "gauge", PCIE_LABELS, "PCIe link width; link=current|max|upstream_max.", "lanes"
 )
+PCIE_AER_ERRORS = _m(
+    "rnic_pcie_aer_errors_total",
+    "counter",
+    ("device", "pci_address", "severity"),
+    "PCIe AER errors the RNIC's PCI function reported since boot (aer_dev_correctable, aer_dev_nonfatal, "
+    "aer_dev_fatal; kernel 4.17+); severity=correctable|nonfatal|fatal. Absent where AER is off.",
+)
 NETDEV_SPEED = _m(
     "rnic_netdev_speed_bytes_per_second",
     "gauge",
@@ -259,10 +266,11 @@ NCCL_CONFIGURED_GID_INDEX_VALID = _m(
     "rnic_nccl_configured_gid_index_valid",
     "gauge",
     PORT_LABELS,
-    "1 when the configured NCCL_IB_GID_INDEX points at a RoCE v2 IPv4 GID on "
-    "the port (a routable IPv6 one under NCCL_IB_ADDR_FAMILY=AF_INET6, the "
-    "version NCCL_IB_ROCE_VERSION_NUM asks for), 0 when not; absent when no "
-    "index is configured.",
+    "1 when the GID at the configured NCCL_IB_GID_INDEX can carry NCCL's "
+    "traffic (not empty, not link-local, of the RoCE version "
+    "NCCL_IB_ROCE_VERSION_NUM asks for, inside NCCL_IB_ADDR_RANGE), 0 when not; "
+    "the same judgement as rnic_nccl_gid_usable. Absent when no index is "
+    "configured and on ports NCCL does not use (not ACTIVE, InfiniBand).",
 )
 PORT_FLAPPING = _m(
     "rnic_port_flapping",
@@ -517,6 +525,7 @@ METRICS: tuple[MetricSpec, ...] = (
     PORT_PMA_SATURATED,
     PCIE_LINK_SPEED,
     PCIE_LINK_WIDTH,
+    PCIE_AER_ERRORS,
     NETDEV_SPEED,
     NETDEV_UP,
     NETDEV_CARRIER_CHANGES,

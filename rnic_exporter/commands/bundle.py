@@ -22,7 +22,7 @@ import yaml
 
 from rnic_exporter.errors import ConfigError
 
-BUNDLED_DIRS = ("dashboards", "alerts", "packaging")  # keep in step with setup.py
+BUNDLED_DIRS = ("dashboards", "alerts", "packaging", "docs/runbooks")  # keep in step with setup.py
 _PACKAGE = Path(__file__).resolve().parents[1]  # rnic_exporter/
 _PACKAGED = _PACKAGE / "_bundle"
 _CHECKOUT = _PACKAGE.parent
@@ -70,8 +70,10 @@ def bundle_files(root: Path) -> list[PurePosixPath]:
 
 
 def output_path(rel: PurePosixPath) -> PurePosixPath:
-    """Where a bundle file lands under --out: `packaging/<kind>/...` becomes `<kind>/...`."""
-    if rel.parts[0] == "packaging":
+    """Where a bundle file lands under --out: `packaging/<kind>/...` becomes `<kind>/...`, and
+    `docs/runbooks/<alert>.md` becomes `runbooks/<alert>.md` (for a cluster that cannot reach the
+    alerts' runbook_url: serve them internally and point the rules there)."""
+    if rel.parts[0] in ("packaging", "docs"):
         return PurePosixPath(*rel.parts[1:])
     return rel
 
@@ -139,7 +141,12 @@ def prometheus_rule(
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": name, "namespace": namespace, "labels": dict(K8S_LABELS)},
+        # `release`: what kube-prometheus-stack's ruleSelector matches (its Helm release name).
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {**K8S_LABELS, "release": "kube-prometheus-stack"},
+        },
         "spec": {"groups": [dict(group) for group in groups]},
     }
 
@@ -161,7 +168,8 @@ def render_prometheus_rule(root: Path) -> str:
     header = (
         f"# Generated from {sources} by rnic_exporter.commands.bundle.render_prometheus_rule; do not edit.\n"
         "# Regenerate: pytest tests/packaging/test_packaging_kubernetes.py --update-golden\n"
-        "# Your Prometheus object's ruleSelector must match these labels.\n"
+        "# Your Prometheus object's ruleSelector must match these labels (kube-prometheus-stack's selects\n"
+        "# `release: <its Helm release name>`: change it to yours).\n"
     )
     body = yaml.dump(
         prometheus_rule(rule_groups(files)),

@@ -14,9 +14,10 @@ from typing import Any
 
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
 from rnic_exporter.detect.inputs import gather_inputs
-from rnic_exporter.detect.problems import Problem, fails, find_problems
+from rnic_exporter.detect.problems import SEVERITY_ORDER, Problem, aer_problems, fails, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
+from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.consumers import ConsumerScan, Workload
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sinks.consumer_fields import as_json as consumers_json
@@ -136,7 +137,11 @@ def run_check(
     reader = HostReader(root or SysfsRoot(sysfs), reader_settings)
     with contextlib.closing(reader):
         snap = reader.read(full_gid_tables=True)
+    excluded = reader_settings.excludes_all(snap, sysfs)
+    if excluded is not None:  # nothing would be checked: "OK: 0 devices" would be a lie
+        raise ConfigError(excluded)
     cur, notes = gather(snap, StateStore(state_dir), settings, paths, use_netlink)
+    notes.extend(f"NCCL: {note}" for note in settings.nccl.notes)
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
     notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))
@@ -145,9 +150,11 @@ def run_check(
             f"the consumer scan was incomplete ({users.skipped} process(es) not inspectable): "
             "a problem may put more workloads at risk than it names"
         )
-    return CheckReport(
-        tuple(find_problems(cur, snap.errors, settings.nccl)), tuple(notes), len(snap.devices), len(snap.ports), users
+    problems = sorted(
+        [*find_problems(cur, snap.errors, settings.nccl), *aer_problems(snap)],
+        key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code),
     )
+    return CheckReport(tuple(problems), tuple(notes), len(snap.devices), len(snap.ports), users)
 
 
 def format_report(report: CheckReport, fail_on: str = "warning") -> str:

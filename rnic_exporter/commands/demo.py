@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -58,17 +59,21 @@ def _nic_gone(host: SimHost) -> str:
     return "mlx5_4 fell off the PCIe bus. Look at rnic_devices and rnic_device_info."
 
 
+IPV6_ADDRESS = "fd00:0:0:0::1"  # what mlx5_0 keeps when it loses its IPv4 address (and keeps after)
+
+
 def _ipv6_only(host: SimHost) -> str:
-    host.ipv6_only("mlx5_0")
+    # Only the first time: the heal keeps the IPv6 address (as a real host would), so it is there.
+    host.ipv6_only("mlx5_0", () if IPV6_ADDRESS in host.device("mlx5_0").addresses else (IPV6_ADDRESS,))
     return (
         "mlx5_0's netdev lost 10.0.0.1 and kept only IPv6 addresses: NCCL (NCCL_IB_ADDR_FAMILY=AF_INET) "
         'keeps the link-local GID at index 0. Look at rnic_nccl_gid_usable{device="mlx5_0"} and run '
-        "rnic-exporter check --path.sysfs <the tree above>."
+        f"{_HINTS['check']}"
     )
 
 
 def _heal(host: SimHost) -> str:
-    host.remove_address("mlx5_0", "fd00:0:0:0::1")
+    # The IPv4 address comes back; the IPv6 one stays (removing it would be a new "address lost").
     host.add_address("mlx5_0", "10.0.0.1")
     host.restore_device("mlx5_4")
     host.set_speed("mlx5_2", 400)
@@ -79,6 +84,20 @@ def _heal(host: SimHost) -> str:
         "ended. The cycle starts again."
     )
 
+
+# The longest `for:` of the alerts the failures raise (RnicLinkBelowRated, RnicPcieLinkDowntrained,
+# RnicDeviceDisappeared: 5m) plus a scrape and an evaluation: the failures stay that long before the
+# heal, so a Prometheus watching the demo sees every alert fire.
+HOLD_BEFORE_HEAL_S = 6 * 60.0
+
+
+def wait_before(step: int, step_seconds: float) -> float:
+    """Seconds between step `step - 1` and step `step` (0-based, cycling)."""
+    return max(step_seconds, HOLD_BEFORE_HEAL_S) if STEPS[step % len(STEPS)].act is _heal else step_seconds
+
+
+# Filled in by run_demo: the commands, as they run on this machine, against the demo's tree.
+_HINTS = {"check": "rnic-exporter check --path.sysfs <the tree above> --state.dir <its state> --no-netlink"}
 
 STEPS = (
     Step("GID index shift (incident 1)", _gid_shift),
@@ -109,7 +128,9 @@ def run_demo(
         users.slurm_job(DEMO_JOB, ["mlx5_1"])
         users.pod(*DEMO_POD, devices=["mlx5_1", "mlx5_2"])
         echo(f"Slurm job {DEMO_JOB} uses mlx5_1; pod {DEMO_POD[0]}/{DEMO_POD[1]} uses mlx5_1 and mlx5_2")
-        echo(f"Try: rnic-exporter show --path.sysfs {workdir / 'sys'}")
+        prog = "rnic-exporter" if shutil.which("rnic-exporter") else f"{sys.executable} -m rnic_exporter"
+        _HINTS["check"] = f"{prog} check --path.sysfs {workdir / 'sys'} --state.dir {workdir / 'state'} --no-netlink"
+        echo(f"Try: {prog} show --path.sysfs {workdir / 'sys'}")
         echo(f"Metrics: http://{listen[0].lstrip(':') if listen[0].startswith(':') else listen[0]}/metrics")
         player = threading.Thread(
             target=_play, args=(host, step_seconds, poll_interval, stop, echo), name="demo-player", daemon=True
@@ -139,7 +160,7 @@ def _play(
     while not stop.wait(poll_interval):
         host.add_traffic(poll_interval)
         elapsed += poll_interval
-        if elapsed >= step_seconds:
+        if elapsed >= wait_before(step, step_seconds):
             elapsed = 0.0
             current = STEPS[step % len(STEPS)]
             echo(f"\n== step {step + 1}: {current.title}\n{current.act(host)}")

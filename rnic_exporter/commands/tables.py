@@ -150,9 +150,21 @@ def _error_json(e: ReadError) -> dict[str, Any]:
     return {"device": e.device, "port": e.port, "attribute": e.attribute, "reason": e.reason}
 
 
+_NETDEV_FIELDS = ("name", "present", *(f for f in Netdev.__dataclass_fields__ if f != "name"))
+
+
+def _missing_netdev_json(name: str) -> dict[str, Any]:
+    """A netdev the port names (its GIDs' ndevs, device/net) that /sys/class/net does not show: it
+    lives in another network namespace (a pod's). Listed, as the table lists it "(missing)"."""
+    out: dict[str, Any] = dict.fromkeys(_NETDEV_FIELDS)
+    out.update(name=name, present=False)
+    return out
+
+
 def _netdev_json(n: Netdev) -> dict[str, Any]:
     return {
         "name": n.name,
+        "present": True,
         "ifindex": n.ifindex,
         "address": n.address,
         "mtu": n.mtu,
@@ -226,7 +238,9 @@ def _port_json(snap: Snapshot, port: Port) -> dict[str, Any]:
             "bits_per_second": port.rate.bits_per_second,
         },
         "lid": port.lid,
-        "netdevs": [_netdev_json(snap.netdevs[n]) for n in port.netdevs if n in snap.netdevs],
+        "netdevs": [
+            _netdev_json(snap.netdevs[n]) if n in snap.netdevs else _missing_netdev_json(n) for n in port.netdevs
+        ],
         "ipv4": port_ipv4(port),
         **_gid_table_json(port),
         "gids": [gid_json(port, e) for e in port.gids],

@@ -49,10 +49,8 @@ from rnic_exporter.config.bounds import (
     DEVICES,
     FORGET_AFTER,
     GBPS,
-    GID_INDEX,
     GTS,
     POLL_INTERVAL,
-    ROCE_VERSION,
     TRANSITIONS,
     WIDTH,
     WINDOW,
@@ -182,6 +180,20 @@ def _str(path: str, value: Any) -> str:
     return value
 
 
+def _nccl_text(path: str, value: Any) -> str:
+    """An `[nccl]` value: what jobs put in the NCCL_* variable, read later the way NCCL reads it
+    (model/nccl.py), so any integer or string NCCL runs with is accepted."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{path}: expected an integer or a string, got {show(value)}")
+    return str(value)
+
+
+def _nccl_gid_index(path: str, value: Any) -> int:
+    from rnic_exporter.model.nccl import nccl_param
+
+    return nccl_param({"NCCL_IB_GID_INDEX": _nccl_text(path, value)}, "NCCL_IB_GID_INDEX")[0]
+
+
 # key path -> (validator, FileConfig field or NCCL env name)
 _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "poll_interval_seconds": (within(POLL_INTERVAL), "poll_interval_seconds"),
@@ -190,10 +202,11 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "collector.hw_counters.enabled": (_bool, "hw_counters"),
     "collector.hw_counters.include": (_regex, "hw_counters_include"),
     "collector.hw_counters.exclude": (_regex, "hw_counters_exclude"),
-    "nccl.ib_gid_index": (within(GID_INDEX), "nccl_gid_index"),
+    "nccl.ib_gid_index": (_nccl_gid_index, "nccl_gid_index"),
     "nccl.ib_addr_family": (_str, "env:NCCL_IB_ADDR_FAMILY"),
     "nccl.ib_addr_range": (_str, "env:NCCL_IB_ADDR_RANGE"),
-    "nccl.ib_roce_version_num": (within(ROCE_VERSION), "env:NCCL_IB_ROCE_VERSION_NUM"),
+    "nccl.ib_roce_version_num": (_nccl_text, "env:NCCL_IB_ROCE_VERSION_NUM"),
+    "nccl.ib_routable_flid_gid_index": (_nccl_text, "env:NCCL_IB_ROUTABLE_FLID_GID_INDEX"),
     "inventory.expected_devices": (within(DEVICES), "expected_devices"),
     "flapping.transitions": (within(TRANSITIONS), "flap_transitions"),
     "flapping.window_seconds": (within(WINDOW), "flap_window_seconds"),
@@ -296,7 +309,7 @@ def parse_text(path: Path, text: str) -> Any:
 
     import yaml
 
-    from rnic_exporter.config.yaml import strict_loader
+    from rnic_exporter.config.yaml import strict_loader, yaml_error
 
     is_yaml = path.suffix in (".yml", ".yaml")
     kind = "YAML" if is_yaml else "TOML (use .yml/.yaml for YAML)"
@@ -307,7 +320,8 @@ def parse_text(path: Path, text: str) -> Any:
     except RecursionError:
         raise ConfigError(f"config file {path}: not valid {kind}: nested too deeply") from None
     except (yaml.YAMLError, tomllib.TOMLDecodeError, ValueError) as exc:
-        raise ConfigError(one_line(f"config file {path}: not valid {kind}: {exc}")[:2000]) from None
+        detail = yaml_error(exc, path) if isinstance(exc, yaml.YAMLError) else str(exc)
+        raise ConfigError(one_line(f"config file {path}: not valid {kind}: {detail}")[:2000]) from None
 
 
 # -- precedence: one resolver for serve and check ---------------------------------------------------

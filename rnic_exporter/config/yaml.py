@@ -44,3 +44,9 @@ def strict_loader() -> type[Any]:
             return mapping
 
     return StrictLoader
+
+
+def yaml_error(exc: Exception, source: object) -> str:
+    """A PyYAML error as one line that names the file (PyYAML says "<unicode string>" for text it
+    was handed, and spreads context, marks and a caret over several lines)."""
+    return " ".join(str(exc).replace('"<unicode string>"', f'"{source}"').split())

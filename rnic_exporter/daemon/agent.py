@@ -52,8 +52,12 @@ from rnic_exporter.sources.sysfs import SysfsRoot
 
 log = logging.getLogger("rnic_exporter.agent")
 event_log = logging.getLogger("rnic_exporter.events")
-_EVENT_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.ERROR}
+# A NIC event is news about the hardware, not a failure of the exporter: even a critical one logs at
+# warning (its `severity=critical` field says how bad), so log alerting on level=error keeps meaning
+# "the exporter is failing".
+_EVENT_LEVEL = {"info": logging.INFO, "warning": logging.WARNING, "critical": logging.WARNING}
 RISK_TTL_S = 60.0
+WAKEUP_SOURCES = ("netlink", "udev")  # what can start a poll early (schedule.announce)
 # A pass under this old is reused by the next consumer (concurrent scrapers, Prometheus HA pairs).
 COUNTER_PASS_REUSE_S = 1.0
 # With nothing changed, detection still runs this often: time-based judgements (flap windows,
@@ -137,7 +141,7 @@ class Agent:
         self._advertised: dict[str, AdvertisedLink | None] = {}  # netdev -> best advertised mode, cached
         self._risk_cache: dict[tuple[str, int | None, bool], tuple[float, frozenset[str]]] = {}
         self.source_errors: Counter[str] = Counter()
-        self.wakeups: Counter[str] = Counter()
+        self.wakeups: Counter[str] = Counter(dict.fromkeys(WAKEUP_SOURCES, 0))  # 0 on a quiet host, not absent
         self.addresses: Callable[[], Mapping[str, tuple[AddressLike, ...]]] | None = None  # set with netlink
         # The RDMA devices whose every change netlink announces (healthy, no overrun, all their
         # netdevs known to it), or True for all: set with netlink
@@ -299,10 +303,14 @@ class Agent:
 
     def _log_changes(self, snap: Snapshot) -> None:
         if not snap.devices and not self._announced_empty:
-            log.info(
-                "no RDMA devices found; serving the exporter's own metrics only",
-                extra={"fields": {"sysfs": str(self.config.sysfs)}},
-            )
+            excluded = self.reader.settings.excludes_all(snap, self.config.sysfs)
+            if excluded is not None:  # a misconfiguration, not a host without RDMA
+                log.warning(excluded, extra={"fields": {"sysfs": str(self.config.sysfs)}})
+            else:
+                log.info(
+                    "no RDMA devices found; serving the exporter's own metrics only",
+                    extra={"fields": {"sysfs": str(self.config.sysfs)}},
+                )
             self._announced_empty = True
         elif snap.devices:
             self._announced_empty = False

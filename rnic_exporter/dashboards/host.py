@@ -218,6 +218,23 @@ def _link(lay: Layout) -> None:
         w=12,
         h=8,
     )
+    lay.add(
+        timeseries(
+            "PCIe AER errors",
+            "PCIe errors the device's PCI function reported (AER), per interval, by severity: any fatal "
+            "or non-fatal one is a fault (RnicPcieAerFatalErrors, RnicPcieAerNonFatalErrors); correctable "
+            "ones are link retries, a steady stream is a marginal link. No data: AER is off on this host.",
+            [
+                target(
+                    f"increase({name(c.PCIE_AER_ERRORS)}{{{DEVICE_SEL}}}[$__rate_interval])",
+                    "{{device}} {{severity}}",
+                )
+            ],
+            "none",
+        ),
+        w=24,
+        h=8,
+    )
 
 
 def _traffic(lay: Layout) -> None:

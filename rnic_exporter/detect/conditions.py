@@ -18,7 +18,7 @@ from rnic_exporter.detect.expected import bound_expected
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.detect.state import State, device_key, port_key
 from rnic_exporter.model.host import ROCE_V2, AdvertisedLink, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
-from rnic_exporter.model.nccl import AF_INET6, NcclPick, NcclSettings, judge_pick, uses_roce
+from rnic_exporter.model.nccl import PICK_PROBLEMS, NcclPick, NcclSettings, judge_pick, uses_roce
 
 PORT, NETDEV, PCIE = "port", "netdev", "pcie"
 SOURCE_CONFIG, SOURCE_ETHTOOL, SOURCE_BASELINE, SOURCE_DEVICE = "config", "ethtool", "baseline", "device"
@@ -91,6 +91,14 @@ class PortView:
     @property
     def nccl_usable(self) -> bool | None:
         return None if self.nccl_pick is None else self.nccl_pick.usable
+
+    @property
+    def configured_index_fault(self) -> str:
+        """What is wrong with the GID at the configured index, for messages ('' when nothing)."""
+        pick = self.nccl_pick
+        if pick is None or not pick.configured or pick.problem is None:
+            return ""
+        return PICK_PROBLEMS[pick.problem]
 
     @property
     def judged_pick(self) -> NcclPick | None:
@@ -256,20 +264,6 @@ def v2_ipv4_indices(port: Port) -> Mapping[str, int]:
     return _v2_ipv4_indices(port.gids)
 
 
-def _configured_index(port: Port, index: int | None, nccl: NcclSettings) -> tuple[bool | None, str]:
-    """A RoCE v2 IPv4 GID, as NCCL's defaults (AF_INET, version 2) need; under other NCCL settings,
-    a GID of the wanted family and RoCE version (an IPv6 fabric's pinned ULA is valid)."""
-    if index is None or port.link_layer != "Ethernet":
-        return None, ""
-    entry = port.gid(index)
-    if entry is None:
-        return False, f"index {index} is empty"
-    content = f"index {index} holds {entry.version_label} {entry.address}"
-    if nccl.address_family == AF_INET6:
-        return entry.roce_version == nccl.roce_version and not entry.is_link_local and entry.ipv4 is None, content
-    return entry.roce_version == nccl.roce_version and entry.ipv4 is not None, content
-
-
 # The files NCCL reads to pick a GID (ibv_query_gid and the types file); ndevs it does not read.
 NCCL_GID_FILES = ("gids", "gid_attrs/types/")
 # No slot at all: the tree has no gids/ (a partial capture, a masked sysfs), nothing failed to read.
@@ -412,9 +406,13 @@ def _port_view(
         if current is not None
         else {}
     )
-    valid, content = _configured_index(port, configured, nccl)
+    # One judgement of the GID NCCL would use, pinned or auto-selected: the gauge of the configured
+    # index and the usable gauge come from it, so they agree. Only where NCCL's RoCE path applies
+    # (an ACTIVE Ethernet port of a channel adapter): NCCL never uses another port.
     unreadable = gid_table_problem(port, snap.errors) if uses_roce(dev, port) else None
     pick = judge_pick(port, nccl, configured) if uses_roce(dev, port) and unreadable is None else None
+    valid = pick.usable if pick is not None and pick.configured else None
+    content = pick.content if pick is not None and pick.configured else ""
     return PortView(
         device=dev.name,
         port=port.number,

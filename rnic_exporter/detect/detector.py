@@ -21,6 +21,9 @@ log = logging.getLogger("rnic_exporter.detect")
 _SEEN_GRANULARITY_S = 300.0
 
 
+STATE_ERROR_REASONS = ("corrupt", "foreign", "unreadable", "unwritable")
+
+
 class Detector:
     def __init__(self, settings: DetectionSettings, store: StateStore) -> None:
         self.settings = settings
@@ -29,7 +32,9 @@ class Detector:
         self.last: HostConditions | None = None
         self.gid_changes: Counter[tuple[str, int]] = Counter()
         self.events: Counter[tuple[str, str, str]] = Counter()
-        self.state_errors: Counter[str] = Counter()
+        # Every reason at 0 from the start: a healthy host shows 0, not an absent series, so
+        # `increase()` sees the first failure and alert rules need no `or vector(0)`.
+        self.state_errors: Counter[str] = Counter(dict.fromkeys(STATE_ERROR_REASONS, 0))
         self._unsaved = True  # the first poll writes the file (a new or rebuilt state)
         self.learned = False  # the last observation changed the state: judging again may differ
         loaded = store.load()

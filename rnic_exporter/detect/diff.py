@@ -122,7 +122,7 @@ def _port(p: PortView | None, c: PortView, out: list[Event]) -> None:
             _on(
                 c,
                 ev.NCCL_GID_INDEX_INVALID,
-                f"NCCL_IB_GID_INDEX={c.configured_index} is not a {c.configured_index_wanted} on {where}: "
+                f"NCCL_IB_GID_INDEX={c.configured_index} points at {c.configured_index_fault} on {where}: "
                 f"{c.configured_index_content}",
                 after=c.configured_index_content,
                 attributes={"gid_index": str(c.configured_index)},

@@ -14,7 +14,7 @@ from typing import Any
 from rnic_exporter.catalog.events import Severity
 from rnic_exporter.detect.conditions import GIDS_MISSING, NCCL_GID_FILES, HostConditions, PortView
 from rnic_exporter.detect.diff import RISK_TEXT
-from rnic_exporter.model.host import ReadError
+from rnic_exporter.model.host import ReadError, Snapshot
 from rnic_exporter.model.nccl import (
     AF_INET,
     LINK_LOCAL,
@@ -145,7 +145,8 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                 "nccl_gid_index_invalid",
                 "critical",
                 where,
-                f"NCCL_IB_GID_INDEX={view.configured_index} is not a {wanted} ({view.configured_index_content})",
+                f"NCCL_IB_GID_INDEX={view.configured_index} points at {view.configured_index_fault} "
+                f"({view.configured_index_content})",
                 "NCCL init hangs or fails with 'Got completion with error 4'",
                 f"set NCCL_IB_GID_INDEX to the {wanted} index shown by `rnic-exporter gids` "
                 f"({_v2_hint(view, nccl)}) or unset it to let NCCL auto-select",
@@ -165,6 +166,20 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                 "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
                 "compare with show_gids or `rdma link show`",
                 "gids_missing" if missing else "unreadable",
+            )
+        )
+    if view.link_layer == "InfiniBand" and view.up is not False and nccl.routable_flid_gid_index < 0:
+        index = nccl.routable_flid_gid_index
+        out.append(
+            Problem(
+                "nccl_gid_unusable",
+                "critical",
+                where,
+                f"NCCL_IB_ROUTABLE_FLID_GID_INDEX={index}: NCCL queries GID index {index} on this InfiniBand "
+                "port, which fails",
+                "NCCL cannot set up connections over this port (ncclIbGetGidIndex returns an error)",
+                "unset NCCL_IB_ROUTABLE_FLID_GID_INDEX (default 1) or set it to a GID index of 0 or more",
+                "flid_index_negative",
             )
         )
     pick = view.judged_pick
@@ -241,3 +256,42 @@ def _unusable_pick(
         fix,
         problem,
     )
+
+
+def aer_problems(snap: Snapshot) -> list[Problem]:
+    """PCIe AER errors each RNIC function reported since boot: a fatal one is critical (the link was
+    reset under whatever ran on it), a non-fatal one a warning. Correctable errors are the link's own
+    retries: their rate is the daemon's alert (RnicPcieAerCorrectableRising), not a one-shot verdict."""
+    out = []
+    for dev in snap.devices:
+        link = snap.pcie.get(dev.pci_address) if dev.pci_address else None
+        if link is None:
+            continue
+        where = f"{dev.name} ({dev.pci_address})"
+        fatal, nonfatal = link.aer("fatal"), link.aer("nonfatal")
+        if fatal:
+            out.append(
+                Problem(
+                    "pcie_aer_fatal",
+                    "critical",
+                    where,
+                    f"the PCI function reported {fatal} fatal PCIe error(s) since boot (aer_dev_fatal)",
+                    "the link was reset under any job using the NIC; it can happen again mid-job",
+                    f"drain the node; look at dmesg (AER) and /sys/bus/pci/devices/{dev.pci_address}/aer_dev_fatal, "
+                    "reseat or replace the card or riser, then reboot",
+                )
+            )
+        if nonfatal:
+            out.append(
+                Problem(
+                    "pcie_aer_nonfatal",
+                    "warning",
+                    where,
+                    f"the PCI function reported {nonfatal} non-fatal uncorrectable PCIe error(s) since boot "
+                    "(aer_dev_nonfatal)",
+                    "PCIe transactions were lost and recovered; jobs can see timeouts, and these precede fatal errors",
+                    f"look at dmesg (AER) and /sys/bus/pci/devices/{dev.pci_address}/aer_dev_nonfatal; "
+                    "reseat the card and update its firmware if they recur",
+                )
+            )
+    return out

@@ -276,6 +276,12 @@ class PcieLink:
     # The upstream port's capability: a x16 card in a x8 slot is not "downtrained".
     upstream_max_speed_gts: float | None = None
     upstream_max_width: int | None = None
+    # AER errors the function reported since boot, by severity (correctable, nonfatal, fatal);
+    # only those whose file exists and reads (AER off: none).
+    aer_errors: tuple[tuple[str, int], ...] = ()
+
+    def aer(self, severity: str) -> int | None:
+        return dict(self.aer_errors).get(severity)
 
     @property
     def expected_speed_gts(self) -> float | None:
@@ -308,6 +314,9 @@ class Snapshot:
     # Devices the listing shows that were never read whole (a first read still hung, an unreadable
     # `device` link): registered, so not "disappeared", but nothing about them is known yet.
     listed_unread: tuple[str, ...] = ()
+    # Devices the listing shows that --collector.infiniband.device-include/-exclude leave out: a
+    # filter that leaves out every device is a misconfiguration, not a host without RDMA.
+    filtered_out: tuple[str, ...] = ()
 
     @property
     def ports(self) -> tuple[Port, ...]:

@@ -3,35 +3,40 @@ whether the GID it would use can carry cross-node traffic.
 
 The one home of the NCCL_IB_* settings: `nccl_environment` merges the config file's `[nccl]`
 section with the environment (the environment wins: it is what the jobs on this host get), and
-`NcclSettings.from_env` / `gid_index_from_env` parse it the way NCCL does.
+`NcclSettings.from_env` / `gid_index_from_env` read it the way NCCL does (`ncclLoadParam`,
+`envIbAddrFamily`, `envIbAddrRange`): integers with `strtoll(s, NULL, 0)` (`010` is 8, `0x3` is 3,
+`three` is 0, a value out of int64 range is the default) then cut to a C `int`; the family compared
+exactly (anything but `AF_INET6` is AF_INET); a range NCCL cannot parse ignored. Nothing NCCL runs
+with is refused: where NCCL reads a value other than it looks, `notes` say how.
 
-NCCL (2.21+, `NCCL_IB_GID_INDEX=-1`) starts at index 0 and walks 1..len-1, replacing its pick
+Modelled on NCCL 2.26 and later (identical from 2.26.2 to master). 2.21-2.25 differ: 2.21 and
+2.22 crash on an NCCL_IB_ADDR_RANGE without `/`, 2.21 has no FLID rule for InfiniBand, and 2.23-2.25
+fail (instead of skipping a slot) when a GID type file answers EINVAL, as in some containers.
+
+NCCL starts at index 0 and walks 1..len-1, replacing its pick
 when (a) the candidate's address family differs from the pick's, equals the wanted family and is in
 `NCCL_IB_ADDR_RANGE`; or (b) the candidate has the wanted family, is a configured non-link-local
 GID in range, its RoCE version is the wanted one, and differs from the pick's (or the pick is not
 valid). On a normal host that is the lowest-index IPv4 `RoCE v2` GID. InfiniBand ports use
-`NCCL_IB_ROUTABLE_FLID_GID_INDEX` (default 1) when that GID carries a FLID, else 0.
+`NCCL_IB_ROUTABLE_FLID_GID_INDEX` (default 1) when that GID carries a FLID, else 0; a negative
+one makes NCCL fail (it queries that slot).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from rnic_exporter.config.bounds import GID_INDEX, check_number
-from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import ZERO_GID, Device, GidEntry, Port
 
 AF_INET = socket.AF_INET
 AF_INET6 = socket.AF_INET6
-_FAMILIES = {"AF_INET": AF_INET, "AF_INET6": AF_INET6}
-_FAMILY_NAMES: dict[int, str] = {int(v): k for k, v in _FAMILIES.items()}
+_FAMILY_NAMES: dict[int, str] = {int(AF_INET): "AF_INET", int(AF_INET6): "AF_INET6"}
 
-# Every NCCL variable that decides which GID a RoCE connection uses.
+# Every NCCL variable that decides which GID a connection uses.
 NCCL_VARIABLES = (
     "NCCL_IB_GID_INDEX",
     "NCCL_IB_ADDR_FAMILY",
@@ -39,6 +44,10 @@ NCCL_VARIABLES = (
     "NCCL_IB_ROCE_VERSION_NUM",
     "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
 )
+_INT_DEFAULTS = {"NCCL_IB_GID_INDEX": -1, "NCCL_IB_ROCE_VERSION_NUM": 2, "NCCL_IB_ROUTABLE_FLID_GID_INDEX": 1}
+
+_INT64 = 1 << 64
+_C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale: what strtoll skips
 
 
 def nccl_environment(
@@ -51,17 +60,138 @@ def nccl_environment(
     return merged
 
 
+def strtoll(text: str, base: int = 0) -> tuple[int, bool]:
+    """C's strtoll(text, NULL, base) for base 0 or 10: (value, overflowed). The longest valid prefix
+    counts, no digits is 0, an overflow clamps to the int64 limit (and sets ERANGE)."""
+    i, n = 0, len(text)
+    while i < n and text[i] in _C_SPACE:
+        i += 1
+    sign = 1
+    if i < n and text[i] in "+-":
+        sign = -1 if text[i] == "-" else 1
+        i += 1
+    radix = 10 if base == 10 else 0
+    if radix == 0:
+        if text[i : i + 2].lower() == "0x" and i + 2 < n and text[i + 2] in "0123456789abcdefABCDEF":
+            radix, i = 16, i + 2
+        elif text[i : i + 1] == "0":
+            radix = 8
+        else:
+            radix = 10
+    digits = "0123456789abcdef"[:radix]
+    value = 0
+    while i < n and text[i].lower() in digits:
+        value = value * radix + digits.index(text[i].lower())
+        i += 1
+    value *= sign
+    if value > (1 << 63) - 1:
+        return (1 << 63) - 1, True
+    if value < -(1 << 63):
+        return -(1 << 63), True
+    return value, False
+
+
+def c_int(value: int) -> int:
+    """An int64 stored in a C `int` (two's complement, as gcc does on every platform NCCL runs on)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def nccl_param(env: Mapping[str, str], name: str) -> tuple[int, str | None]:
+    """An integer NCCL_* variable as `ncclLoadParam` reads it and NCCL then uses it (an `int`), and a
+    note when that is not what the text plainly says."""
+    default = _INT_DEFAULTS[name]
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default, None
+    value, overflowed = strtoll(raw)
+    if overflowed:
+        return default, f"{name}={raw!r} is out of range: NCCL ignores it and uses its default, {default}"
+    used = c_int(value)
+    if raw.strip() == str(used) and raw == raw.strip():
+        return used, None
+    why = "wraps to a C int as" if used != value else "reads as"
+    return used, f"{name}={raw!r}: NCCL {why} {used} (strtoll base 0: a leading 0 is octal, 0x hex)"
+
+
 def gid_index_from_env(env: Mapping[str, str]) -> int | None:
-    """NCCL_IB_GID_INDEX: None when unset or empty; raises ConfigError when not an integer in the
-    range `--nccl-gid-index` and the config file's `nccl.ib_gid_index` accept (one validator)."""
-    raw = env.get("NCCL_IB_GID_INDEX", "").strip()
-    if not raw:
+    """NCCL_IB_GID_INDEX as NCCL uses it: None when unset or empty, else the `int` NCCL gets (negative:
+    auto-selection). Never raises: NCCL runs with any value."""
+    raw = env.get("NCCL_IB_GID_INDEX")
+    if raw is None or raw == "":
         return None
-    index = _env_int(env, "NCCL_IB_GID_INDEX", 0)
+    return nccl_param(env, "NCCL_IB_GID_INDEX")[0]
+
+
+@dataclass(frozen=True, slots=True)
+class AddrRange:
+    """NCCL_IB_ADDR_RANGE as NCCL parsed it: a base address of the wanted family and a prefix length
+    (a negative one, from `/-8`, matches nothing: NCCL's matcher then never reaches length 0)."""
+
+    text: str
+    base: bytes  # 4 bytes (AF_INET) or 16 (AF_INET6)
+    prefixlen: int
+
+    def __str__(self) -> str:
+        return self.text
+
+    def matches(self, raw_gid: bytes) -> bool:
+        """matchGidAddrPrefix: IPv4 compares the GID's last 32 bits, IPv6 the GID word by word."""
+        prefixlen = self.prefixlen
+        if len(self.base) == 4:
+            if prefixlen <= 0:
+                return prefixlen == 0
+            mask = (0xFFFFFFFF ^ ((1 << (32 - prefixlen)) - 1)) & 0xFFFFFFFF
+            return (int.from_bytes(self.base, "big") ^ int.from_bytes(raw_gid[12:], "big")) & mask == 0
+        word = 0
+        while prefixlen > 0 and word < 4:
+            ours = int.from_bytes(self.base[4 * word : 4 * word + 4], "big")
+            theirs = int.from_bytes(raw_gid[4 * word : 4 * word + 4], "big")
+            bits = min(prefixlen, 32)
+            mask = (0xFFFFFFFF ^ ((1 << (32 - bits)) - 1)) & 0xFFFFFFFF
+            if (ours ^ theirs) & mask:
+                break
+            prefixlen -= bits
+            word += 1
+        return prefixlen == 0
+
+
+def read_family(env: Mapping[str, str]) -> tuple[int, str | None]:
+    """envIbAddrFamily: exactly `AF_INET6` is AF_INET6; anything else (unset, `af_inet6`, a trailing
+    space) is AF_INET."""
+    raw = env.get("NCCL_IB_ADDR_FAMILY")
+    if raw is None or raw in ("", "AF_INET"):
+        return AF_INET, None
+    if raw == "AF_INET6":
+        return AF_INET6, None
+    return AF_INET, f"NCCL_IB_ADDR_FAMILY={raw!r} is neither 'AF_INET' nor 'AF_INET6' exactly: NCCL uses AF_INET"
+
+
+def read_range(env: Mapping[str, str], family: int) -> tuple[AddrRange | None, str | None]:
+    """envIbAddrRange: the first 127 characters; no `/`, a base inet_pton rejects for the family, or a
+    prefix longer than the family's is ignored (every GID then matches)."""
+    raw = env.get("NCCL_IB_ADDR_RANGE")
+    if raw is None or raw == "":
+        return None, None
+    text = raw[:127]  # snprintf into char[128]
+    base_text, slash, mask_text = text.partition("/")
+    family_name = _FAMILY_NAMES[family]
+    ignored = f"NCCL_IB_ADDR_RANGE={raw!r}"
+    if not slash:
+        return None, f"{ignored} has no '/': NCCL ignores it (every GID is in range)"
     try:
-        return int(check_number("NCCL_IB_GID_INDEX", index, GID_INDEX))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        base = socket.inet_pton(family, base_text)
+    except (OSError, ValueError):
+        return None, f"{ignored}: {base_text!r} is not an {family_name} address: NCCL ignores the range"
+    prefixlen = c_int(strtoll(mask_text, 10)[0])  # (int)strtol(mask, NULL, 10)
+    if prefixlen > (32 if family == AF_INET else 128):
+        return None, f"{ignored}: /{prefixlen} is too long for {family_name}: NCCL ignores the range"
+    note = None
+    if prefixlen < 0:
+        note = f"{ignored}: a negative prefix length makes NCCL find no GID in range"
+    elif mask_text != str(prefixlen):
+        note = f"{ignored}: NCCL reads the prefix length as {prefixlen}"
+    return AddrRange(text, base, prefixlen), note
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +199,11 @@ class NcclSettings:
     """NCCL's GID-selection environment; `from_env` reads it the way NCCL does."""
 
     address_family: int = AF_INET  # NCCL_IB_ADDR_FAMILY
-    address_range: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None  # NCCL_IB_ADDR_RANGE
+    address_range: AddrRange | None = None  # NCCL_IB_ADDR_RANGE
     roce_version: int = 2  # NCCL_IB_ROCE_VERSION_NUM
     routable_flid_gid_index: int = 1  # NCCL_IB_ROUTABLE_FLID_GID_INDEX
+    # How NCCL reads values that do not say plainly what NCCL does with them (check prints them).
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def family_name(self) -> str:
@@ -85,38 +217,21 @@ class NcclSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NcclSettings:
+        """Never raises: whatever NCCL runs with is read as NCCL reads it, with a note where that
+        differs from how it looks."""
         env = os.environ if env is None else env
-        family_name = env.get("NCCL_IB_ADDR_FAMILY", "AF_INET").strip() or "AF_INET"
-        if family_name not in _FAMILIES:
-            raise ConfigError(f"NCCL_IB_ADDR_FAMILY={family_name!r}: NCCL accepts AF_INET or AF_INET6")
-        family = _FAMILIES[family_name]
-        address_range = None
-        raw_range = env.get("NCCL_IB_ADDR_RANGE", "").strip()
-        if "/" in raw_range:  # NCCL ignores a value without a prefix length
-            try:
-                address_range = ipaddress.ip_network(raw_range, strict=False)
-            except ValueError as exc:
-                raise ConfigError(f"NCCL_IB_ADDR_RANGE={raw_range!r} is not a CIDR: {exc}") from None
-            # NCCL parses the base with inet_pton(family): a range of the other family fails to
-            # parse, is logged and ignored, and every GID then matches.
-            if (address_range.version == 4) != (family == AF_INET):
-                address_range = None
-        return cls(
-            address_family=family,
-            address_range=address_range,
-            roce_version=_env_int(env, "NCCL_IB_ROCE_VERSION_NUM", 2),
-            routable_flid_gid_index=_env_int(env, "NCCL_IB_ROUTABLE_FLID_GID_INDEX", 1),
-        )
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+        family, family_note = read_family(env)
+        address_range, range_note = read_range(env, family)
+        roce_version, roce_note = nccl_param(env, "NCCL_IB_ROCE_VERSION_NUM")
+        flid_index, flid_note = nccl_param(env, "NCCL_IB_ROUTABLE_FLID_GID_INDEX")
+        _, index_note = nccl_param(env, "NCCL_IB_GID_INDEX")
+        notes = [n for n in (index_note, family_note, range_note, roce_note, flid_note) if n is not None]
+        if roce_version not in (1, 2):
+            notes.append(
+                f"NCCL_IB_ROCE_VERSION_NUM={roce_version}: no GID has that RoCE version, so NCCL's "
+                "auto-selection never moves off index 0 for a version match"
+            )
+        return cls(family, address_range, roce_version, flid_index, tuple(notes))
 
 
 def _raw(gid: str) -> bytes:
@@ -139,15 +254,7 @@ def gid_is_valid(gid: str) -> bool:
 
 def _in_range(gid: str, settings: NcclSettings) -> bool:
     net = settings.address_range
-    if net is None:
-        return True
-    address = ipaddress.IPv6Address(_raw(gid))
-    if settings.address_family == AF_INET:
-        mapped = address.ipv4_mapped
-        if mapped is None:
-            mapped = ipaddress.IPv4Address(_raw(gid)[12:])
-        return isinstance(net, ipaddress.IPv4Network) and mapped in net
-    return isinstance(net, ipaddress.IPv6Network) and address in net
+    return True if net is None else net.matches(_raw(gid))
 
 
 def select_gid_index(
@@ -168,6 +275,8 @@ def select_gid_index(
         return None
     by_index = {entry.index: entry for entry in gids}
     if link_layer == "InfiniBand":
+        if settings.routable_flid_gid_index < 0:  # NCCL queries that slot, and ibv_query_gid fails
+            return None
         flid_entry = by_index.get(settings.routable_flid_gid_index)
         if flid_entry is not None and _raw(flid_entry.gid)[4:6] != b"\x00\x00":
             return settings.routable_flid_gid_index
@@ -244,7 +353,11 @@ def uses_roce(device: Device, port: Port) -> bool:
 
 
 def judge_pick(port: Port, settings: NcclSettings, configured_index: int | None = None) -> NcclPick:
-    """What NCCL would use on a RoCE port whose GID table was read, judged against `settings`."""
+    """What NCCL would use on a RoCE port whose GID table was read, judged against `settings`.
+
+    A pinned index is used as it is: NCCL does not look at NCCL_IB_ADDR_FAMILY for it, so neither
+    does this (a pinned IPv6 ULA is usable); it is still judged against NCCL_IB_ADDR_RANGE, which
+    says what the fabric routes."""
     configured = configured_index is not None and configured_index >= 0
     index = configured_index if configured else port.nccl_gid_index
     if index is None:

@@ -158,6 +158,16 @@ def pcie_speed_text(gts: float) -> str:
     return f"{gts:.1f} GT/s PCIe"
 
 
+# The named error bits of drivers/pci/pcie/aer.c, in bit order (aer_*_error_string).
+_CORRECTABLE = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF")
+_UNCORRECTABLE = (
+    "Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF", "MalfTLP", "ECRC",
+    "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP", "AtomicOpBlocked", "TLPBlockedErr", "PoisonTLPBlocked",
+)  # fmt: skip
+AER_ERROR_NAMES = {"correctable": _CORRECTABLE, "nonfatal": _UNCORRECTABLE, "fatal": _UNCORRECTABLE}
+_AER_TOTAL = {"correctable": "COR", "nonfatal": "NONFATAL", "fatal": "FATAL"}
+
+
 @dataclass
 class SimDevice:
     """One single-port RNIC (one PCI function, one port, as mlx5 lays them out)."""
@@ -191,6 +201,9 @@ class SimDevice:
     def soft(self) -> bool:
         """A software device (rxe): virtual, no PCI function, no PMA."""
         return self.driver == "rxe"
+
+    # PCIe AER errors by (severity, error name), as aer_dev_* count them; None: AER off (no files).
+    aer: dict[tuple[str, str], int] | None = field(default_factory=dict)
 
     @property
     def bus(self) -> int:
@@ -394,6 +407,7 @@ class SimHost:
         self._write(f"{fn}/max_link_speed", pcie_speed_text(dev.pcie_max[0]))
         self._write(f"{fn}/max_link_width", dev.pcie_max[1])
         self._write_pcie_current(dev)
+        self._write_aer(dev)
         self._link(f"bus/pci/devices/{dev.pci_address}", f"../../../{fn}")
 
         ib = self._ib_dir(dev)
@@ -452,6 +466,26 @@ class SimHost:
     def _write_pcie_current(self, dev: SimDevice) -> None:
         self._write(f"{dev.function_dir}/current_link_speed", pcie_speed_text(dev.pcie_current[0]))
         self._write(f"{dev.function_dir}/current_link_width", dev.pcie_current[1])
+
+    def _write_aer(self, dev: SimDevice) -> None:
+        """aer_dev_{correctable,nonfatal,fatal} as drivers/pci/pcie/aer.c prints them: every named
+        error bit `NAME COUNT`, then `TOTAL_ERR_<SEVERITY> N`. A soft device has no PCI function."""
+        if dev.aer is None or dev.soft:
+            return
+        for severity, names in AER_ERROR_NAMES.items():
+            lines = [f"{name} {dev.aer.get((severity, name), 0)}" for name in names]
+            total = sum(n for (sev, _), n in dev.aer.items() if sev == severity)
+            lines.append(f"TOTAL_ERR_{_AER_TOTAL[severity]} {total}")
+            self._write(f"{dev.function_dir}/aer_dev_{severity}", "\n".join(lines))
+
+    def inject_aer(self, name: str, severity: str, error: str | None = None, count: int = 1) -> None:
+        """The function reports `count` AER errors of `severity` (correctable, nonfatal, fatal)."""
+        dev = self.devices[name]
+        if dev.aer is None:
+            dev.aer = {}
+        key = (severity, error or AER_ERROR_NAMES[severity][0])
+        dev.aer[key] = dev.aer.get(key, 0) + count
+        self._write_aer(dev)
 
     def _write_port_state(self, dev: SimDevice) -> None:
         port = self._port_dir(dev)

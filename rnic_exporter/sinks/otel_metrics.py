@@ -144,6 +144,7 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.PORT_PMA_SATURATED, "rnic.port.pma.counters_saturated", "gauge", "{counter}"),
     _one(c.PCIE_LINK_SPEED, "rnic.pcie.link.speed", "gauge", "{transfer}/s"),
     _one(c.PCIE_LINK_WIDTH, "rnic.pcie.link.width", "gauge", "{lane}"),
+    _one(c.PCIE_AER_ERRORS, "rnic.pcie.aer.errors", "counter", "{error}"),
     _one(c.NETDEV_SPEED, "rnic.netdev.speed", "gauge", "By/s"),
     _one(c.NETDEV_UP, "rnic.netdev.up", "gauge", "1"),
     _one(c.NETDEV_CARRIER_CHANGES, "rnic.netdev.carrier_changes", "counter", "{change}"),

@@ -116,6 +116,8 @@ def pcie_part(f: _Samples, name: str, pci_address: str, link: PcieLink | None) -
                 f.add(c.PCIE_LINK_SPEED, (name, pci_address, kind), gts * 1e9)
             if width is not None:
                 f.add(c.PCIE_LINK_WIDTH, (name, pci_address, kind), width)
+        for severity, count in link.aer_errors:
+            f.add(c.PCIE_AER_ERRORS, (name, pci_address, severity), count)
 
 
 def port_part(f: _Samples, pl: tuple[str, str], port: Port) -> None:

@@ -1,10 +1,11 @@
-"""PCIe link of an RNIC's PCI function: `current_link_{speed,width}`, `max_link_{speed,width}`."""
+"""PCIe link of an RNIC's PCI function: `current_link_{speed,width}`, `max_link_{speed,width}`, and
+its AER error counters (`aer_dev_{correctable,nonfatal,fatal}`, kernel 4.17+, absent where AER is off)."""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from rnic_exporter.model.host import PcieLink
@@ -53,6 +54,37 @@ UPSTREAM_POLLED = (
 )
 
 
+# drivers/pci/pcie/aer.c (aer_stats_dev_attr): one `NAME COUNT` line per named error bit (and
+# `<array>_bit[N] COUNT` for an unnamed bit that counted), then `TOTAL_ERR_COR N` /
+# `TOTAL_ERR_NONFATAL N` / `TOTAL_ERR_FATAL N`: the errors the function reported, by severity.
+AER_SEVERITIES = {"aer_dev_correctable": "correctable", "aer_dev_nonfatal": "nonfatal", "aer_dev_fatal": "fatal"}
+_AER_TOTALS = {"correctable": "TOTAL_ERR_COR", "nonfatal": "TOTAL_ERR_NONFATAL", "fatal": "TOTAL_ERR_FATAL"}
+
+
+def _aer_parser(severity: str) -> Callable[[str], int]:
+    total = _AER_TOTALS[severity]
+
+    def parse(text: str) -> int:
+        for line in reversed(text.splitlines()):
+            name, _, count = line.strip().partition(" ")
+            if name == total:
+                if not (count.isascii() and count.isdigit() and len(count) <= 20):
+                    break
+                return int(count)
+        raise MalformedValueError(f"AER counts without a '{total} <n>' line ({text[-40:]!r})")
+
+    return parse
+
+
+AER_POLLED = tuple(Attribute(name, _aer_parser(severity)) for name, severity in AER_SEVERITIES.items())
+
+
+def aer_files(root: SysfsRoot, function_dir: str) -> tuple[Attribute, ...]:
+    """The AER counter files the function has: none where the kernel lacks them (< 4.17) or AER is
+    off (no capability, pcie_ports=compat, firmware-first): no value, not an error."""
+    return tuple(a for a in AER_POLLED if root.exists(f"{function_dir}/{a.file}"))
+
+
 def link_files(root: SysfsRoot, function_dir: str) -> tuple[bool, bool]:
     """(the function has link files, its upstream port has). Conventional PCI devices and non-PCI
     parents have none: no link, not an error."""
@@ -62,8 +94,14 @@ def link_files(root: SysfsRoot, function_dir: str) -> tuple[bool, bool]:
     )
 
 
-def pcie_link(pci_address: str, values: Sequence[object], upstream: Sequence[object] = (None, None)) -> PcieLink:
-    """A `PcieLink` from the values of `LINK_POLLED` and `UPSTREAM_POLLED`, in that order."""
+def pcie_link(
+    pci_address: str,
+    values: Sequence[object],
+    upstream: Sequence[object] = (None, None),
+    aer: Sequence[tuple[str, object]] = (),
+) -> PcieLink:
+    """A `PcieLink` from the values of `LINK_POLLED` and `UPSTREAM_POLLED`, in that order, and the
+    AER files read (file name, total)."""
     current_speed, max_speed, current_width, max_width = values
     upstream_speed, upstream_width = upstream
     return PcieLink(
@@ -74,4 +112,5 @@ def pcie_link(pci_address: str, values: Sequence[object], upstream: Sequence[obj
         max_width=cast(int | None, max_width),
         upstream_max_speed_gts=cast(float | None, upstream_speed),
         upstream_max_width=cast(int | None, upstream_width),
+        aer_errors=tuple((AER_SEVERITIES[name], value) for name, value in aer if isinstance(value, int)),
     )

@@ -121,6 +121,30 @@ class ReaderSettings:
             counters=counters or CounterFilter(),
         )
 
+    @property
+    def filter_text(self) -> str:
+        parts = [
+            f"{flag} {pattern.pattern!r}"
+            for flag, pattern in (
+                ("--collector.infiniband.device-include", self.device_include),
+                ("--collector.infiniband.device-exclude", self.device_exclude),
+            )
+            if pattern is not None
+        ]
+        return " and ".join(parts) or "no device filter"
+
+    def excludes_all(self, snap: Snapshot, sysfs: object) -> str | None:
+        """Why nothing is read though RDMA devices are there: the filter leaves out every one (the
+        config of another fleet: `^mlx5_` on a Broadcom node). None when that is not the case."""
+        if snap.devices or snap.listed_unread or not snap.filtered_out:
+            return None
+        names = snap.filtered_out
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        return (
+            f"the device filter ({self.filter_text}) matches none of the {len(names)} RDMA device(s) under "
+            f"{sysfs}/class/infiniband ({shown}): nothing on this host is monitored or checked"
+        )
+
     def wants(self, device: str) -> bool:
         if self.device_include is not None and not self.device_include.search(device):
             return False
@@ -168,6 +192,7 @@ class _Shape:
     function_dir: str | None
     link_files: tuple[bool, bool]
     dev_netdevs: tuple[str, ...]
+    aer_files: tuple[Attribute, ...]
     ports: list[_PortShape]
     hw_names: list[str]
     errors: list[ReadError] = field(default_factory=list)
@@ -192,6 +217,7 @@ class HostReader:
         self._errors_lock = threading.Lock()
         self.full_gid_reads = 0
         self._last: Snapshot | None = None
+        self._filtered_out: tuple[str, ...] = ()
         self._listing_failed = False
         self._passes = 0
 
@@ -259,6 +285,7 @@ class HostReader:
             and not listing_errors
             and not listing_failed
             and unread == last.listed_unread
+            and self._filtered_out == last.filtered_out
             and len(present) == len(last.devices)
             and all(r.device is d for r, d in zip(present, last.devices, strict=True))
         ):
@@ -281,6 +308,7 @@ class HostReader:
             read_seconds=time.monotonic() - started,
             unsupported=tuple(unsupported),
             listed_unread=unread,
+            filtered_out=self._filtered_out,
         )
         return StatePass(
             snap, tuple(changed) or ("-",), self._counted(readers) + tuple(listing_errors), snap.read_seconds
@@ -304,8 +332,8 @@ class HostReader:
         return tuple(out)
 
     def counter_judgements(self) -> list[tuple[tuple[ReadError, ...], tuple[ReadError, ...]]]:
-        """Per device: (failed, unsupported) counter files of its last counter pass."""
-        return [(r.counter_failed, r.counter_unsupported) for r in self._order]
+        """Per device still registered: (failed, unsupported) counter files of its last counter pass."""
+        return [(r.counter_failed, r.counter_unsupported) for r in self._order if not r.counter_gone]
 
     def counter_plans(self) -> list[tuple[str, CounterPlan | None]]:
         """(device, its counter plan) in exposition order."""
@@ -380,7 +408,9 @@ class HostReader:
                 return []  # no RDMA stack loaded: no devices, not a failure
             errors.append(ReadError("-", None, CLASS_DIR, errno_reason(exc)))
             return None
-        return sorted(n for n in names if self.settings.wants(n))
+        wanted = sorted(n for n in names if self.settings.wants(n))
+        self._filtered_out = tuple(sorted(set(names) - set(wanted)))
+        return wanted
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,6 +451,7 @@ class _DeviceReader:
         self.unsupported: tuple[ReadError, ...] = ()  # of the state, never provided by the driver
         self.counter_failed: tuple[ReadError, ...] = ()
         self.counter_unsupported: tuple[ReadError, ...] = ()
+        self.counter_gone = False  # the last counter pass found the device unregistered under it
         self.first_reads = availability.FirstReads()  # the state's
         self._counter_reads = availability.FirstReads()
         self._counter_plan_read = False
@@ -462,16 +493,17 @@ class _DeviceReader:
         if plan is None:
             return
         refresh_errors = plan.refresh(self.fds)
-        if self._gone(refresh_errors):
-            # The device went away under held descriptors (`rdma link delete`, a NIC off the bus: the
-            # kernel answers ENODEV): its disappearance, seen by the next state pass, is the news, not
-            # a warning per counter file (the kernel lab logged 15 of them before "disappeared").
-            self.counter_failed, self.counter_unsupported = (), ()
-            return
-        self._counter_errors.extend(refresh_errors)
+        # The device went away under held descriptors (`rdma link delete`, a NIC off the bus: the
+        # kernel answers ENODEV): its failed reads stay in a one-shot read's snapshot (what was and was
+        # not read), but the daemon's counter view leaves them out (`counter_judgements`): the next
+        # state pass sees the device gone, which is the news, not a warning per counter file (the
+        # kernel lab logged 15 of them before "disappeared").
+        self.counter_gone = self._gone(refresh_errors)
+        if not self.counter_gone:
+            self._counter_errors.extend(refresh_errors)
         first = () if self._counter_plan_read else [plan.slot_label(i) for i in range(len(plan.rels))]
         self._counter_plan_read = True
-        judged = self._counter_reads.judge(plan.errors, first, present=True)
+        judged = self._counter_reads.judge(plan.errors, first, present=not self.counter_gone)
         self.counter_failed, self.counter_unsupported = judged.failed, judged.unsupported
 
     def _gone(self, errors: Sequence[ReadError]) -> bool:
@@ -683,9 +715,11 @@ class _DeviceReader:
                 log.add(name, None, attr.file, reason)
         pci_address, function_dir = self._pci_function(log)
         link_files = (False, False)
+        aer_files: tuple[Attribute, ...] = ()
         dev_netdevs: tuple[str, ...] = ()
         if function_dir is not None:
             link_files = pci.link_files(self.root, function_dir)
+            aer_files = pci.aer_files(self.root, function_dir) if link_files[0] else ()
             dev_netdevs = tuple(
                 sorted(log.listdir(f"{base}/device/net", device=name, attribute="device/net", optional=True))
             )
@@ -706,6 +740,7 @@ class _DeviceReader:
             function_dir=function_dir,
             link_files=link_files,
             dev_netdevs=dev_netdevs,
+            aer_files=aer_files,
             ports=ports,
             hw_names=self._hw_names(log, base, None),
             errors=log.errors,
@@ -741,13 +776,17 @@ class _DeviceReader:
             slots = under(shape.function_dir, pci.LINK_POLLED, "device/")
             if shape.link_files[1]:
                 slots += under(os.path.dirname(shape.function_dir), pci.UPSTREAM_POLLED, "device/../")
-            address = shape.pci_address
+            up = len(slots)
+            slots += under(shape.function_dir, shape.aer_files, "device/")
+            address, aer_names = shape.pci_address, [a.file for a in shape.aer_files]
             plan.add_group(
                 "pcie",
                 slots,
                 port=None,
-                watched=pci.LINK_WATCHED,
-                build=lambda values: pci.pcie_link(address, values[:4], values[4:] or (None, None)),
+                watched=(*pci.LINK_WATCHED, *shape.aer_files),  # errors count between events too
+                build=lambda values: pci.pcie_link(
+                    address, values[:4], values[4:up] or (None, None), list(zip(aer_names, values[up:], strict=True))
+                ),
             )
         known, self._netdev_idents = self._netdev_idents, {}
         self._netdev_pci = {}

@@ -4,6 +4,7 @@ prologue lines are commands that work."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 from click.testing import CliRunner
 
 from rnic_exporter.cli import Exit, main
+from rnic_exporter.commands import bundle
 from rnic_exporter.sim import SimHost
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -80,18 +82,14 @@ def _readme_block(lang: str, marker: str) -> str:
     raise AssertionError(f"README has no {lang} block with {marker!r}")
 
 
-def test_readme_slurm_prologue_line_runs(host: SimHost, tmp_path: Path) -> None:
-    script = _readme_block("sh", "exec rnic-exporter check")
-    [line] = [ln for ln in script.splitlines() if ln.startswith("exec rnic-exporter check")]
-    args = shlex.split(line.split(">>")[0])[2:]  # after `exec rnic-exporter`
-    config = tmp_path / "config.toml"
-    config.write_text('[nccl]\nib_addr_family = "AF_INET"\n')
-    args = [str(config) if a == "/etc/rnic-exporter/config.toml" else a for a in args]
-    run = [*args, "--path.sysfs", str(host.root), "--state.dir", "", "--no-netlink"]
-    assert CliRunner().invoke(main, run).exit_code == Exit.OK
-    host.ipv6_only("mlx5_0")
-    result = CliRunner().invoke(main, run)
-    assert result.exit_code == Exit.PROBLEMS and "[CRITICAL]" in result.output
+def test_readme_slurm_prologue_installs_the_shipped_script() -> None:
+    """The README installs the script the bundle ships (tests/packaging/test_slurm_prologue.py runs it)."""
+    script = _readme_block("sh", "50-rnic-check.sh")
+    [line] = [ln for ln in script.splitlines() if ln.startswith("install ")]
+    source = shlex.split(line)[-2]
+    assert source.endswith("slurm/50-rnic-check.sh")
+    shipped = bundle.bundle_root() / "packaging" / "slurm" / "50-rnic-check.sh"
+    assert (shipped.is_file() and os.access(shipped, os.X_OK)) or shipped.read_text().startswith("#!")
 
 
 def test_readme_init_container_args_run(host: SimHost) -> None:

@@ -99,9 +99,10 @@ def test_nccl_environment_changes_the_pick(host: SimHost, monkeypatch: pytest.Mo
     monkeypatch.setenv("NCCL_IB_ROCE_VERSION_NUM", "1")
     _, out, _ = invoke("gids", "--path.sysfs", str(host.root), "--json", "--device", "mlx5_0")
     assert [g["index"] for g in json.loads(out)["gids"] if g["nccl_selected"]] == [2]
+    # NCCL reads anything but exactly AF_INET6 as AF_INET: no usage error, the same pick.
     monkeypatch.setenv("NCCL_IB_ADDR_FAMILY", "AF_UNIX")
-    code, _, err = invoke("gids", "--path.sysfs", str(host.root))
-    assert code == Exit.USAGE and "NCCL_IB_ADDR_FAMILY" in err
+    code, out, _ = invoke("gids", "--path.sysfs", str(host.root), "--json", "--device", "mlx5_0")
+    assert code == 0 and [g["index"] for g in json.loads(out)["gids"] if g["nccl_selected"]] == [2]
 
 
 def test_bad_sysfs_is_one_line_and_exit_2(tmp_path: Path) -> None:
@@ -283,3 +284,56 @@ def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
     assert "step 1: GID index shift" in out
     workdir = next(line.split()[-1] for line in out.splitlines() if line.startswith("Removed "))
     assert not Path(workdir).exists()
+
+
+def test_a_device_filter_that_matches_nothing_is_not_no_hardware(host: SimHost) -> None:
+    # The shipped ConfigMap's `^mlx5_` on a Broadcom node: every device is there, none is read.
+    for command in (["show"], ["show", "--json"], ["check", "--no-netlink", "--state.dir", ""]):
+        code, out, err = invoke(
+            *command, "--path.sysfs", str(host.root), "--collector.infiniband.device-include", "^bnxt_"
+        )
+        assert code == Exit.USAGE, (command, out)
+        assert "No RDMA devices" not in out and "OK:" not in out
+        assert err.count("\n") == 1 and "matches none of the 3 RDMA device(s)" in err and "mlx5_0" in err, err
+    # A filter that keeps some devices, and a host with none at all, are as before.
+    code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--collector.infiniband.device-exclude", "^mlx5_0$")
+    assert code == 0 and "mlx5_1" in out and "mlx5_0" not in out
+
+
+def test_every_error_is_one_line_naming_what_to_fix(host: SimHost, tmp_path: Path) -> None:
+    for args in (["show", "--nope"], ["nosuch"], ["show", "--path.sysfs"], ["check", "--fail-on", "sometimes"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "rnic_exporter", *args], capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, (args, proc.stderr)
+        assert proc.stderr.startswith("rnic-exporter: error: ") and "--help" in proc.stderr, proc.stderr
+    bad = tmp_path / "rnic.yml"
+    bad.write_text("poll_interval_seconds: [1\n")
+    code, _, err = invoke("check", "--path.sysfs", str(host.root), "--config", str(bad))
+    assert code == 2 and err.count("\n") == 1 and f'in "{bad}", line 1' in err and "<unicode string>" not in err
+    # An [nccl] value NCCL runs with is not an error at all (it used to name an environment variable).
+    cfg = tmp_path / "rnic.toml"
+    cfg.write_text('[nccl]\nib_addr_range = "10.0.0.0/33"\n')
+    code, out, err = invoke(
+        "check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--config", str(cfg)
+    )
+    assert code != 2 and "NCCL_IB_ADDR_RANGE='10.0.0.0/33'" in out and "NCCL ignores the range" in out, err
+
+
+def test_show_json_keeps_a_netdev_in_another_namespace(host: SimHost) -> None:
+    netdev = host.device("mlx5_0").netdev
+    (host.root / "class/net" / netdev).unlink()  # it lives in a pod's network namespace
+    _, table, _ = invoke("show", "--path.sysfs", str(host.root))
+    assert f"{netdev} (missing)" in table
+    code, out, _ = invoke("show", "--path.sysfs", str(host.root), "--json")
+    (port,) = next(d for d in json.loads(out)["devices"] if d["name"] == "mlx5_0")["ports"]
+    assert code == 0 and [(n["name"], n["present"]) for n in port["netdevs"]] == [(netdev, False)]
+    other = next(d for d in json.loads(out)["devices"] if d["name"] == "mlx5_1")["ports"][0]["netdevs"]
+    assert other and all(n["present"] is True for n in other) and set(other[0]) == set(port["netdevs"][0])
+
+
+def test_help_shows_defaults_as_an_operator_types_them() -> None:
+    _, out, _ = invoke("serve", "--help")
+    flat = " ".join(out.split())
+    assert "no-collector.consumers]" not in flat and "[default: 5.0]" not in flat, flat
+    assert "[default: 5s]" in flat and "[default: off]" in flat and "[default: on]" in flat

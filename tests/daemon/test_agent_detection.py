@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -102,21 +103,40 @@ def test_every_detection_name_is_in_the_catalogue_and_promtool_is_happy(sim_host
     agent.close()
 
 
+def _logged_after(
+    host: SimHost, state: Path, caplog: pytest.LogCaptureFixture, change: Callable[[], None]
+) -> list[logging.LogRecord]:
+    """What the agent logs on the poll after `change` (the first poll, learning the host, not counted)."""
+    agent = make_agent(host, state)
+    try:
+        agent.poll_once(full_gid_tables=True)
+        caplog.clear()
+        change()
+        with caplog.at_level(logging.INFO, logger="rnic_exporter"):
+            agent.poll_once()
+    finally:
+        agent.close()
+    return list(caplog.records)
+
+
 def test_events_are_logged_as_structured_lines(
     sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent = make_agent(sim_host, tmp_path / "state")
-    agent.poll_once(full_gid_tables=True)
-    caplog.clear()
-    sim_host.set_port_up("mlx5_1", False)
-    with caplog.at_level(logging.INFO, logger="rnic_exporter.events"):
-        agent.poll_once()
-    records = [r for r in caplog.records if r.name == "rnic_exporter.events"]
+    logged = _logged_after(sim_host, tmp_path / "state", caplog, lambda: sim_host.set_port_up("mlx5_1", False))
+    records = [r for r in logged if r.name == "rnic_exporter.events"]
     assert [r.getMessage() for r in records] == ["mlx5_1 port 1 (ens2f0np0) is down"]
     fields = records[0].fields  # type: ignore[attr-defined]
     assert fields["event"] == "rnic.port.down" and fields["device"] == "mlx5_1" and fields["port"] == "1"
     assert records[0].levelno == logging.WARNING
-    agent.close()
+
+
+def test_a_critical_nic_event_is_not_logged_as_an_exporter_error(
+    sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    logged = _logged_after(sim_host, tmp_path / "state", caplog, lambda: sim_host.remove_device("mlx5_1"))
+    gone = [r for r in logged if r.name == "rnic_exporter.events" and r.fields["severity"] == "critical"]  # type: ignore[attr-defined]
+    assert gone and all(r.levelno == logging.WARNING for r in gone)
+    assert not [r for r in logged if r.levelno >= logging.ERROR]
 
 
 def test_event_log_line_in_json_format(sim_host: SimHost, tmp_path: Path) -> None:
@@ -209,7 +229,8 @@ def test_check_takes_nccl_gid_index_from_the_environment(sim_host: SimHost, tmp_
         timeout=60,
         env={**os.environ, "NCCL_IB_GID_INDEX": "three"},
     )
-    assert garbage.returncode == 2 and "NCCL_IB_GID_INDEX='three' is not an integer" in garbage.stderr
+    # NCCL reads "three" as 0 (strtoll): the same verdict as index 0, and a note that says so; never exit 2.
+    assert garbage.returncode == 1 and "NCCL_IB_GID_INDEX='three': NCCL reads as 0" in garbage.stdout
 
 
 def scrape(url: str) -> Samples:
@@ -279,3 +300,36 @@ def test_nccl_gid_index_from_the_environment_beats_the_config_file(tmp_path: Pat
     assert apply_file(base, {"nccl_gid_index"}).detection.nccl_gid_index == 3  # NCCL_IB_GID_INDEX was set
     from_file = apply_file(base, set()).detection
     assert from_file.nccl_gid_index == 2 and from_file.expected_devices == 4
+
+
+def test_serve_says_when_the_device_filter_leaves_out_every_device(
+    sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dataclasses import replace
+
+    from rnic_exporter.sources.reader import ReaderSettings
+
+    agent = make_agent(sim_host, tmp_path)
+    agent.close()
+    config = replace(agent.config, reader=ReaderSettings.build(device_include="^bnxt_"))
+    agent = Agent(config, SysfsRoot(sim_host.root, hold_fds=True))
+    try:
+        with caplog.at_level(logging.INFO, logger="rnic_exporter"):
+            agent.poll_once()
+    finally:
+        agent.close()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "matches none of" in r.getMessage()]
+    assert warned and "mlx5_0" in warned[0].getMessage()
+    assert not [r for r in caplog.records if "no RDMA devices found" in r.getMessage()]
+
+
+def test_exporter_error_and_wakeup_counters_are_zero_on_a_healthy_host(sim_host: SimHost, tmp_path: Path) -> None:
+    agent = make_agent(sim_host, tmp_path / "state")
+    try:
+        agent.poll_once(full_gid_tables=True)
+        for reason in ("corrupt", "foreign", "unreadable", "unwritable"):
+            assert series(agent, "rnic_exporter_state_errors_total", reason=reason) == 0, reason
+        for source in ("netlink", "udev"):
+            assert series(agent, "rnic_exporter_wakeups_total", source=source) == 0, source
+    finally:
+        agent.close()

@@ -124,6 +124,9 @@ def test_the_issue_alerts_are_all_there() -> None:
         "RnicNcclGidUnusable": "critical",
         "RnicDeviceReadStuck": "critical",
         "RnicExporterNeverPolled": "warning",
+        "RnicPcieAerFatalErrors": "critical",
+        "RnicPcieAerNonFatalErrors": "warning",
+        "RnicPcieAerCorrectableRising": "warning",
     }
 
 

@@ -170,14 +170,26 @@ def test_configured_gid_index_must_be_roce_v2_ipv4(sim_host: SimHost, index: int
     assert names(first) == ([] if valid else ["rnic.nccl.gid_index_invalid"] * 2)
 
 
-def test_invalid_index_event_names_the_gid_the_nccl_family_wants(sim_host: SimHost) -> None:
-    # Index 3 holds the IPv4 address's RoCE v2 GID: right under AF_INET, wrong for an AF_INET6 fabric.
+def test_configured_index_is_judged_as_nccl_uses_it_and_agrees_with_the_usable_gauge(sim_host: SimHost) -> None:
+    # NCCL uses a pinned index as it is, whatever NCCL_IB_ADDR_FAMILY says: index 3 (the IPv4
+    # address's RoCE v2 GID) works under AF_INET6 too, and both gauges say so.
     v6 = DetectionSettings(nccl_gid_index=3, nccl=NcclSettings(address_family=socket.AF_INET6))
-    events = [e for e in diff(None, judge(read_full(sim_host), State(), v6)) if e.name == "rnic.nccl.gid_index_invalid"]
-    assert events and all("is not a RoCE v2 routable IPv6 GID on" in e.message for e in events)
+    cur = judge(read_full(sim_host), State(), v6)
+    roce = [v for v in cur.ports.values() if v.configured_index_valid is not None]
+    assert roce and all(v.configured_index_valid is True and v.nccl_usable is True for v in roce)
+    assert "rnic.nccl.gid_index_invalid" not in names(diff(None, cur))
     v4 = DetectionSettings(nccl_gid_index=2)
     events = [e for e in diff(None, judge(read_full(sim_host), State(), v4)) if e.name == "rnic.nccl.gid_index_invalid"]
-    assert events and all("is not a RoCE v2 IPv4 GID on" in e.message for e in events)
+    assert events and all("points at a GID of another RoCE version" in e.message for e in events)
+
+
+def test_configured_index_is_not_judged_on_a_port_nccl_does_not_use(sim_host: SimHost) -> None:
+    sim_host.set_port_up("mlx5_0", False)
+    cur = judge(read_full(sim_host), State(), DetectionSettings(nccl_gid_index=9))
+    down = [v for v in cur.ports.values() if v.device == "mlx5_0"]
+    assert down and all(v.configured_index_valid is None and v.nccl_usable is None for v in down)
+    up = [v for v in cur.ports.values() if v.configured_index_valid is not None]
+    assert up and all(v.configured_index_valid is False for v in up)
 
 
 def test_configured_index_turns_invalid_when_the_address_moves(sim_host: SimHost) -> None:
@@ -396,7 +408,7 @@ def test_corrupt_or_foreign_state_is_rebuilt(sim_host: SimHost, tmp_path: Path, 
     state_dir.mkdir()
     (state_dir / STATE_FILE).write_text(content)
     run = Run(sim_host, state_dir)
-    assert run.detector.state_errors == {reason: 1}
+    assert +run.detector.state_errors == {reason: 1}  # the other reasons are there at 0
     assert names(run.poll()) == ["rnic.device.discovered"] * 3
     assert json.loads((state_dir / STATE_FILE).read_text())["version"] == 1
     assert any(p.name.startswith(f"{STATE_FILE}.{reason}-") for p in state_dir.iterdir())

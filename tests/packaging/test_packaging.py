@@ -465,12 +465,19 @@ def _walk(node: Any) -> Iterator[dict[str, Any]]:
             yield from _walk(value)
 
 
-def test_grafana_datasource_is_one_default_prometheus() -> None:
+def test_grafana_datasource_is_one_prometheus_that_cannot_stop_grafana() -> None:
     provisioning = yaml.safe_load((GRAFANA / "datasources/rnic-exporter.yaml").read_text())
     assert provisioning["apiVersion"] == 1
     (datasource,) = provisioning["datasources"]
-    assert datasource["type"] == "prometheus" and datasource["uid"] and datasource["isDefault"] is True
+    assert datasource["type"] == "prometheus" and datasource["uid"]
     assert datasource["url"].startswith(("http://", "https://")) and datasource["access"] == "proxy"
+    # Next to kube-prometheus-stack's provisioned datasource (default, uid `prometheus`, name
+    # `Prometheus`): Grafana refuses to start with two defaults in an organization, and a shared uid
+    # or name would overwrite the other.
+    stack = {"name": "Prometheus", "uid": "prometheus", "type": "prometheus", "isDefault": True}
+    both = [stack, datasource]
+    assert sum(1 for d in both if d.get("isDefault")) <= 1
+    assert len({d["uid"] for d in both}) == 2 and len({d["name"] for d in both}) == 2
 
 
 def test_grafana_provider_loads_the_dashboards_unchanged_from_one_directory() -> None:
@@ -500,7 +507,7 @@ def test_dashboards_select_the_provisioned_datasource_without_import_placeholder
         assert [v["query"] for v in ds_vars] == [datasource["type"]], path.name
         current = ds_vars[0].get("current") or {}
         if current.get("value") in (None, "", "default"):
-            assert datasource["isDefault"] is True  # no preset: Grafana selects the default datasource
+            pass  # no preset: Grafana selects the organization's default (or first) Prometheus
         else:
             assert current["value"] in (datasource["uid"], datasource["name"]), path.name
         refs = [node["datasource"] for node in _walk(dashboard) if isinstance(node.get("datasource"), dict)]
@@ -531,8 +538,14 @@ def test_bundle_writes_every_deployment_file_unchanged(tmp_path: Path) -> None:
         "grafana/provisioning/datasources/rnic-exporter.yaml",
         "grafana/provisioning/dashboards/rnic-exporter.yaml",
         "alerts/rnic-exporter.rules.yml",
+        "slurm/50-rnic-check.sh",
+        "runbooks/RnicPcieLinkDowntrained.md",
     ):
         assert (out / expected).is_file(), expected
+    # A runbook for every alert, next to the rules: an offline cluster cannot follow runbook_url.
+    alerts = yaml.safe_load((out / "alerts/rnic-exporter.rules.yml").read_text())
+    names = {r["alert"] for g in alerts["groups"] for r in g["rules"] if "alert" in r}
+    assert {p.stem for p in (out / "runbooks").glob("*.md")} == names
     assert list((out / "dashboards").glob("*.json")), "no dashboards in the bundle"
     assert list((out / "alertmanager").glob("*.yml")), "no Alertmanager example in the bundle"
     assert not list(out.rglob("*.py")) and not list(out.rglob("__pycache__"))

@@ -453,3 +453,10 @@ def test_consumers_patch_grants_host_pids_two_capabilities_and_read_only_pod_log
     assert [v for v in pod["volumes"] if v["name"] != logs["name"]] == base["volumes"]
     changed = {k for k in pod if pod[k] != base.get(k)}
     assert changed == {"hostPID", "securityContext", "initContainers", "containers", "volumes"}
+
+
+def test_kube_prometheus_stack_finds_the_monitor_and_rules_and_the_pod_is_evicted_last() -> None:
+    # kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by `release`.
+    for kind in ("ServiceMonitor", "PrometheusRule"):
+        assert _one(kind)["metadata"]["labels"]["release"] == "kube-prometheus-stack", kind
+    assert _one("DaemonSet")["spec"]["template"]["spec"]["priorityClassName"] == "system-node-critical"

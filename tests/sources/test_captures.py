@@ -183,7 +183,10 @@ def test_sparse_pod_table_and_bond_pick_the_v2_ipv4_gid() -> None:
     """A pod's view (slots 0-3 zero, its macvlan's GIDs at 4-7) and a RoCE LAG (ibv_devinfo rows):
     NCCL's auto-selection lands on the RoCE v2 IPv4 GID, 7 and 3."""
     assert show_port("nccl-k8s-macvlan-sparse", "mlx5_0")["nccl_gid_index"] == 7
-    assert show_port("nccl-k8s-macvlan-sparse", "mlx5_1")["netdevs"] == []  # net2 is in the pod, not this tree
+    # net2 is in the pod, not this tree: listed as not present, as the table shows it "(missing)"
+    assert [(n["name"], n["present"]) for n in show_port("nccl-k8s-macvlan-sparse", "mlx5_1")["netdevs"]] == [
+        ("net2", False)
+    ]
     bond = show_port("nccl-roce-bond-devinfo", "mlx5_bond_0")
     assert bond["nccl_gid_index"] == 3 and bond["ipv4"] == ["200.0.209.6"]
     assert bond["phys_state"] == {"number": 5, "name": "LinkUp"} and bond["up"] is None  # state not in the rows

@@ -108,12 +108,13 @@ def test_a_quiet_poll_reads_only_what_detection_watches(sim_host: SimHost, tmp_p
         assert agent.last is published  # no detection, nothing published
         snap = agent.reader.state_pass(trust_events=True).snapshot
         assert agent.reader.state_pass(trust_events=True).snapshot is snap  # the very same objects
-        # 3 port files + 3 netdev files + 2 PCIe files per single-port NIC, and a 1/60 slice of its
+        # 3 port files + 3 netdev files + 2 PCIe files + its AER counts per single-port NIC, and a 1/60 slice of its
         # GID table's files (compared with its last whole read), three passes
         tables = [t for r in agent.reader._order for t in r.gids.values()]
         slices = sum(-(-len(t.files) // GID_COVERAGE_PASSES) for t in tables)
         assert len(tables) == len(snap.devices) and slices
-        assert root.reads - reads == 3 * (8 * len(snap.devices) + slices)
+        aer = sum(len(link.aer_errors) for link in snap.pcie.values())  # errors count between events too
+        assert root.reads - reads == 3 * (8 * len(snap.devices) + aer + slices)
         sim_host.set_port_up("mlx5_1", False)
         agent.poll_once()
         assert agent.last is not published

@@ -402,6 +402,12 @@ def expected_from_sim(host: SimHost) -> Content:
             max_width=dev.pcie_max[1],
             upstream_max_speed_gts=dev.pcie_max[0],
             upstream_max_width=dev.pcie_max[1],
+            aer_errors=()
+            if dev.aer is None
+            else tuple(
+                (severity, sum(n for (s, _), n in dev.aer.items() if s == severity))
+                for severity in ("correctable", "nonfatal", "fatal")
+            ),
         )
     return tuple(devices), netdevs, pcie
 
@@ -1089,7 +1095,7 @@ def test_a_steady_poll_reads_each_reported_value_once_plus_a_sweep_slice(sim_hos
     per_poll = reader.root.reads - reads
     values = sum(1 + len(d.hw_counters) for d in snap.devices)  # node_desc
     values += sum(4 + len(p.counters) + len(p.hw_counters) + 3 * len(p.gids) for p in snap.ports)
-    values += 9 * len(snap.netdevs) + 6 * len(snap.pcie)
+    values += 9 * len(snap.netdevs) + sum(6 + len(link.aer_errors) for link in snap.pcie.values())
     sweep = sum(min(GID_SWEEP_SLOTS, p.gid_table_size - len(p.gids)) for p in snap.ports)
     assert per_poll == values + sweep
     assert reader.full_gid_reads == len(snap.ports)  # only the first poll read whole tables

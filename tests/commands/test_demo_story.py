@@ -1,0 +1,89 @@
+"""The demo's story holds together: its heal leaves a healthy host, every failure lasts long enough
+for the alert it stands for to fire on a real Prometheus, and its hints run as printed."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from rnic_exporter.commands import demo
+from rnic_exporter.commands.check import run_check
+from rnic_exporter.detect.settings import DetectionSettings
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.reader import ReaderSettings
+from tests.daemon.test_agent_detection import make_agent
+
+REPO = Path(__file__).resolve().parents[2]
+# The alert each step's failure stands for (the ones the demo's output names).
+ALERTS = {
+    "_gid_shift": ["RnicGidIndexMoved", "RnicGidTableChanged"],
+    "_speed_drop": ["RnicLinkBelowRated", "RnicLinkFarBelowRated"],
+    "_pcie_downtrain": ["RnicPcieLinkDowntrained"],
+    "_nic_gone": ["RnicDeviceDisappeared"],
+    "_ipv6_only": ["RnicNcclGidUnusable"],
+}
+
+
+def _seconds(duration: str) -> float:
+    m = re.fullmatch(r"(\d+)([smh])", duration)
+    assert m, duration
+    return int(m[1]) * {"s": 1, "m": 60, "h": 3600}[m[2]]
+
+
+def test_every_failure_outlasts_its_alerts_for(tmp_path: Path) -> None:
+    rules = {
+        r["alert"]: r
+        for g in yaml.safe_load((REPO / "alerts/rnic-exporter.rules.yml").read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    steps = [s.act.__name__ for s in demo.STEPS]
+    heal = steps.index("_heal")
+    for step_seconds in (20.0, 1.0):  # the CLI's default, and the tests' fast demo
+        for i, name in enumerate(steps[:heal]):
+            lasts = sum(demo.wait_before(j, step_seconds) for j in range(i + 1, heal + 1))
+            for alert in ALERTS[name]:
+                needed = _seconds(rules[alert].get("for", "0s")) + 60  # a scrape and an evaluation
+                assert lasts >= needed, (name, alert, lasts, needed)
+
+
+def test_the_heal_leaves_a_host_check_calls_healthy(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=6, infiniband=2)
+    state = tmp_path / "state"
+    agent = make_agent(host, state)
+    try:
+        agent.poll_once(full_gid_tables=True)
+        for _ in range(2):  # a second cycle: the steps can be played again
+            for step in demo.STEPS:
+                step.act(host)
+                agent.poll_once(full_gid_tables=True)
+    finally:
+        agent.close()
+    report = run_check(
+        host.root,
+        state,
+        DetectionSettings(),
+        ReaderSettings(),
+        HostPaths(procfs=tmp_path / "proc", rootfs=tmp_path / "root"),
+        use_netlink=False,
+    )
+    assert [p for p in report.problems if p.severity == "critical"] == [], report.problems
+
+
+def test_the_check_hint_runs_as_printed(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=6, infiniband=2)
+    demo.STEPS[4].act(host)  # prints the hint; run_demo fills in the real paths
+    hint = demo._HINTS["check"]
+    assert "--state.dir" in hint and "--no-netlink" in hint
+    command = hint.replace("<the tree above>", str(host.root)).replace("<its state>", str(tmp_path / "state"))
+    argv = shlex.split(command)
+    argv = [sys.executable, "-m", "rnic_exporter", *argv[1:]] if argv[0] == "rnic-exporter" else argv
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "nccl_gid_unusable" not in proc.stderr, proc.stderr
+    assert "NCCL's auto-selection uses a link-local GID" in proc.stdout, proc.stdout
