@@ -27,7 +27,9 @@ host: 16 RoCE RNICs with 255-slot GID tables, every counter file of every port r
   50 concurrent keep-alive clients (wrk), resident memory; a run then takes about 3 minutes more.
 
 `--src DIR` runs the rnic-exporter found in DIR (a worktree of another branch) with `--python`, so one
-script measures two branches. As root it runs inside a network namespace it makes (and removes)
+script measures two branches; `--compare DIR` runs DIR's beside ours in the same per-minute window
+(scraped alike, and an idle one), which answers "before or after" far better than two runs on a
+shared machine. As root it runs inside a network namespace it makes (and removes)
 holding veths named like the simulated netdevs, with their addresses, so rtnetlink knows them as on
 a real host (`--no-netdevs`: netlink blind, the fallback everywhere). A run takes about 5 minutes.
 Needs `prometheus-node-exporter` (and `wrk` for `--extras`).
@@ -209,6 +211,12 @@ def main() -> None:
     parser.add_argument(
         "--cycle-window", type=float, default=30, help="seconds of the per-cycle window, one poll and scrape a second"
     )
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="source tree of another rnic-exporter, run beside ours in the per-minute window (scraped and idle)",
+    )
     parser.add_argument("--extras", action="store_true", help="also files read, scrape latency under load, memory")
     parser.add_argument("--latency-seconds", type=int, default=8)
     parser.add_argument(
@@ -263,6 +271,11 @@ def main() -> None:
             ),
         ]
         scraped = [(us, PROMETHEUS_LIKE, SCRAPE_S), (ne, PROMETHEUS_LIKE, SCRAPE_S)]
+        if opts.compare is not None:  # another checkout, scraped and idle, in the same windows
+            other = Ours(opts.python, opts.compare.resolve(), tuple(opts.ours_flag))
+            them = stack.enter_context(ours_running(other, sysfs, work / "state-compare", "compared"))
+            scraped.insert(1, (them, PROMETHEUS_LIKE, SCRAPE_S))
+            idle.append(stack.enter_context(ours_running(other, sysfs, work / "state-cidle", "compared idle")))
         paced_window(scraped, opts.warmup)  # the same cadence: start-up and first reads are no user's minute
         w = paced_window(scraped, opts.window, idle)
         o, t = w["ours"], w["node_exporter"]
@@ -274,6 +287,10 @@ def main() -> None:
         )
         if not us.cpu.precise:
             table.note("no writable cpuacct cgroup: CPU from /proc/<pid>/stat ticks (10 ms) only")
+        if "compared" in w:
+            c = w["compared"]
+            table.row("  the same, compared checkout (--compare)", c.per_minute_ms(), t.per_minute_ms(), "ms", t.load)
+            table.note(f"{opts.compare}: {c.ticks} ticks; ours/compared {o.cpu_s / c.cpu_s:.2f}x")
         for d in idle:
             i = w[d.name]
             table.row(f"CPU per minute, {d.name}, no scrapes", i.per_minute_ms(), None, "ms", i.load)
