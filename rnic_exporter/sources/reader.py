@@ -206,6 +206,8 @@ class HostReader:
         self._last: Snapshot | None = None
         self._listing_failed = False
         self._passes = 0
+        self._recheck = True  # the last pass changed something: check every registration's identity
+        self._identities_due = float("-inf")  # (clock) when identities are checked anyway
 
     @property
     def settings(self) -> ReaderSettings:
@@ -251,7 +253,15 @@ class HostReader:
         `trust_events`: every device (True), or the devices named, is read trusting announcements."""
         started = time.monotonic()
         listing_errors: list[ReadError] = []
-        readers = self._enumerate(listing_errors)
+        # A registration's identity (a `stat` through the class link, per device) is checked on an
+        # announcement, on the safety sweep, and after a pass that changed anything; a fast pass
+        # that trusts events lists the names only (udev and rtnetlink announce a re-registration,
+        # and its held files stop answering, which changes the pass).
+        now = self.clock()
+        check = not trust_events or bool(full_gid_tables) or self._recheck or now >= self._identities_due
+        readers = self._enumerate(listing_errors, check)
+        if check:
+            self._identities_due = now + self.safety_s
         jobs: list[Job] = []
         self._passes += 1
         for reader in readers:
@@ -262,6 +272,7 @@ class HostReader:
         self._close_retired()
         listing_failed, self._listing_failed = self._listing_failed, bool(listing_errors)
         changed = [r.name for r in readers if r.changed]
+        self._recheck = bool(changed) or bool(listing_errors) or any(r.device is None for r in readers)
         last = self._last
         present = tuple(r for r in readers if r.device is not None)
         unread = tuple(r.name for r in readers if r.device is None)
@@ -356,10 +367,12 @@ class HostReader:
                 finally:
                     reader.gate.lock.release()
 
-    def _enumerate(self, errors: list[ReadError]) -> list[_DeviceReader]:
+    def _enumerate(self, errors: list[ReadError], check: bool = True) -> list[_DeviceReader]:
         names = self._list_devices(errors)
         if names is None:
             return list(self._order)  # a failed listing is a failed pass, not an empty host
+        if not check and names == [r.name for r in self._order]:
+            return list(self._order)  # the same names: the same registrations until a check says not
         readers = []
         for name in names:
             ident = self.root.identity(f"{CLASS_DIR}/{name}")

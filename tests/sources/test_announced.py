@@ -84,3 +84,31 @@ def test_the_fallback_is_in_the_exposition_per_device(sim_host: SimHost, tmp_pat
     freshness_part(Collect(), ExporterStats(devices=reader.freshness()))
     name = catalog.POLL_FALLBACK.name
     assert {labels[0]: v for (n, labels), v in added.items() if n == name} == {"mlx5_0": 0, "mlx5_1": 1, "mlx5_2": 0}
+
+
+def test_a_device_removed_is_seen_by_the_next_poll_a_re_registration_by_its_announcement(sim_host: SimHost) -> None:
+    """The device listing is read every poll; a registration's identity (a stat per device) is
+    checked on an announcement, after a pass that changed something, and on the safety sweep."""
+    reader, now = trusting_reader(sim_host)
+    reader.state_pass(trust_events=True)
+    sim_host.remove_device("mlx5_1")
+    assert reader.state_pass(trust_events=True).snapshot.device("mlx5_1") is None
+    sim_host.restore_device("mlx5_1")
+    reader.state_pass(trust_events=True)  # names changed: every identity checked
+    while reader.state_pass(trust_events=True).changed:  # the restored device settles
+        pass
+    registration = reader._devices["mlx5_0"]
+    sim_host.remove_device("mlx5_0")  # unregistered and registered again between two polls
+    sim_host.restore_device("mlx5_0")
+    reader.state_pass(trust_events=True)
+    reader.state_pass(trust_events=True)
+    assert reader._devices["mlx5_0"] is registration  # the same names, nothing announced: not checked yet
+    reader.state_pass(trust_events=True, full_gid_tables={"mlx5_0"})  # udev's or rtnetlink's announcement
+    assert reader._devices["mlx5_0"] is not registration
+    registration = reader._devices["mlx5_0"]
+    reader.state_pass(trust_events=True)
+    sim_host.remove_device("mlx5_0")
+    sim_host.restore_device("mlx5_0")
+    now[0] += reader.safety_s  # or the safety sweep
+    reader.state_pass(trust_events=True)
+    assert reader._devices["mlx5_0"] is not registration
