@@ -1,40 +1,38 @@
 """Benchmark: rnic-exporter vs node_exporter, side by side on the same simulated sysfs tree. Prints figures.
 
     .venv/bin/python bench/bench.py [--src DIR] [--python PATH] [--devices 16] [--gid-slots 255]
-                                    [--seconds 30] [--scale 10] [--realtime 180]
+                                    [--warmup 30] [--window 120] [--cycle-window 30] [--extras]
 
-Runs `rnic-exporter serve` as users run it (detection, netlink, udev and ethtool on; OTLP off) and
-Debian's `prometheus-node-exporter` (only its infiniband and netclass collectors, `--path.sysfs` on the
-same tree) at the same time on one simulated host (16 RoCE RNICs, 255-slot GID tables by default).
-`--src DIR` runs the rnic-exporter found in DIR (a worktree of another branch) with `--python`.
+What a user's host runs, measured as a user would measure it (`/proc/<pid>/stat` over a window):
+`rnic-exporter serve` at its defaults (detection, netlink, udev and ethtool on; 5 s polls; OTLP
+off) and Debian's `prometheus-node-exporter` (only its infiniband and netclass collectors,
+`--path.sysfs` on the same tree), both scraped every 15 s by a Prometheus-like client (keep-alive,
+Prometheus 2.x's Accept with OpenMetrics first, gzip), at the same time, on one simulated **busy**
+host: 16 RoCE RNICs with 255-slot GID tables, every counter file of every port rewritten every
+`--busy-period` s by a separate writer process (its CPU counted for no one), as on a training node.
 
-- **busy** host: a separate writer process (its CPU counted for no one) rewrites every counter file
-  of every port every 0.25 s, as on a training node; **quiet** host: nothing changes.
-- **Prometheus-like** client: keep-alive, Prometheus 2.x's Accept (OpenMetrics first), gzip;
-  **plain** client: a new connection per scrape, no Accept, no gzip (curl-like).
-- **CPU per cycle** at one poll per scrape: ours polls every `--cycle` s and is scraped once per poll
-  (ours = poll + scrape), node_exporter is scraped at the same pace (theirs = scrape, which reads sysfs).
-  Both run in the same window, so the machine's load falls on both; CPU is utime+stime of every
-  thread from /proc/<pid>/stat (10 ms ticks: the window totals are printed).
-- **CPU per minute at the defaults** (our 5 s poll, a 15 s scrape for both), with time compressed
-  `--scale` times (poll 5/scale s, scrapes 15/scale s) and multiplied back: a compressed minute holds
-  the same 12 polls and 4 scrapes, busy and quiet. And one real-time window of `--realtime` seconds
-  at the true defaults on the busy host, printed beside it: work an exporter does on timers of its
-  own is not compressed, so when the two differ the real-time figure is the one to quote
-  (`--realtime 0` skips it: a run then takes about 5 minutes instead of 8).
-- scrape latency p50/p99 with 1, 40 and 50 concurrent keep-alive clients (wrk, Prometheus-like
-  headers, busy host, our default 5 s poll), one exporter loaded at a time. Both answer 503 at once
-  beyond 40 scrapes in flight (their default caps): at 50 clients the percentiles mix those in, so
-  the number of such answers is printed, and 40 clients is the most that are all served;
-- RSS of the full daemon (VmRSS steady, VmHWM after the 50-client load);
-- sysfs files read per cycle and per minute at the defaults by each (inotify IN_ACCESS on the tree,
-  one reader at a time): on real mlx5 hardware every `counters/` read is a firmware command (and
-  `hw_counters/` one query per 10 ms lifespan), so there the cost follows these counts more than
-  the CPU figures.
-As root it runs inside a network namespace it makes (and removes) holding veths named like the
-simulated netdevs, so rtnetlink knows them as on a real host (`--no-netdevs`: netlink blind, every
-device read in full as when netlink fails).
-Needs `prometheus-node-exporter` and `wrk` (apt-get install prometheus-node-exporter wrk).
+- **CPU per minute at the defaults**: after `--warmup` s of the same scrapes (start-up, first
+  reads and the first detections are not a user's steady minute), CPU of each over a real-time
+  window of `--window` s (utime+stime of every thread, `/proc/<pid>/stat`, 10 ms ticks: the tick
+  counts are printed, so the figure can be checked against a plain reading), per minute, and the
+  ratio ours/node_exporter. No time compression: work on timers of one's own (detection refresh,
+  the safety sweep, idle threads) is counted as it happens.
+- **idle daemon per minute**, in the same window: more rnic-exporters on the same tree that nobody
+  scrapes: at the defaults; with `--poll.interval 1m` (the floor of everything not tied to a
+  poll); and with netlink off (`--no-watch.netlink`: the fallback that polls every attribute at the
+  fast interval, as when the netlink socket fails).
+- **CPU per cycle**, busy, one poll and one scrape a second (`--cycle-window` s, 0 skips): ours =
+  poll + scrape, node_exporter = a scrape, which reads sysfs.
+- `--extras`: files read per cycle and per minute (inotify), scrape latency p50/p99 with 1, 40 and
+  50 concurrent keep-alive clients (wrk), resident memory; a run then takes about 3 minutes more.
+
+`--src DIR` runs the rnic-exporter found in DIR (a worktree of another branch) with `--python`, so one
+script measures two branches; `--compare DIR` runs DIR's beside ours in the same per-minute window
+(scraped alike, and an idle one), which answers "before or after" far better than two runs on a
+shared machine. As root it runs inside a network namespace it makes (and removes)
+holding veths named like the simulated netdevs, with their addresses, so rtnetlink knows them as on
+a real host (`--no-netdevs`: netlink blind, the fallback everywhere). A run takes about 5 minutes.
+Needs `prometheus-node-exporter` (and `wrk` for `--extras`).
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,20 +54,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness import (
-    PLAIN,
+    CLK_TCK,
     PROMETHEUS_LIKE,
     BusyWriter,
     Client,
     FileReads,
     Latency,
     Ours,
+    ProcessCpu,
     ReadCounts,
     Scraper,
-    cpu_seconds,
     free_port,
-    get,
     load_average,
-    metric_value,
     node_exporter_args,
     node_exporter_binary,
     peak_rss_mb,
@@ -79,7 +75,8 @@ from harness import (
     wrk_latency,
 )
 
-from rnic_exporter.catalog.metrics import POLLS
+SCRAPE_S = 15.0  # Prometheus' default scrape interval
+POLL_S = 5.0  # our default --poll.interval
 
 
 @dataclass
@@ -87,30 +84,29 @@ class Daemon:
     name: str
     pid: int
     url: str
+    cpu: ProcessCpu
 
 
 @dataclass(frozen=True, slots=True)
 class Window:
     cpu_s: float
+    ticks: int
     scrapes: int
-    polls: int | None  # ours only
     seconds: float
     load: float
 
-
-def our_polls(url: str) -> int | None:
-    value = metric_value(get(url), POLLS.name)
-    return None if value is None else int(value)
+    def per_minute_ms(self) -> float:
+        return self.cpu_s * 1000 * 60 / self.seconds
 
 
-def paced_window(daemons: list[tuple[Daemon, Client, float]], seconds: float) -> dict[str, Window]:
-    """Scrape each daemon every its period (offset so they do not coincide) for `seconds`; CPU of each."""
-    scrapers = [(d, Scraper(d.url, client), period) for d, client, period in daemons]
-    for i, (_, s, period) in enumerate(scrapers):  # warm: every format rendered once, connections open
-        s.scrape()
-        time.sleep(period / len(scrapers) if i + 1 < len(scrapers) else 0)
-    polls0 = {d.name: our_polls(d.url) if d.name == "ours" else None for d, _, _ in scrapers}
-    cpu0 = {d.name: cpu_seconds(d.pid) for d, _, _ in scrapers}
+def paced_window(
+    scraped: Sequence[tuple[Daemon, Client, float]], seconds: float, unscraped: Sequence[Daemon] = ()
+) -> dict[str, Window]:
+    """Scrape each of `scraped` every its period (offset so they do not coincide) for `seconds`;
+    the CPU of each, and of `unscraped` (daemons left alone) over the same window."""
+    scrapers = [(d, Scraper(d.url, client), period) for d, client, period in scraped]
+    everyone = [d for d, _, _ in scraped] + list(unscraped)
+    t0 = {d.name: (d.cpu.seconds(), d.cpu.ticks()) for d in everyone}
     start = time.monotonic()
     due = [start + i * period / len(scrapers) for i, (_, _, period) in enumerate(scrapers)]
     counts = [0] * len(scrapers)
@@ -124,14 +120,15 @@ def paced_window(daemons: list[tuple[Daemon, Client, float]], seconds: float) ->
         due[i] += scrapers[i][2]
     time.sleep(max(0.0, start + seconds - time.monotonic()))
     elapsed = time.monotonic() - start
-    out = {}
-    for (d, s, _), n in zip(scrapers, counts, strict=True):
-        cpu = cpu_seconds(d.pid) - cpu0[d.name]
-        p0 = polls0[d.name]
-        p1 = our_polls(d.url) if p0 is not None else None
-        out[d.name] = Window(cpu, n, None if p0 is None or p1 is None else p1 - p0, elapsed, load_average())
+    t1 = {d.name: (d.cpu.seconds(), d.cpu.ticks()) for d in everyone}
+    load = load_average()
+    for _, s, _ in scrapers:
         s.close()
-    return out
+    n = {d.name: c for (d, _, _), c in zip(scrapers, counts, strict=True)}
+    return {
+        d.name: Window(t1[d.name][0] - t0[d.name][0], t1[d.name][1] - t0[d.name][1], n.get(d.name, 0), elapsed, load)
+        for d in everyone
+    }
 
 
 def count_reads(sysfs: Path, daemon: Daemon, client: Client, period: float, scrapes: int) -> ReadCounts:
@@ -166,7 +163,10 @@ class Table:
     def __init__(self) -> None:
         self.rows: list[str] = []
 
-    def row(self, name: str, ours: float, theirs: float, unit: str, load: float, fmt: str = ".2f") -> None:
+    def row(self, name: str, ours: float, theirs: float | None, unit: str, load: float, fmt: str = ".2f") -> None:
+        if theirs is None:
+            self.rows.append(f"{name:<54}{ours:>11{fmt}} {unit:<3}{'':>15}{'':>9}{load:>7.2f}")
+            return
         ratio = f"{ours / theirs:>8.2f}x" if theirs else f"{'-':>9}"
         self.rows.append(f"{name:<54}{ours:>11{fmt}} {unit:<3}{theirs:>11{fmt}} {unit:<3}{ratio}{load:>7.2f}")
 
@@ -180,13 +180,17 @@ class Table:
 
 
 @contextmanager
-def ours_running(ours: Ours, sysfs: Path, state: Path, interval: float) -> Iterator[Daemon]:
+def ours_running(ours: Ours, sysfs: Path, state: Path, name: str, *flags: str) -> Iterator[Daemon]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    with running(
-        ours.args(sysfs, port, state, "--poll.interval", str(interval)), url, env=ours.env(), cwd=ours.cwd()
-    ) as proc:
-        yield Daemon("ours", proc.pid, url)
+    with running(ours.args(sysfs, port, state, *flags), url, env=ours.env(), cwd=ours.cwd()) as proc:
+        cpu = ProcessCpu(proc.pid, name)
+        try:
+            yield Daemon(name, proc.pid, url, cpu)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(10)
+            cpu.close()
 
 
 def main() -> None:
@@ -201,34 +205,34 @@ def main() -> None:
     )
     parser.add_argument("--devices", type=int, default=16)
     parser.add_argument("--gid-slots", type=int, default=255)
-    parser.add_argument("--seconds", type=float, default=30, help="length of each CPU window")
+    parser.add_argument("--busy-period", type=float, default=1.0, help="seconds between rewrites of every counter")
+    parser.add_argument("--warmup", type=float, default=30, help="seconds of scrapes before the per-minute window")
+    parser.add_argument("--window", type=float, default=120, help="seconds of the per-minute window (real time)")
     parser.add_argument(
-        "--cycle",
-        type=float,
-        default=1.25,
-        help="poll and scrape period of the per-cycle windows (above ~1 s: a scraper pass under 1 s old may be reused)",
+        "--cycle-window", type=float, default=30, help="seconds of the per-cycle window, one poll and scrape a second"
     )
-    parser.add_argument("--scale", type=float, default=10, help="time compression of the per-minute windows")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        default=None,
+        help="source tree of another rnic-exporter, run beside ours in the per-minute window (scraped and idle)",
+    )
+    parser.add_argument("--extras", action="store_true", help="also files read, scrape latency under load, memory")
     parser.add_argument("--latency-seconds", type=int, default=8)
-    parser.add_argument(
-        "--realtime",
-        type=float,
-        default=180,
-        help="seconds of one real-time window at the true defaults (busy host; 0: skip)",
-    )
     parser.add_argument(
         "--netdevs",
         action=argparse.BooleanOptionalAction,
         default=os.geteuid() == 0,
         help="run inside a fresh network namespace holding veths named like the simulated "
-        "RNICs' netdevs (default as root), so rtnetlink knows them as on a real host and "
-        "the exporter takes its event-driven path; --no-netdevs measures netlink blind",
+        "RNICs' netdevs, with their addresses (default as root), so rtnetlink knows them as on a "
+        "real host; --no-netdevs measures netlink blind (the fallback)",
     )
     parser.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.netdevs and not opts.inside_netns:
         sys.exit(_in_namespace(opts.devices))
-    require("wrk", "wrk")
+    if opts.extras:
+        require("wrk", "wrk")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the daemons and the writer
     ours = Ours(opts.python, opts.src.resolve() if opts.src else None, tuple(opts.ours_flag))
     ne_version = subprocess.run([node_exporter_binary(), "--version"], capture_output=True, text=True)
@@ -236,131 +240,138 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="rnic-bench-"))
     table = Table()
+    started = time.monotonic()
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
         sysfs = work / "sys"
-        writer = BusyWriter(sysfs, opts.devices, opts.gid_slots)
+        writer = BusyWriter(sysfs, opts.devices, opts.gid_slots, opts.busy_period)
         stack.callback(writer.close)
+        writer.busy(True)
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; simulated host: {opts.devices} RoCE "
-            f"RNICs, {opts.gid_slots}-slot GID tables; {os.cpu_count()} CPUs; "
-            f"loadavg {Path('/proc/loadavg').read_text().strip()}"
+            f"RNICs, {opts.gid_slots}-slot GID tables, every counter rewritten every {opts.busy_period:g} s; "
+            f"{os.cpu_count()} CPUs; loadavg {Path('/proc/loadavg').read_text().strip()}"
         )
         print(f"# rnic-exporter: {ours.describe()} (python {opts.python})")
-        print(f"# {ne_version_line}; both answer 503 beyond 40 scrapes in flight (their defaults)")
+        print(f"# {ne_version_line}; {'netdevs known to rtnetlink' if opts.netdevs else 'netlink blind'}")
         ne_port = free_port()
         ne_url = f"http://127.0.0.1:{ne_port}/metrics"
         ne_proc = stack.enter_context(running(node_exporter_args(sysfs, ne_port), ne_url))
-        ne = Daemon("node_exporter", ne_proc.pid, ne_url)
-        # Files read: node_exporter reads only when scraped, so it is counted before ours starts.
-        ne_reads = count_reads(sysfs, ne, PROMETHEUS_LIKE, 0.5, 4).per(4)
-        with ours_running(ours, sysfs, work / "state-cycle", opts.cycle) as us:
-            time.sleep(opts.cycle)
-            quiet_reads = count_reads(sysfs, us, PROMETHEUS_LIKE, opts.cycle, 8).per(8)
-            writer.busy(True)
-            busy_reads = count_reads(sysfs, us, PROMETHEUS_LIKE, opts.cycle, 8).per(8)
-            load = load_average()
-            file_rows(table, "per cycle, busy", busy_reads, ne_reads, load)
-            if quiet_reads != busy_reads:
-                file_rows(table, "per cycle, quiet", quiet_reads, ne_reads, load)
-            else:
-                table.note("quiet host: the same files")
+        ne = Daemon("node_exporter", ne_proc.pid, ne_url, ProcessCpu(ne_proc.pid, "node_exporter"))
+        stack.callback(ne.cpu.close)
+        ne_reads = count_reads(sysfs, ne, PROMETHEUS_LIKE, 0.5, 4).per(4) if opts.extras else None
 
-            # CPU per cycle, one poll per scrape, both in the same windows.
-            for busy in (True, False):
-                writer.busy(busy)
-                for client in (PROMETHEUS_LIKE, PLAIN):
-                    w = paced_window([(us, client, opts.cycle), (ne, client, opts.cycle)], opts.seconds)
-                    o, t = w["ours"], w["node_exporter"]
-                    label = f"CPU per cycle, {'busy' if busy else 'quiet'}, {client.name}"
-                    table.row(label, o.cpu_s * 1000 / o.scrapes, t.cpu_s * 1000 / t.scrapes, "ms", t.load)
-                    table.note(
-                        f"ours {o.cpu_s * 1000:.0f} ms over {o.scrapes} scrapes / {o.polls} polls, "
-                        f"node_exporter {t.cpu_s * 1000:.0f} ms over {t.scrapes} scrapes, {o.seconds:.0f} s"
-                    )
-            steady_rss = rss_mb(us.pid), rss_mb(ne.pid)
+        # CPU per minute at the defaults, and idle daemons beside, in one real-time window.
+        us = stack.enter_context(ours_running(ours, sysfs, work / "state-default", "ours"))
+        idle = [
+            stack.enter_context(ours_running(ours, sysfs, work / "state-idle", "idle")),
+            stack.enter_context(ours_running(ours, sysfs, work / "state-idle-1m", "idle, 1m", "--poll.interval", "60")),
+            stack.enter_context(
+                ours_running(ours, sysfs, work / "state-idle-nonl", "idle, netlink off", "--no-watch.netlink")
+            ),
+        ]
+        scraped = [(us, PROMETHEUS_LIKE, SCRAPE_S), (ne, PROMETHEUS_LIKE, SCRAPE_S)]
+        if opts.compare is not None:  # another checkout, scraped and idle, in the same windows
+            other = Ours(opts.python, opts.compare.resolve(), tuple(opts.ours_flag))
+            them = stack.enter_context(ours_running(other, sysfs, work / "state-compare", "compared"))
+            scraped.insert(1, (them, PROMETHEUS_LIKE, SCRAPE_S))
+            idle.append(stack.enter_context(ours_running(other, sysfs, work / "state-cidle", "compared idle")))
+        paced_window(scraped, opts.warmup)  # the same cadence: start-up and first reads are no user's minute
+        w = paced_window(scraped, opts.window, idle)
+        o, t = w["ours"], w["node_exporter"]
+        table.row("CPU per minute at defaults, busy, 15 s scrapes", o.per_minute_ms(), t.per_minute_ms(), "ms", t.load)
+        table.note(
+            f"{o.seconds:.0f} s after {opts.warmup:.0f} s of warm-up, {o.scrapes} scrapes each; /proc/<pid>/stat: "
+            f"ours {o.ticks}, node_exporter {t.ticks} ticks ({CLK_TCK} a second: "
+            f"{o.ticks / CLK_TCK * 60000 / o.seconds:.0f} and {t.ticks / CLK_TCK * 60000 / t.seconds:.0f} ms a minute)"
+        )
+        if not us.cpu.precise:
+            table.note("no writable cpuacct cgroup: CPU from /proc/<pid>/stat ticks (10 ms) only")
+        if "compared" in w:
+            c = w["compared"]
+            table.row("  the same, compared checkout (--compare)", c.per_minute_ms(), t.per_minute_ms(), "ms", t.load)
+            table.note(f"{opts.compare}: {c.ticks} ticks; ours/compared {o.cpu_s / c.cpu_s:.2f}x")
+        for d in idle:
+            i = w[d.name]
+            table.row(f"CPU per minute, {d.name}, no scrapes", i.per_minute_ms(), None, "ms", i.load)
+        table.note(
+            "the scrapes' own share: "
+            f"{o.per_minute_ms() - w['idle'].per_minute_ms():.0f} ms a minute (ours less the idle daemon)"
+        )
+        steady_rss = rss_mb(us.pid), rss_mb(ne.pid)
+        for d in idle:
+            os.kill(d.pid, signal.SIGTERM)  # done: their `running` reaps them at the end
 
-        # CPU per minute at the defaults, time scaled down.
-        scaled: dict[bool, float] = {}
-        with ours_running(ours, sysfs, work / "state-minute", 5.0 / opts.scale) as us:
-            for busy in (True, False):
-                writer.busy(busy)
-                w = paced_window(
-                    [(us, PROMETHEUS_LIKE, 15.0 / opts.scale), (ne, PROMETHEUS_LIKE, 15.0 / opts.scale)], opts.seconds
-                )
+        if opts.cycle_window > 0:
+            with ours_running(ours, sysfs, work / "state-cycle", "ours", "--poll.interval", "1") as cyc:
+                cycle = [(cyc, PROMETHEUS_LIKE, 1.0), (ne, PROMETHEUS_LIKE, 1.0)]
+                paced_window(cycle, 5)
+                w = paced_window(cycle, opts.cycle_window)
                 o, t = w["ours"], w["node_exporter"]
-                minutes = o.seconds * opts.scale / 60
-                label = f"CPU per minute at defaults, {'busy' if busy else 'quiet'}"
-                table.row(label, o.cpu_s * 1000 / minutes, t.cpu_s * 1000 / minutes, "ms", t.load)
-                table.note(
-                    f"time / {opts.scale:g}: {minutes:.1f} scaled minutes, ours {o.polls} polls + "
-                    f"{o.scrapes} scrapes, node_exporter {t.scrapes} scrapes"
-                )
-                scaled[busy] = o.cpu_s / t.cpu_s
-
-        # Latency, RSS and the optional real-time window at our true default poll interval.
-        writer.busy(True)
-        with ours_running(ours, sysfs, work / "state-default", 5.0) as us:
-            # Files read in one real minute at the defaults (work on timers of its own is not compressed).
-            file_rows(
-                table,
-                "per minute at defaults, busy",
-                count_reads(sysfs, us, PROMETHEUS_LIKE, 15.0, 4),
-                ne_reads.per(1 / 4),
-                load_average(),
-            )
-            lat: dict[str, list[Latency]] = {}
-            concurrency = (1, 40, 50)
-            for d in (us, ne):
-                lat[d.name] = [
-                    wrk_latency(d.url, c, opts.latency_seconds, PROMETHEUS_LIKE.headers) for c in concurrency
-                ]
-            load = load_average()
-            for i, clients in enumerate(concurrency):
-                ol, tl = lat["ours"][i], lat["node_exporter"][i]
-                name = f"{clients} client{'s' if clients > 1 else ''}, busy"
-                table.row(f"scrape p50, {name}", ol.p50_ms, tl.p50_ms, "ms", load)
-                table.row(f"scrape p99, {name}", ol.p99_ms, tl.p99_ms, "ms", load)
-                table.note(
-                    f"ours {ol.requests} answers ({ol.failed} not 2xx), node_exporter {tl.requests} "
-                    f"({tl.failed} not 2xx) in {opts.latency_seconds} s"
-                )
-            table.row("RSS steady (full daemon, after the cycle windows)", *steady_rss, "MB", load)
-            table.row("RSS peak (VmHWM, after 50 clients)", peak_rss_mb(us.pid), peak_rss_mb(ne.pid), "MB", load)
-            if opts.realtime > 0:
-                w = paced_window([(us, PROMETHEUS_LIKE, 15.0), (ne, PROMETHEUS_LIKE, 15.0)], opts.realtime)
-                o, t = w["ours"], w["node_exporter"]
-                minutes = o.seconds / 60
                 table.row(
-                    "CPU per minute at defaults, busy, REAL TIME",
-                    o.cpu_s * 1000 / minutes,
-                    t.cpu_s * 1000 / minutes,
+                    "CPU per cycle, busy, 1 s polls and scrapes",
+                    o.cpu_s * 1000 / o.scrapes,
+                    t.cpu_s * 1000 / t.scrapes,
                     "ms",
                     t.load,
                 )
-                real = o.cpu_s / t.cpu_s
-                table.note(
-                    f"{minutes:.1f} real minutes, ours {o.polls} polls + {o.scrapes} scrapes; ratio "
-                    f"{real:.2f}x against {scaled[True]:.2f}x compressed, same run"
-                    + (
-                        ""
-                        if abs(real / scaled[True] - 1) < 0.15
-                        else ": they differ, trust real time (work on timers of its own is not compressed)"
-                    )
-                )
+                table.note(f"ours {o.ticks} ticks over {o.scrapes} scrapes, node_exporter {t.ticks} over {t.scrapes}")
+
+        if opts.extras and ne_reads is not None:
+            _extras(opts, table, sysfs, us, ne, ne_reads, steady_rss)
     table.print()
     print(
-        "(ours: one cycle = one poll + one scrape; node_exporter: one scrape, which reads sysfs; "
-        "load1 = 1-minute load average at the end of the measurement)"
+        f"(ours: the default daemon, 5 s polls; a cycle = one poll + one scrape; node_exporter reads sysfs per "
+        f"scrape; load1 = 1-minute load average at the end of the window; run took {time.monotonic() - started:.0f} s)"
     )
 
 
+def _extras(
+    opts: argparse.Namespace,
+    table: Table,
+    sysfs: Path,
+    us: Daemon,
+    ne: Daemon,
+    ne_reads: ReadCounts,
+    steady_rss: tuple[float, float],
+) -> None:
+    file_rows(
+        table, "per cycle, busy", count_reads(sysfs, us, PROMETHEUS_LIKE, POLL_S, 3).per(3), ne_reads, load_average()
+    )
+    file_rows(
+        table,
+        "per minute at defaults, busy",
+        count_reads(sysfs, us, PROMETHEUS_LIKE, SCRAPE_S, 4),
+        ne_reads.per(1 / 4),
+        load_average(),
+    )
+    lat: dict[str, list[Latency]] = {}
+    concurrency = (1, 40, 50)
+    for d in (us, ne):
+        lat[d.name] = [wrk_latency(d.url, c, opts.latency_seconds, PROMETHEUS_LIKE.headers) for c in concurrency]
+    load = load_average()
+    for i, clients in enumerate(concurrency):
+        ol, tl = lat["ours"][i], lat["node_exporter"][i]
+        name = f"{clients} client{'s' if clients > 1 else ''}, busy"
+        table.row(f"scrape p50, {name}", ol.p50_ms, tl.p50_ms, "ms", load)
+        table.row(f"scrape p99, {name}", ol.p99_ms, tl.p99_ms, "ms", load)
+        table.note(
+            f"ours {ol.requests} answers ({ol.failed} not 2xx), node_exporter {tl.requests} "
+            f"({tl.failed} not 2xx) in {opts.latency_seconds} s"
+        )
+    table.row("RSS steady (full daemon, after the per-minute window)", *steady_rss, "MB", load)
+    table.row("RSS peak (VmHWM, after 50 clients)", peak_rss_mb(us.pid), peak_rss_mb(ne.pid), "MB", load)
+
+
 def _in_namespace(devices: int) -> int:
-    """Re-run this benchmark inside a namespace with the simulator's netdev names (removed afterwards)."""
+    """Re-run this benchmark inside a namespace with the simulator's netdev names and addresses (removed
+    afterwards)."""
     from tests.support.netns import network_namespace
 
-    names = [f"ens{n}f0np0" for n in range(1, devices + 1)]  # rnic_exporter.sim's RoCE netdev names
-    with network_namespace(names, prefix="rnb") as ns:
+    netdevs = {f"ens{n + 1}f0np0": f"0c:42:a1:41:{n:02x}:36" for n in range(devices)}  # rnic_exporter.sim's
+    with network_namespace(netdevs, prefix="rnb") as ns:
+        for n in range(devices):
+            ns.ip("addr", "add", f"10.0.{n}.1/24", "dev", f"ens{n + 1}f0np0")
         return subprocess.run(ns.exec_args(sys.executable, *sys.argv, "--inside-netns")).returncode
 
 

@@ -433,6 +433,16 @@ def serve_options(f: F) -> F:
             help="Time between sysfs polls: a Prometheus duration (500ms, 5s, 1m) or seconds, 0.05 s to 1h. "
             "Scrapes are served from the last poll.",
         ),
+        click.option(
+            "--poll.safety-interval",
+            "safety_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=60.0,
+            help="While netlink works: how often what an event announces (a RoCE port's netdev, state, "
+            "rate and GIDs) is re-read anyway; every --poll.interval reads only what nothing announces "
+            "(InfiniBand port state and rate, PCIe link). Netlink off or failing: everything every "
+            "--poll.interval (rnic_exporter_poll_fallback).",
+        ),
         click.option("--log.level", "log_level", type=click.Choice(list(LEVELS)), default="info"),
         click.option("--log.format", "log_format", type=click.Choice(sorted(FORMATTERS)), default="logfmt"),
         click.option(
@@ -527,6 +537,7 @@ def serve(
     web_config: Path | None,
     config_file: Path | None,
     poll_interval: float,
+    safety_interval: float,
     log_level: str,
     log_format: str,
     watch_netlink: bool,
@@ -569,6 +580,7 @@ def serve(
             web_max_connections=web_max_connections,
             web_max_requests=web_max_requests,
             counter_wait_s=counter_wait,
+            safety_interval_s=safety_interval,
             consumers=ConsumerSettings(enabled=consumers, interval_s=consumers_interval),
         )
         explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())

@@ -367,6 +367,15 @@ DEVICE_READ_STUCK = _m(
     "1 while a sysfs read of the device has been blocking longer than the read deadline "
     "(a hung firmware command); the device is skipped, its last values are served.",
 )
+POLL_FALLBACK = _m(
+    "rnic_exporter_poll_fallback",
+    "gauge",
+    DEVICE_LABELS,
+    "1 while every attribute of the device is polled at --poll.interval because announcements "
+    "cannot be trusted for it (netlink off, failing or overrun, or a netdev of it netlink does not "
+    "know); 0 while what rtnetlink and udev announce is re-read on the event and every "
+    "--poll.safety-interval.",
+)
 DEVICE_DATA_TIMESTAMP = _m(
     "rnic_device_data_timestamp_seconds",
     "gauge",
@@ -563,6 +572,7 @@ METRICS: tuple[MetricSpec, ...] = (
     ATTRIBUTE_UNSUPPORTED,
     NCCL_GID_USABLE,
     DEVICE_READ_STUCK,
+    POLL_FALLBACK,
     DEVICE_DATA_TIMESTAMP,
     ATTRIBUTE_BACKOFF,
     COUNTERS_STALE,

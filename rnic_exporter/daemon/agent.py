@@ -47,7 +47,7 @@ from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
 from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.ethtool import EthtoolReader
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S, ReadRunner, SingleFlight
-from rnic_exporter.sources.reader import HostReader, Job, ReaderSettings
+from rnic_exporter.sources.reader import SAFETY_S, HostReader, Job, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 log = logging.getLogger("rnic_exporter.agent")
@@ -93,6 +93,9 @@ class ServeConfig:
     web_max_connections: int = 512
     web_max_requests: int = 40
     poll_interval_s: float = 5.0
+    # While netlink works, what an event announces is re-read on the event and this often anyway
+    # (--poll.safety-interval); each poll reads only what nothing announces (sources/reader.py).
+    safety_interval_s: float = SAFETY_S
     reader: ReaderSettings = field(default_factory=ReaderSettings)
     config_file: Path | None = None
     state_dir: Path | None = DEFAULT_STATE_DIR  # None keeps the inventory in memory only
@@ -118,6 +121,7 @@ class Agent:
     def __init__(self, config: ServeConfig, root: SysfsRoot | None = None, stop: threading.Event | None = None) -> None:
         self.config = config
         self.reader = HostReader(root or SysfsRoot(config.sysfs, hold_fds=True), config.reader)
+        self.reader.safety_s = config.safety_interval_s
         self.stop = stop or threading.Event()  # set: every wait on a read gives up
         self._state_runner = ReadRunner("state", config.read_deadline_s)
         self._counter_runner = ReadRunner("counters", config.read_deadline_s)
@@ -143,8 +147,8 @@ class Agent:
         self.source_errors: Counter[str] = Counter()
         self.wakeups: Counter[str] = Counter(dict.fromkeys(WAKEUP_SOURCES, 0))  # 0 on a quiet host, not absent
         self.addresses: Callable[[], Mapping[str, tuple[AddressLike, ...]]] | None = None  # set with netlink
-        # The RDMA devices whose every change netlink announces (healthy, no overrun, all their
-        # netdevs known to it), or True for all: set with netlink
+        # The RDMA devices for which announcements are trusted (netlink healthy, no overrun, all their
+        # netdevs known to it), or True for all: set with netlink. The others are polled in full.
         self.trust_events: Callable[[], bool | Collection[str]] = lambda: False
         # netdev -> its RDMA device; read by watcher threads: replaced each poll, never mutated
         self.rnic_netdevs: Mapping[str, str] = MappingProxyType({})
@@ -522,10 +526,10 @@ def start_watchers(
             if not netlink.healthy or seen != netlink.overruns:
                 return frozenset()
             links = netlink.links()
-            known: dict[str, bool] = {}
-            for netdev, device in agent.rnic_netdevs.items():
-                known[device] = known.get(device, True) and netdev in links
-            return frozenset(device for device, ok in known.items() if ok)
+            unknown = {device for netdev, device in agent.rnic_netdevs.items() if netdev not in links}
+            # A device without netdevs (InfiniBand without IPoIB) has nothing netlink could announce:
+            # trusted, its fast pass reads what nothing announces (its ports' state, rate, GIDs).
+            return frozenset(name for name in agent.reader.device_names() if name not in unknown)
 
         agent.trust_events = trusted
         watchers["netlink"] = netlink
@@ -553,6 +557,7 @@ def _reload(agent: Agent, base: ServeConfig, config: ServeConfig, explicit: froz
     agent.config_reload_ok = True
     agent.config = new
     agent.reader.settings = new.reader
+    agent.reader.safety_s = new.safety_interval_s
     agent.detector.reconfigure(new.detection_settings)
     log.info("config reloaded", extra={"fields": {"file": str(config.config_file)}})
     return new

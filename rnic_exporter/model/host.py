@@ -393,6 +393,7 @@ class DeviceFreshness:
     state_at: float | None  # wall clock of its last finished state read
     counters_at: float | None  # ... and counter read
     backed_off: tuple[tuple[int | None, str, float], ...] = ()  # (port, attribute, back-off seconds)
+    fallback: bool | None = None  # every attribute polled fast: announcements not trusted for it (None: no pass yet)
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,6 +162,7 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.READ_ERRORS, "rnic.exporter.read_errors", "counter", "{error}"),
     _one(c.CONFIG_RELOAD_OK, "rnic.exporter.config.reload_successful", "gauge", "1"),
     _one(c.DEVICE_READ_STUCK, "rnic.device.read.stuck", "gauge", "1"),
+    _one(c.POLL_FALLBACK, "rnic.exporter.poll.fallback", "gauge", "1"),
     _one(c.DEVICE_DATA_TIMESTAMP, "rnic.device.data.time", "gauge", "s"),
     _one(c.ATTRIBUTE_BACKOFF, "rnic.attribute.backoff", "gauge", "s"),
     _one(c.PORT_RATED_RATE, "rnic.port.rated_rate", "gauge", "By/s"),

@@ -229,6 +229,8 @@ def freshness_part(f: _Samples, stats: ExporterStats) -> None:
     c = catalog
     for dev in stats.devices:
         f.add(c.DEVICE_READ_STUCK, (dev.name,), 1 if dev.stuck else 0)
+        if dev.fallback is not None:
+            f.add(c.POLL_FALLBACK, (dev.name,), 1 if dev.fallback else 0)
         if dev.state_at is not None:
             f.add(c.DEVICE_DATA_TIMESTAMP, (dev.name, "state"), dev.state_at)
         if dev.counters_at is not None:

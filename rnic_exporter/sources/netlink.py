@@ -65,6 +65,10 @@ class LinkInfo:
     admin_up: bool  # IFF_UP
     lower_up: bool  # IFF_LOWER_UP: carrier
     operstate: str  # as sysfs prints it: "up", "down", "lowerlayerdown", "unknown", ...
+    # Kept so that a change of them is announced too: the exporter polls what netlink announces
+    # only on its slow safety sweep (sources/reader.py).
+    mtu: int | None = None
+    mac: str | None = None  # IFLA_ADDRESS
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +130,8 @@ def parse_link(msg: Any) -> LinkInfo | None:
         admin_up=bool(flags & IFF_UP),
         lower_up=bool(flags & IFF_LOWER_UP),
         operstate=str(operstate).lower() if operstate is not None else "unknown",
+        mtu=int(mtu) if (mtu := msg.get("IFLA_MTU")) is not None else None,
+        mac=str(mac) if (mac := msg.get("IFLA_ADDRESS")) is not None else None,
     )
 
 

@@ -12,16 +12,25 @@ cheap, per device registration (inode and ctime of its class directory):
 
 Two ways to pass over the state (`state_pass`):
 - **trusting events** (netlink is healthy, has not overrun, and knows every netdev of the device:
-  an announcement can only come for a netdev netlink reports on): a device's pass reads only what detection
-  watches (port state, physical state, rate; the netdev's speed, operstate, carrier; the PCIe
-  link's current speed and width: about 8 files) and compares the bytes. Nothing moved: the pass
-  ends there. Something moved: the device's full state is re-read and its objects rebuilt, with
-  its whole GID tables when a port's state moved. The announcer (netlink, udev) forces whole GID
-  tables of the devices it names. Two safety nets for what an announcement could miss: every
-  `ROTATION_PASSES`-th pass of a device (staggered across devices) re-reads its whole state (a
-  minute at the default 5 s interval), and each pass compares a slice of every GID table's files
-  with what its last whole read found, so every GID file is re-read within `GID_COVERAGE_PASSES`
-  passes (5 minutes at the default interval); a difference reads the table whole.
+  an announcement can only come for a netdev netlink reports on). Each attribute is polled by what
+  announces its change on Linux:
+  - rtnetlink announces a RoCE port's netdev: its carrier, operstate, MTU and addresses, and so the
+    port's state and rate (derived from the netdev: carrier, ethtool speed; a speed renegotiation
+    drops the carrier) and its GIDs (derived from the addresses);
+  - udev announces devices and netdevs added, removed, renamed (and the device listing, one
+    `listdir` and a `stat` per device, is still made every pass);
+  - nothing announces an InfiniBand port's state, physical state and rate, its GID table, or the
+    PCIe link's current speed and width.
+  A fast pass (every `--poll.interval`) reads only what nothing announces (`_plan_watch`: on an
+  all-RoCE host, the 2 PCIe link files per device) and compares the bytes, and sweeps
+  `GID_SWEEP_SLOTS` empty slots of each InfiniBand GID table. Nothing moved: the pass ends there.
+  Something moved: the device's full state is re-read and its objects rebuilt, with its whole GID
+  tables when a port's state or GID files moved. The announcer (netlink, udev) forces a full
+  read with whole GID tables of the devices it names. The safety sweep catches what an
+  announcement could miss (a GID slot freed later, when its last reference is dropped, with no
+  address event): every `safety_s` (`--poll.safety-interval`, 60 s; staggered across devices) a
+  device's whole state is re-read and a slice of every GID table's files is compared with what
+  its last whole read found, so every GID file is re-read within `GID_COVERAGE_SWEEPS` sweeps.
 - **not trusting events** (netlink off, failing or overrun; `read`): every device's full state
   every pass. Populated GID slots are re-read every pass; the whole table is re-read when one of
   them changed, and a rotating sweep reads `GID_SWEEP_SLOTS` empty slots per port per pass, so a
@@ -77,11 +86,13 @@ from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, Raw, ReadBatch, S
 # Empty GID slots checked per port per pass while events are not trusted: 255 slots are all seen
 # every 16 passes.
 GID_SWEEP_SLOTS = 16
-# While events are trusted: each device's whole state is re-read every ROTATION_PASSES passes (a
-# minute at the default 5 s), and every GID file is compared with what its table's last whole read
-# found once every GID_COVERAGE_PASSES passes (5 minutes), a slice per pass.
-ROTATION_PASSES = 12
-GID_COVERAGE_PASSES = 60
+# While events are trusted: each device's whole state is re-read every safety sweep (SAFETY_S
+# unless set), and every GID file is compared with what its table's last whole read found once every
+# GID_COVERAGE_SWEEPS sweeps (5 minutes at 60 s), a slice per sweep. Devices' sweeps are staggered
+# over SWEEP_STAGGER steps of the safety interval, so one fast pass rarely holds more than one.
+SAFETY_S = 60.0
+GID_COVERAGE_SWEEPS = 5
+SWEEP_STAGGER = 12
 
 Job = tuple[Gate, Callable[[], None]]
 Runner = Callable[[Sequence[Job]], object]
@@ -209,7 +220,8 @@ class HostReader:
         self, root: SysfsRoot, settings: ReaderSettings | None = None, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.root = root
-        self.clock = clock  # counter back-off's time
+        self.clock = clock  # counter back-off's and the safety sweep's time
+        self.safety_s = SAFETY_S  # --poll.safety-interval: what events announce is re-read this often
         self._settings = settings or ReaderSettings()
         self._devices: dict[str, _DeviceReader] = {}
         self._order: tuple[_DeviceReader, ...] = ()  # replaced, never mutated: consumers' threads read it
@@ -220,6 +232,8 @@ class HostReader:
         self._filtered_out: tuple[str, ...] = ()
         self._listing_failed = False
         self._passes = 0
+        self._recheck = True  # the last pass changed something: check every registration's identity
+        self._identities_due = float("-inf")  # (clock) when identities are checked anyway
 
     @property
     def settings(self) -> ReaderSettings:
@@ -265,7 +279,15 @@ class HostReader:
         `trust_events`: every device (True), or the devices named, is read trusting announcements."""
         started = time.monotonic()
         listing_errors: list[ReadError] = []
-        readers = self._enumerate(listing_errors)
+        # A registration's identity (a `stat` through the class link, per device) is checked on an
+        # announcement, on the safety sweep, and after a pass that changed anything; a fast pass
+        # that trusts events lists the names only (udev and rtnetlink announce a re-registration,
+        # and its held files stop answering, which changes the pass).
+        now = self.clock()
+        check = not trust_events or bool(full_gid_tables) or self._recheck or now >= self._identities_due
+        readers = self._enumerate(listing_errors, check)
+        if check:
+            self._identities_due = now + self.safety_s
         jobs: list[Job] = []
         self._passes += 1
         for reader in readers:
@@ -276,6 +298,7 @@ class HostReader:
         self._close_retired()
         listing_failed, self._listing_failed = self._listing_failed, bool(listing_errors)
         changed = [r.name for r in readers if r.changed]
+        self._recheck = bool(changed) or bool(listing_errors) or any(r.device is None for r in readers)
         last = self._last
         present = tuple(r for r in readers if r.device is not None)
         unread = tuple(r.name for r in readers if r.device is None)
@@ -321,6 +344,10 @@ class HostReader:
             out.extend(reader.take_read_errors())
         return tuple(out)
 
+    def device_names(self) -> tuple[str, ...]:
+        """The devices the last pass listed, in exposition order."""
+        return tuple(r.name for r in self._order)
+
     def counter_jobs(self) -> list[Job]:
         """One job per device that has a counter plan; each returns its failed reads via `take_counter_errors`."""
         return [(r.gate, r.counter_job) for r in self._order]
@@ -354,6 +381,7 @@ class HostReader:
                     r.state_at,
                     plan.completed_at if plan else None,
                     tuple(plan.backoff_samples()) if plan else (),
+                    None if r.state_at is None else not r.trusted,
                 )
             )
         return tuple(out)
@@ -367,10 +395,12 @@ class HostReader:
                 finally:
                     reader.gate.lock.release()
 
-    def _enumerate(self, errors: list[ReadError]) -> list[_DeviceReader]:
+    def _enumerate(self, errors: list[ReadError], check: bool = True) -> list[_DeviceReader]:
         names = self._list_devices(errors)
         if names is None:
             return list(self._order)  # a failed listing is a failed pass, not an empty host
+        if not check and names == [r.name for r in self._order]:
+            return list(self._order)  # the same names: the same registrations until a check says not
         readers = []
         for name in names:
             ident = self.root.identity(f"{CLASS_DIR}/{name}")
@@ -459,9 +489,12 @@ class _DeviceReader:
         self.state_at: float | None = None
         self._watch = ReadBatch([])
         self._watch_index: list[int] = []  # plan slot of each watched file
-        self._watch_states: list[int] = []  # watched indices of port state and phys_state
+        self._watch_states: list[int] = []  # watched indices of port state, phys_state and GID files
         self._watch_raws: list[Raw | None] = []
-        self._rotation = ordinal % ROTATION_PASSES  # staggered: devices' full passes spread out
+        self._stagger = (ordinal % SWEEP_STAGGER) / SWEEP_STAGGER  # devices' safety sweeps spread out
+        self._sweep_due = float("-inf")  # (host clock) when this device's next safety sweep is due
+        self._fast_gid_ports: list[int] = []  # ports whose GID table nothing announces (InfiniBand)
+        self.trusted = False  # the last pass trusted announcements for it (else: all polled fast)
         self._read_errors: list[ReadError] = []
         self._counter_errors: list[ReadError] = []
         self._merged: tuple[Device, tuple[int, ...], Device] | None = None
@@ -553,22 +586,26 @@ class _DeviceReader:
 
     def state(self, full_gids: bool, trust_events: bool) -> None:
         before = self.device
+        self.trusted = trust_events
+        now = self.host.clock()
         if trust_events and not full_gids and not self._unsettled():
-            self._rotation += 1
-            moved = [
-                n for n, table in self.gids.items() if gid_source.slice_moved(self.fds, table, GID_COVERAGE_PASSES)
-            ]
-            if self._rotation < ROTATION_PASSES and not moved:
+            if now < self._sweep_due:  # a fast pass: only what nothing announces
                 raws = self.fds.read_batch(self._watch)
-                if raws == self._watch_raws:
+                swept = [n for n in self._fast_gid_ports if gid_source.sweep(self.fds, self.gids[n], GID_SWEEP_SLOTS)]
+                if raws == self._watch_raws and not swept:
                     self.changed = False
                     self.state_at = time.time()
                     return
-                full_gids = any(raws[i] != self._watch_raws[i] for i in self._watch_states)
-            full_gids = full_gids or bool(moved)
-        if not trust_events or self._rotation >= ROTATION_PASSES:
-            self._rotation = 0
+                full_gids = bool(swept) or any(raws[i] != self._watch_raws[i] for i in self._watch_states)
+            else:  # the safety sweep: everything, and a slice of every GID table
+                full_gids = any(
+                    [gid_source.slice_moved(self.fds, table, GID_COVERAGE_SWEEPS) for table in self.gids.values()]
+                )
         self._full(full_gids, sweep=not trust_events)
+        if self._sweep_due == float("-inf"):
+            self._sweep_due = now + self.host.safety_s * (1 + self._stagger)
+        else:
+            self._sweep_due = now + self.host.safety_s
         self.changed = self.device is not before
         self.state_at = time.time()
 
@@ -810,21 +847,37 @@ class _DeviceReader:
         self._faults = faults
         self._built = {}
         self._ports = {}
-        self._plan_watch(plan)
+        self._plan_watch(plan, shape)
         return plan
 
-    def _plan_watch(self, plan: ReadPlan) -> None:
-        """The plan's slots a trusting pass reads: the files each group's class file marks watched."""
+    def _plan_watch(self, plan: ReadPlan, shape: _Shape) -> None:
+        """The plan's slots a fast pass that trusts events reads: what nothing announces. A port's
+        netdevs are rtnetlink's (carrier, operstate, MTU, addresses; a speed renegotiation drops the
+        carrier); a RoCE port's state, rate and GIDs derive from its netdevs, so they are too. An
+        InfiniBand port's state, physical state, rate and GID files, and the PCIe link's current
+        speed and width, are announced by nothing: every fast pass reads them."""
+        announced = {
+            port.number for port in shape.ports if port.link_layer == "Ethernet" and self._port_netdevs.get(port.number)
+        }
         index: list[int] = []
         states: list[int] = []
+        fast_gids: list[int] = []
         for group in plan.groups:
+            kind, _, number = group.key.partition(":")
+            if kind == "netdev" or (kind in ("port", "gids") and int(number) in announced):
+                continue
+            if kind == "gids":
+                fast_gids.append(int(number))
+                states.extend(range(len(index), len(index) + group.end - group.start))
+                index.extend(range(group.start, group.end))
+                continue
             for i in range(group.start, group.end):
                 name = plan.rels[i].rsplit("/", 1)[1]
                 if name in group.watched:
                     if name in PORT_STATES:
                         states.append(len(index))
                     index.append(i)
-        self._watch_index, self._watch_states = index, states
+        self._watch_index, self._watch_states, self._fast_gid_ports = index, states, fast_gids
         self._watch = ReadBatch([plan.rels[i] for i in index])
 
     def _plan_netdev(

@@ -26,7 +26,7 @@ from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.counters import BACKOFF_MAX_S
 from rnic_exporter.sources.read_thread import Gate, ReadRunner
-from rnic_exporter.sources.reader import GID_COVERAGE_PASSES, HostReader, ReaderSettings, run_here
+from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, HostReader, ReaderSettings, run_here
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.exposition import samples
 from tests.support.faultfs import FaultyMount
@@ -93,9 +93,11 @@ def test_concurrent_scrapes_share_one_counter_pass(sim_host: SimHost, tmp_path: 
         agent.close()
 
 
-def test_a_quiet_poll_reads_only_what_detection_watches(sim_host: SimHost, tmp_path: Path) -> None:
-    """Trusting netlink, a pass over an unchanged host reads port state, rate and the netdev's and
-    PCIe link's watched files only, and hands the sinks nothing new."""
+def test_a_quiet_poll_reads_only_what_no_event_announces(sim_host: SimHost, tmp_path: Path) -> None:
+    """Trusting netlink, a pass over an unchanged host reads only what nothing announces: each PCIe
+    link's current speed and width, and the InfiniBand port's state, rate and GID files (plus a
+    sweep of its empty GID slots); a RoCE port's netdev, state, rate and GIDs wait for an
+    announcement or the safety sweep. Nothing new is handed to the sinks."""
     root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
     agent = make_agent(root, tmp_path)
     agent.trust_events = lambda: True
@@ -108,18 +110,63 @@ def test_a_quiet_poll_reads_only_what_detection_watches(sim_host: SimHost, tmp_p
         assert agent.last is published  # no detection, nothing published
         snap = agent.reader.state_pass(trust_events=True).snapshot
         assert agent.reader.state_pass(trust_events=True).snapshot is snap  # the very same objects
-        # 3 port files + 3 netdev files + 2 PCIe files + its AER counts per single-port NIC, and a 1/60 slice of its
-        # GID table's files (compared with its last whole read), three passes
-        tables = [t for r in agent.reader._order for t in r.gids.values()]
-        slices = sum(-(-len(t.files) // GID_COVERAGE_PASSES) for t in tables)
-        assert len(tables) == len(snap.devices) and slices
-        aer = sum(len(link.aer_errors) for link in snap.pcie.values())  # errors count between events too
-        assert root.reads - reads == 3 * (8 * len(snap.devices) + aer + slices)
+        ib = agent.reader._devices["mlx5_2"]
+        table = ib.gids[1]
+        swept = min(GID_SWEEP_SLOTS, len(table.empty))
+        aer = sum(len(link.aer_errors) for link in snap.pcie.values())  # announced by nothing: every poll
+        # 2 PCIe files and the AER counts per NIC; the IB port: 3 port files, 3 files per populated
+        # GID slot, a sweep
+        per_pass = 2 * len(snap.devices) + aer + 3 + 3 * len(table.watched) + swept
+        assert root.reads - reads == 3 * per_pass
+        # A RoCE port going down is announced (carrier): polls do not see it before the event...
         sim_host.set_port_up("mlx5_1", False)
         agent.poll_once()
-        assert agent.last is not published
+        assert agent.last is published
+        agent.poll_once(full_gid_tables={"mlx5_1"}, event=True)  # ... the announcement's burst does
         port = agent.last.port("mlx5_1", 1) if agent.last else None
         assert port is not None and not port.is_up
+        # An InfiniBand port's state is announced by nothing: the next poll sees it.
+        published = agent.last
+        sim_host.set_port_up("mlx5_2", False)
+        agent.poll_once()
+        assert agent.last is not published
+        port = agent.last.port("mlx5_2", 1) if agent.last else None
+        assert port is not None and not port.is_up
+    finally:
+        agent.close()
+
+
+def test_the_safety_sweep_reads_what_events_announce(sim_host: SimHost, tmp_path: Path) -> None:
+    """A change no announcement came for (a GID slot freed when its last user let go) is seen by
+    the next safety sweep; a device's sweep comes every safety interval, staggered."""
+    now = [1000.0]
+    root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    reader = HostReader(root, clock=lambda: now[0])
+    reader.safety_s = 60.0
+    first = reader.state_pass(full_gid_tables=True).snapshot
+    sim_host.set_port_up("mlx5_0", False)  # no announcement
+    now[0] += 59.0
+    assert reader.state_pass(trust_events=True).snapshot is first
+    now[0] += 60.0 * (1 + 1 / SWEEP_STAGGER)  # mlx5_0 (ordinal 0): no stagger; a sweep is due
+    snap = reader.state_pass(trust_events=True).snapshot
+    port = snap.port("mlx5_0", 1)
+    assert port is not None and not port.is_up
+
+
+def test_without_trust_every_poll_reads_everything(sim_host: SimHost, tmp_path: Path) -> None:
+    """The fallback (netlink off or failing): every attribute at the fast interval, and says so."""
+    root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    agent = make_agent(root, tmp_path)
+    try:
+        agent.poll_once(full_gid_tables=True)
+        sim_host.set_port_up("mlx5_0", False)
+        agent.poll_once()
+        port = agent.last.port("mlx5_0", 1) if agent.last else None
+        assert port is not None and not port.is_up
+        assert all(d.fallback for d in agent.reader.freshness())
+        agent.trust_events = lambda: True
+        agent.poll_once()
+        assert not any(d.fallback for d in agent.reader.freshness())
     finally:
         agent.close()
 

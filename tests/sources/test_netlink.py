@@ -140,6 +140,21 @@ def test_admin_down_up_and_carrier_loss(ns: Netns) -> None:
         wait_for(lambda: watcher.links()[NETDEV].lower_up, timeout=5, what="carrier back")
 
 
+def test_mtu_and_mac_changes_are_announced(ns: Netns) -> None:
+    """The exporter re-reads a RoCE netdev's sysfs files only on announcements (and the slow safety
+    sweep): an MTU or MAC change must be one, though neither moves the link's state."""
+    recorder = Recorder()
+    with watching(ns, recorder) as watcher:
+        ns.ip("link", "set", NETDEV, "mtu", "4200")
+        wait_for(lambda: watcher.links()[NETDEV].mtu == 4200, timeout=5, what="MTU change")
+        assert (NETDEV, "link") in recorder.calls
+        with recorder.lock:
+            recorder.calls.clear()
+        ns.ip("link", "set", NETDEV, "address", "0c:42:a1:41:00:37")
+        wait_for(lambda: watcher.links()[NETDEV].mac == "0c:42:a1:41:00:37", timeout=5, what="MAC change")
+        assert (NETDEV, "link") in recorder.calls
+
+
 def test_deleted_link_takes_its_addresses(ns: Netns) -> None:
     ns.ip("link", "add", "rnxa", "type", "veth", "peer", "name", "rnxb")
     ns.ip("addr", "add", "10.5.0.1/24", "dev", "rnxa")

@@ -184,8 +184,8 @@ def test_a_device_removed_between_its_state_files_and_its_gid_table(
         return original(self, port)
 
     monkeypatch.setattr(snapshot._DeviceReader, "_read_gid_table", vanishing)
-    sim_host.set_port_up("mlx5_1", False)  # a state change: the pass reads the whole table
-    racing = reader.state_pass(trust_events=True).snapshot
+    sim_host.set_port_up("mlx5_1", False)  # announced (carrier): the pass reads the whole table
+    racing = reader.state_pass(trust_events=True, full_gid_tables={"mlx5_1"}).snapshot
     port = racing.port("mlx5_1", 1)
     assert port is not None and port.gids == before.gids, "a vanishing device's table is not 'empty'"
     assert reader.read().device("mlx5_1") is None

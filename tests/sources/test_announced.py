@@ -1,0 +1,114 @@
+"""What each poll reads, by what announces a change of it (sources/reader.py, issue 25).
+
+Trusting events, a poll reads only what nothing announces on Linux (an InfiniBand port's state,
+rate and GID table, the PCIe link's current speed and width); what rtnetlink announces (a RoCE
+port's netdev, and its state, rate and GIDs derived from it) waits for the announcement or the
+safety sweep. Not trusting them (netlink off or failing), every poll reads everything, and the
+exposition says so per device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.catalog.metrics import MetricSpec
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sinks.samples import ExporterStats, freshness_part
+from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader
+from rnic_exporter.sources.sysfs import SysfsRoot
+
+NEW_PREFIX_GID = "fec0:0000:0000:0000:0c42:a103:0002:c7a9"
+
+
+def trusting_reader(sim_host: SimHost) -> tuple[HostReader, list[float]]:
+    now = [0.0]
+    root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    reader = HostReader(root, clock=lambda: now[0])
+    reader.state_pass(full_gid_tables=True)
+    reader.state_pass(trust_events=True)
+    return reader, now
+
+
+def test_an_infiniband_gid_change_is_seen_by_the_next_poll(sim_host: SimHost) -> None:
+    reader, _ = trusting_reader(sim_host)
+    sim_host.corrupt("mlx5_2", "ports/1/gids/0", NEW_PREFIX_GID)  # the SM moved the subnet prefix
+    snap = reader.state_pass(trust_events=True).snapshot
+    port = snap.port("mlx5_2", 1)
+    assert port is not None and port.gids[0].gid == NEW_PREFIX_GID
+
+
+def test_an_infiniband_gid_in_an_empty_slot_is_swept_within_size_over_sweep_passes(sim_host: SimHost) -> None:
+    """The sweep finds the slot filled and reads the table whole (whether the new entry is kept is
+    the table reader's business: here its type file still answers as an empty slot's)."""
+    reader, _ = trusting_reader(sim_host)
+    table = reader._devices["mlx5_2"].gids[1]
+    sim_host.corrupt("mlx5_2", f"ports/1/gids/{table.size - 1}", NEW_PREFIX_GID)
+    whole = reader.full_gid_reads
+    for _ in range(-(-table.size // GID_SWEEP_SLOTS)):
+        reader.state_pass(trust_events=True)
+    assert reader.full_gid_reads == whole + 1
+
+
+def test_a_pcie_downtrain_is_seen_by_the_next_poll(sim_host: SimHost) -> None:
+    reader, _ = trusting_reader(sim_host)
+    sim_host.set_pcie("mlx5_0", 16.0, 8)
+    snap = reader.state_pass(trust_events=True).snapshot
+    device = snap.device("mlx5_0")
+    assert device is not None and device.pci_address is not None
+    assert snap.pcie[device.pci_address].current_width == 8
+
+
+def test_a_roce_netdev_change_waits_for_its_announcement_or_the_safety_sweep(sim_host: SimHost) -> None:
+    reader, now = trusting_reader(sim_host)
+    sim_host.set_speed("mlx5_0", 100)  # on a real host: carrier lost, renegotiated, carrier back
+    first = reader.state_pass(trust_events=True).snapshot
+    assert first.netdevs["ens1f0np0"].speed_mbps == 400_000  # nothing announced it yet
+    announced = reader.state_pass(trust_events=True, full_gid_tables={"mlx5_0"}).snapshot
+    assert announced.netdevs["ens1f0np0"].speed_mbps == 100_000
+    sim_host.set_speed("mlx5_1", 100)  # never announced (an event lost)
+    assert reader.state_pass(trust_events=True).snapshot.netdevs["ens2f0np0"].speed_mbps == 400_000
+    now[0] += 2 * reader.safety_s  # past every device's (staggered) sweep
+    assert reader.state_pass(trust_events=True).snapshot.netdevs["ens2f0np0"].speed_mbps == 100_000
+
+
+def test_the_fallback_is_in_the_exposition_per_device(sim_host: SimHost, tmp_path: Path) -> None:
+    reader, _ = trusting_reader(sim_host)
+    reader.state_pass(trust_events={"mlx5_0", "mlx5_2"})  # mlx5_1: a netdev netlink does not know
+    added: dict[tuple[str, tuple[str, ...]], float] = {}
+
+    class Collect:
+        def add(self, spec: MetricSpec, labels: tuple[str, ...], value: float) -> None:
+            added[(spec.name, labels)] = value
+
+    freshness_part(Collect(), ExporterStats(devices=reader.freshness()))
+    name = catalog.POLL_FALLBACK.name
+    assert {labels[0]: v for (n, labels), v in added.items() if n == name} == {"mlx5_0": 0, "mlx5_1": 1, "mlx5_2": 0}
+
+
+def test_a_device_removed_is_seen_by_the_next_poll_a_re_registration_by_its_announcement(sim_host: SimHost) -> None:
+    """The device listing is read every poll; a registration's identity (a stat per device) is
+    checked on an announcement, after a pass that changed something, and on the safety sweep."""
+    reader, now = trusting_reader(sim_host)
+    reader.state_pass(trust_events=True)
+    sim_host.remove_device("mlx5_1")
+    assert reader.state_pass(trust_events=True).snapshot.device("mlx5_1") is None
+    sim_host.restore_device("mlx5_1")
+    reader.state_pass(trust_events=True)  # names changed: every identity checked
+    while reader.state_pass(trust_events=True).changed:  # the restored device settles
+        pass
+    registration = reader._devices["mlx5_0"]
+    sim_host.remove_device("mlx5_0")  # unregistered and registered again between two polls
+    sim_host.restore_device("mlx5_0")
+    reader.state_pass(trust_events=True)
+    reader.state_pass(trust_events=True)
+    assert reader._devices["mlx5_0"] is registration  # the same names, nothing announced: not checked yet
+    reader.state_pass(trust_events=True, full_gid_tables={"mlx5_0"})  # udev's or rtnetlink's announcement
+    assert reader._devices["mlx5_0"] is not registration
+    registration = reader._devices["mlx5_0"]
+    reader.state_pass(trust_events=True)
+    sim_host.remove_device("mlx5_0")
+    sim_host.restore_device("mlx5_0")
+    now[0] += reader.safety_s  # or the safety sweep
+    reader.state_pass(trust_events=True)
+    assert reader._devices["mlx5_0"] is not registration
