@@ -532,12 +532,15 @@ class _DeviceReader:
         # state pass sees the device gone, which is the news, not a warning per counter file (the
         # kernel lab logged 15 of them before "disappeared").
         self.counter_gone = self._gone(refresh_errors)
-        if not self.counter_gone:
-            self._counter_errors.extend(refresh_errors)
         first = () if self._counter_plan_read else [plan.slot_label(i) for i in range(len(plan.rels))]
         self._counter_plan_read = True
         judged = self._counter_reads.judge(plan.errors, first, present=not self.counter_gone)
         self.counter_failed, self.counter_unsupported = judged.failed, judged.unsupported
+        if not self.counter_gone:
+            # rnic_exporter_read_errors_total counts failures: a file the driver never provided (a
+            # restricted function's `N/A (no PMA)`, EINVAL since the first read) is not one.
+            lacking = {(e.port, e.attribute) for e in judged.unsupported}
+            self._counter_errors.extend(e for e in refresh_errors if (e.port, e.attribute) not in lacking)
 
     def _gone(self, errors: Sequence[ReadError]) -> bool:
         """ENOENT (a path looked up afresh) or ENODEV (a held descriptor of a removed kernfs node) may

@@ -254,3 +254,24 @@ def test_a_device_removed_under_held_descriptors_is_not_a_warning_per_counter(
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "unreadable" in r.getMessage()]
     finally:
         agent.close()
+
+
+def test_counters_the_driver_never_provided_are_not_read_errors(tmp_path: Path) -> None:
+    """A port whose PMA never answers (a restricted function) is healthy: its `N/A (no PMA)` files are
+    unsupported, and rnic_exporter_read_errors_total counts none of them (it counted every one)."""
+    host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
+    host.without_pma("mlx5_0")
+    agent = Agent(
+        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
+        SysfsRoot(host.root, hold_fds=True),
+    )
+    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
+    try:
+        agent.poll_once(full_gid_tables=True)
+        for _ in range(2):
+            view = agent.counter_view(None)
+        assert len(view.stats.counter_unsupported) == len(PMA_EXTENDED_COUNTERS)
+        assert view.stats.counter_errors == ()
+        assert dict(view.stats.read_errors_by_reason) == {}
+    finally:
+        agent.close()
