@@ -170,11 +170,12 @@ def main() -> None:
 
 
 def _snapshot(sysfs: str, device_include: str | None = None, device_exclude: str | None = None) -> Any:
-    from rnic_exporter.sources.reader import HostReader, ReaderSettings
+    from rnic_exporter.config.file import reader_settings
+    from rnic_exporter.sources.reader import HostReader
     from rnic_exporter.sources.sysfs import SysfsRoot
 
     try:
-        settings = ReaderSettings.build(device_include, device_exclude)
+        settings = reader_settings(device_include, device_exclude)
         reader = HostReader(SysfsRoot(Path(sysfs)), settings)
     except ConfigError as exc:
         fail(str(exc))
@@ -187,9 +188,9 @@ def _snapshot(sysfs: str, device_include: str | None = None, device_exclude: str
 def _refuse_empty_filter(snap: Any, sysfs: str, device_include: str | None, device_exclude: str | None) -> None:
     """A device filter that leaves out every RDMA device there is is a usage error (exit 2), not
     "no hardware": a Broadcom node under a `^mlx5_` config must not read as empty."""
-    from rnic_exporter.sources.reader import ReaderSettings
+    from rnic_exporter.config.file import reader_settings
 
-    excluded = ReaderSettings.build(device_include, device_exclude).excludes_all(snap, sysfs)
+    excluded = reader_settings(device_include, device_exclude).excludes_all(snap, sysfs)
     if excluded is not None:
         fail(excluded)
 
@@ -359,14 +360,14 @@ class NcclIndexParam(click.ParamType[Any]):
     name = "integer"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
-        from rnic_exporter.model.nccl import gid_index_from_env
+        from rnic_exporter.config.nccl_env import gid_index_from_env
 
         return value if isinstance(value, int) else gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
 
 
 def _nccl_gid_index_env() -> int | None:
     """NCCL_IB_GID_INDEX as the jobs on this host would get it, read as NCCL reads it (never an error)."""
-    from rnic_exporter.model.nccl import gid_index_from_env
+    from rnic_exporter.config.nccl_env import gid_index_from_env
 
     return gid_index_from_env(os.environ)
 
@@ -482,10 +483,10 @@ def _serve_config(
     watch: tuple[bool, bool, bool] = (True, True, True),
     counters: Any = None,
 ) -> Any:
+    from rnic_exporter.config.file import reader_settings
     from rnic_exporter.daemon.agent import ServeConfig
     from rnic_exporter.detect.settings import DetectionSettings
     from rnic_exporter.sources.address_risks import HostPaths
-    from rnic_exporter.sources.reader import ReaderSettings
 
     procfs, rootfs, state_dir = host
     return ServeConfig(
@@ -494,7 +495,7 @@ def _serve_config(
         telemetry_path=telemetry_path,
         web_config_file=web_config,
         poll_interval_s=poll_interval,
-        reader=ReaderSettings.build(device_include, device_exclude, counters=counters),
+        reader=reader_settings(device_include, device_exclude, counters=counters),
         config_file=config_file,
         state_dir=Path(state_dir) if state_dir else None,
         host_paths=HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),

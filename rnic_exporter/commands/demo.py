@@ -10,11 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rnic_exporter.config.file import reader_settings
 from rnic_exporter.daemon import agent
 from rnic_exporter.daemon.consumer_watch import ConsumerSettings
 from rnic_exporter.sim import SimHost, SimProcfs
 from rnic_exporter.sources.address_risks import HostPaths
-from rnic_exporter.sources.reader import ReaderSettings
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def run_demo(
             sysfs=workdir / "sys",
             listen=listen,
             poll_interval_s=poll_interval,
-            reader=ReaderSettings.build(),
+            reader=reader_settings(),
             state_dir=workdir / "state",
             host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
             consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),

@@ -58,6 +58,7 @@ from rnic_exporter.config.bounds import (
     show,
     within,
 )
+from rnic_exporter.config.nccl_env import nccl_environment, nccl_settings
 from rnic_exporter.daemon.consumer_watch import INTERVAL as CONSUMER_INTERVAL
 from rnic_exporter.daemon.consumer_watch import ConsumerSettings
 from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
@@ -189,7 +190,7 @@ def _nccl_text(path: str, value: Any) -> str:
 
 
 def _nccl_gid_index(path: str, value: Any) -> int:
-    from rnic_exporter.model.nccl import nccl_param
+    from rnic_exporter.config.nccl_env import nccl_param
 
     return nccl_param({"NCCL_IB_GID_INDEX": _nccl_text(path, value)}, "NCCL_IB_GID_INDEX")[0]
 
@@ -369,7 +370,7 @@ def resolve(
     if "expected_devices" in explicit:
         merged = replace(merged, expected_devices=given.expected_devices)
     flags = counters or CounterFilter()
-    reader = ReaderSettings.build(
+    reader = reader_settings(
         pick("device_include", device_include, loaded.device_include),
         pick("device_exclude", device_exclude, loaded.device_exclude),
         loaded.nccl_env,
@@ -439,3 +440,27 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
         detection=resolved.detection,
         consumers=resolved.consumers,
     )
+
+
+def reader_settings(
+    device_include: str | None = None,
+    device_exclude: str | None = None,
+    nccl_env: Mapping[str, str] | None = None,
+    counters: CounterFilter | None = None,
+) -> ReaderSettings:
+    """From flag values; NCCL settings from `nccl_env` (a config file), the environment beating it."""
+    return ReaderSettings(
+        device_include=_compile("--collector.infiniband.device-include", device_include),
+        device_exclude=_compile("--collector.infiniband.device-exclude", device_exclude),
+        nccl=nccl_settings(nccl_environment(nccl_env)),
+        counters=counters or CounterFilter(),
+    )
+
+
+def _compile(flag: str, pattern: str | None) -> re.Pattern[str] | None:
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from None

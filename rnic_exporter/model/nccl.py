@@ -1,13 +1,8 @@
 """NCCL's GID settings, the index it would auto-select on a port (`ncclIbGetGidIndex`), and
 whether the GID it would use can carry cross-node traffic.
 
-The one home of the NCCL_IB_* settings: `nccl_environment` merges the config file's `[nccl]`
-section with the environment (the environment wins: it is what the jobs on this host get), and
-`NcclSettings.from_env` / `gid_index_from_env` read it the way NCCL does (`ncclLoadParam`,
-`envIbAddrFamily`, `envIbAddrRange`): integers with `strtoll(s, NULL, 0)` (`010` is 8, `0x3` is 3,
-`three` is 0, a value out of int64 range is the default) then cut to a C `int`; the family compared
-exactly (anything but `AF_INET6` is AF_INET); a range NCCL cannot parse ignored. Nothing NCCL runs
-with is refused: where NCCL reads a value other than it looks, `notes` say how.
+Pure: the settings come read from the environment and the config file as NCCL reads them
+(`config/nccl_env.py`).
 
 Modelled on NCCL 2.26 and later (identical from 2.26.2 to master). 2.21-2.25 differ: 2.21 and
 2.22 crash on an NCCL_IB_ADDR_RANGE without `/`, 2.21 has no FLID rule for InfiniBand, and 2.23-2.25
@@ -24,7 +19,6 @@ one makes NCCL fail (it queries that slot).
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,92 +29,6 @@ from rnic_exporter.model.host import ZERO_GID, Device, GidEntry, Port
 AF_INET = socket.AF_INET
 AF_INET6 = socket.AF_INET6
 _FAMILY_NAMES: dict[int, str] = {int(AF_INET): "AF_INET", int(AF_INET6): "AF_INET6"}
-
-# Every NCCL variable that decides which GID a connection uses.
-NCCL_VARIABLES = (
-    "NCCL_IB_GID_INDEX",
-    "NCCL_IB_ADDR_FAMILY",
-    "NCCL_IB_ADDR_RANGE",
-    "NCCL_IB_ROCE_VERSION_NUM",
-    "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
-)
-_INT_DEFAULTS = {"NCCL_IB_GID_INDEX": -1, "NCCL_IB_ROCE_VERSION_NUM": 2, "NCCL_IB_ROUTABLE_FLID_GID_INDEX": 1}
-
-_INT64 = 1 << 64
-_C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale: what strtoll skips
-
-
-def nccl_environment(
-    file_env: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """The NCCL_* values jobs on this host run with: the config file's, overridden by the environment."""
-    environ = os.environ if environ is None else environ
-    merged = dict(file_env or {})
-    merged.update({name: environ[name] for name in NCCL_VARIABLES if name in environ})
-    return merged
-
-
-def strtoll(text: str, base: int = 0) -> tuple[int, bool]:
-    """C's strtoll(text, NULL, base) for base 0 or 10: (value, overflowed). The longest valid prefix
-    counts, no digits is 0, an overflow clamps to the int64 limit (and sets ERANGE)."""
-    i, n = 0, len(text)
-    while i < n and text[i] in _C_SPACE:
-        i += 1
-    sign = 1
-    if i < n and text[i] in "+-":
-        sign = -1 if text[i] == "-" else 1
-        i += 1
-    radix = 10 if base == 10 else 0
-    if radix == 0:
-        if text[i : i + 2].lower() == "0x" and i + 2 < n and text[i + 2] in "0123456789abcdefABCDEF":
-            radix, i = 16, i + 2
-        elif text[i : i + 1] == "0":
-            radix = 8
-        else:
-            radix = 10
-    digits = "0123456789abcdef"[:radix]
-    value = 0
-    while i < n and text[i].lower() in digits:
-        value = value * radix + digits.index(text[i].lower())
-        i += 1
-    value *= sign
-    if value > (1 << 63) - 1:
-        return (1 << 63) - 1, True
-    if value < -(1 << 63):
-        return -(1 << 63), True
-    return value, False
-
-
-def c_int(value: int) -> int:
-    """An int64 stored in a C `int` (two's complement, as gcc does on every platform NCCL runs on)."""
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def nccl_param(env: Mapping[str, str], name: str) -> tuple[int, str | None]:
-    """An integer NCCL_* variable as `ncclLoadParam` reads it and NCCL then uses it (an `int`), and a
-    note when that is not what the text plainly says."""
-    default = _INT_DEFAULTS[name]
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default, None
-    value, overflowed = strtoll(raw)
-    if overflowed:
-        return default, f"{name}={raw!r} is out of range: NCCL ignores it and uses its default, {default}"
-    used = c_int(value)
-    if raw.strip() == str(used) and raw == raw.strip():
-        return used, None
-    why = "wraps to a C int as" if used != value else "reads as"
-    return used, f"{name}={raw!r}: NCCL {why} {used} (strtoll base 0: a leading 0 is octal, 0x hex)"
-
-
-def gid_index_from_env(env: Mapping[str, str]) -> int | None:
-    """NCCL_IB_GID_INDEX as NCCL uses it: None when unset or empty, else the `int` NCCL gets (negative:
-    auto-selection). Never raises: NCCL runs with any value."""
-    raw = env.get("NCCL_IB_GID_INDEX")
-    if raw is None or raw == "":
-        return None
-    return nccl_param(env, "NCCL_IB_GID_INDEX")[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,47 +64,9 @@ class AddrRange:
         return prefixlen == 0
 
 
-def read_family(env: Mapping[str, str]) -> tuple[int, str | None]:
-    """envIbAddrFamily: exactly `AF_INET6` is AF_INET6; anything else (unset, `af_inet6`, a trailing
-    space) is AF_INET."""
-    raw = env.get("NCCL_IB_ADDR_FAMILY")
-    if raw is None or raw in ("", "AF_INET"):
-        return AF_INET, None
-    if raw == "AF_INET6":
-        return AF_INET6, None
-    return AF_INET, f"NCCL_IB_ADDR_FAMILY={raw!r} is neither 'AF_INET' nor 'AF_INET6' exactly: NCCL uses AF_INET"
-
-
-def read_range(env: Mapping[str, str], family: int) -> tuple[AddrRange | None, str | None]:
-    """envIbAddrRange: the first 127 characters; no `/`, a base inet_pton rejects for the family, or a
-    prefix longer than the family's is ignored (every GID then matches)."""
-    raw = env.get("NCCL_IB_ADDR_RANGE")
-    if raw is None or raw == "":
-        return None, None
-    text = raw[:127]  # snprintf into char[128]
-    base_text, slash, mask_text = text.partition("/")
-    family_name = _FAMILY_NAMES[family]
-    ignored = f"NCCL_IB_ADDR_RANGE={raw!r}"
-    if not slash:
-        return None, f"{ignored} has no '/': NCCL ignores it (every GID is in range)"
-    try:
-        base = socket.inet_pton(family, base_text)
-    except (OSError, ValueError):
-        return None, f"{ignored}: {base_text!r} is not an {family_name} address: NCCL ignores the range"
-    prefixlen = c_int(strtoll(mask_text, 10)[0])  # (int)strtol(mask, NULL, 10)
-    if prefixlen > (32 if family == AF_INET else 128):
-        return None, f"{ignored}: /{prefixlen} is too long for {family_name}: NCCL ignores the range"
-    note = None
-    if prefixlen < 0:
-        note = f"{ignored}: a negative prefix length makes NCCL find no GID in range"
-    elif mask_text != str(prefixlen):
-        note = f"{ignored}: NCCL reads the prefix length as {prefixlen}"
-    return AddrRange(text, base, prefixlen), note
-
-
 @dataclass(frozen=True, slots=True)
 class NcclSettings:
-    """NCCL's GID-selection environment; `from_env` reads it the way NCCL does."""
+    """NCCL's GID-selection environment, as `config.nccl_env.nccl_settings` reads it the way NCCL does."""
 
     address_family: int = AF_INET  # NCCL_IB_ADDR_FAMILY
     address_range: AddrRange | None = None  # NCCL_IB_ADDR_RANGE
@@ -214,24 +84,6 @@ class NcclSettings:
         """The GID these settings make NCCL use, for messages: 'RoCE v2 IPv4 GID' at the defaults."""
         family = "IPv4" if self.address_family == AF_INET else "routable IPv6"
         return f"RoCE v{self.roce_version} {family} GID"
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> NcclSettings:
-        """Never raises: whatever NCCL runs with is read as NCCL reads it, with a note where that
-        differs from how it looks."""
-        env = os.environ if env is None else env
-        family, family_note = read_family(env)
-        address_range, range_note = read_range(env, family)
-        roce_version, roce_note = nccl_param(env, "NCCL_IB_ROCE_VERSION_NUM")
-        flid_index, flid_note = nccl_param(env, "NCCL_IB_ROUTABLE_FLID_GID_INDEX")
-        _, index_note = nccl_param(env, "NCCL_IB_GID_INDEX")
-        notes = [n for n in (index_note, family_note, range_note, roce_note, flid_note) if n is not None]
-        if roce_version not in (1, 2):
-            notes.append(
-                f"NCCL_IB_ROCE_VERSION_NUM={roce_version}: no GID has that RoCE version, so NCCL's "
-                "auto-selection never moves off index 0 for a version match"
-            )
-        return cls(family, address_range, roce_version, flid_index, tuple(notes))
 
 
 def _raw(gid: str) -> bytes:

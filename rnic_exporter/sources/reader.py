@@ -52,7 +52,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import (
     CounterValue,
     Device,
@@ -65,7 +64,7 @@ from rnic_exporter.model.host import (
     ReadError,
     Snapshot,
 )
-from rnic_exporter.model.nccl import NcclSettings, nccl_environment, select_gid_index
+from rnic_exporter.model.nccl import NcclSettings, select_gid_index
 from rnic_exporter.sources import availability, netclass, pci
 from rnic_exporter.sources import gids as gid_source
 from rnic_exporter.sources.counter_filter import CounterFilter
@@ -116,22 +115,6 @@ class ReaderSettings:
     nccl: NcclSettings = field(default_factory=NcclSettings)
     counters: CounterFilter = field(default_factory=CounterFilter)  # --collector.hw_counters.*
 
-    @classmethod
-    def build(
-        cls,
-        device_include: str | None = None,
-        device_exclude: str | None = None,
-        nccl_env: Mapping[str, str] | None = None,
-        counters: CounterFilter | None = None,
-    ) -> ReaderSettings:
-        """From flag values; NCCL settings from `nccl_env` (a config file), the environment beating it."""
-        return cls(
-            device_include=_compile("--collector.infiniband.device-include", device_include),
-            device_exclude=_compile("--collector.infiniband.device-exclude", device_exclude),
-            nccl=NcclSettings.from_env(nccl_environment(nccl_env)),
-            counters=counters or CounterFilter(),
-        )
-
     @property
     def filter_text(self) -> str:
         parts = [
@@ -160,15 +143,6 @@ class ReaderSettings:
         if self.device_include is not None and not self.device_include.search(device):
             return False
         return not (self.device_exclude is not None and self.device_exclude.search(device))
-
-
-def _compile(flag: str, pattern: str | None) -> re.Pattern[str] | None:
-    if pattern is None:
-        return None
-    try:
-        return re.compile(pattern)
-    except re.error as exc:
-        raise ConfigError(f"{flag} {pattern!r} is not a valid regular expression: {exc}") from None
 
 
 _BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

@@ -307,11 +307,11 @@ def test_serve_says_when_the_device_filter_leaves_out_every_device(
 ) -> None:
     from dataclasses import replace
 
-    from rnic_exporter.sources.reader import ReaderSettings
+    from rnic_exporter.config.file import reader_settings
 
     agent = make_agent(sim_host, tmp_path)
     agent.close()
-    config = replace(agent.config, reader=ReaderSettings.build(device_include="^bnxt_"))
+    config = replace(agent.config, reader=reader_settings(device_include="^bnxt_"))
     agent = Agent(config, SysfsRoot(sim_host.root, hold_fds=True))
     try:
         with caplog.at_level(logging.INFO, logger="rnic_exporter"):

@@ -11,8 +11,9 @@ import socket
 
 import pytest
 
+from rnic_exporter.config.nccl_env import gid_index_from_env, nccl_param, nccl_settings
 from rnic_exporter.model.host import ROCE_V1, ROCE_V2, GidEntry
-from rnic_exporter.model.nccl import AddrRange, NcclSettings, gid_index_from_env, nccl_param, select_gid_index
+from rnic_exporter.model.nccl import AddrRange, NcclSettings, select_gid_index
 
 NETDEV = "ens1f0np0"
 DEFAULT_GID = "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36"  # EUI-64 of the MAC: the reserved slots 0/1
@@ -97,7 +98,7 @@ SIZE = 16
     ],
 )
 def test_select_gid_index_roce(gids: list[GidEntry], env: dict[str, str], want: int) -> None:
-    assert select_gid_index(gids, SIZE, "Ethernet", NcclSettings.from_env(env)) == want
+    assert select_gid_index(gids, SIZE, "Ethernet", nccl_settings(env)) == want
 
 
 @pytest.mark.parametrize(
@@ -135,7 +136,7 @@ def test_select_gid_index_roce(gids: list[GidEntry], env: dict[str, str], want: 
     ],
 )
 def test_select_gid_index_infiniband(gids: list[GidEntry], size: int, env: dict[str, str], want: int) -> None:
-    assert select_gid_index(gids, size, "InfiniBand", NcclSettings.from_env(env)) == want
+    assert select_gid_index(gids, size, "InfiniBand", nccl_settings(env)) == want
 
 
 @pytest.mark.parametrize("link_layer", ["Ethernet", "InfiniBand", None])
@@ -168,7 +169,7 @@ def test_select_gid_index_without_a_table(link_layer: str | None) -> None:
     ],
 )
 def test_settings_from_env(env: dict[str, str], want: NcclSettings) -> None:
-    assert NcclSettings.from_env(env) == want
+    assert nccl_settings(env) == want
 
 
 def test_settings_from_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,7 +177,7 @@ def test_settings_from_process_environment(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("NCCL_IB_ROCE_VERSION_NUM", "1")
     monkeypatch.delenv("NCCL_IB_ADDR_RANGE", raising=False)
     monkeypatch.delenv("NCCL_IB_ROUTABLE_FLID_GID_INDEX", raising=False)
-    assert NcclSettings.from_env() == NcclSettings(address_family=socket.AF_INET6, roce_version=1)
+    assert nccl_settings() == NcclSettings(address_family=socket.AF_INET6, roce_version=1)
 
 
 # Each row as NCCL master's ncclLoadParam / envIbAddrFamily / envIbAddrRange read it (checked by
@@ -217,7 +218,7 @@ def test_settings_from_process_environment(monkeypatch: pytest.MonkeyPatch) -> N
     ],
 )
 def test_settings_are_read_as_nccl_reads_them(env: dict[str, str], want: NcclSettings, note: str | None) -> None:
-    settings = NcclSettings.from_env(env)
+    settings = nccl_settings(env)
     assert settings == want
     assert (note is None and not settings.notes) or any(note in n for n in settings.notes if note), settings.notes
 
@@ -259,7 +260,7 @@ def test_integers_are_read_with_strtoll_base_0_then_cut_to_int(raw: str, want: i
 )
 def test_infiniband_flid_index_as_nccl_uses_it(env: dict[str, str], want: int | None) -> None:
     gids = [GidEntry(0, IB_PORT_GID, None, None), GidEntry(1, IB_FLID_GID, None, None)]
-    assert select_gid_index(gids, 4, "InfiniBand", NcclSettings.from_env(env)) == want
+    assert select_gid_index(gids, 4, "InfiniBand", nccl_settings(env)) == want
 
 
 @pytest.mark.parametrize(
@@ -273,6 +274,6 @@ def test_infiniband_flid_index_as_nccl_uses_it(env: dict[str, str], want: int | 
     ],
 )
 def test_range_matches_as_nccl_matches(range_text: str, gid: str, inside: bool) -> None:
-    settings = NcclSettings.from_env({"NCCL_IB_ADDR_RANGE": range_text})
+    settings = nccl_settings({"NCCL_IB_ADDR_RANGE": range_text})
     assert settings.address_range is not None
     assert settings.address_range.matches(bytes.fromhex(gid.replace(":", ""))) is inside

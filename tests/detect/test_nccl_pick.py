@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from rnic_exporter.catalog import events as ev
 from rnic_exporter.cli import Exit, main
+from rnic_exporter.config.nccl_env import gid_index_from_env, nccl_environment, nccl_settings
 from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.model.host import ROCE_V1, ROCE_V2, GidEntry, NumberedState, Port
@@ -25,9 +26,7 @@ from rnic_exporter.model.nccl import (
     OUT_OF_RANGE,
     WRONG_ROCE_VERSION,
     NcclSettings,
-    gid_index_from_env,
     judge_pick,
-    nccl_environment,
     select_gid_index,
 )
 from rnic_exporter.sim import SimHost
@@ -109,7 +108,7 @@ def port(gids: list[GidEntry], settings: NcclSettings, size: int = 16) -> Port:
 def test_judge_pick(
     gids: list[GidEntry], env: dict[str, str], configured: int | None, problem: str | None, index: int
 ) -> None:
-    settings = NcclSettings.from_env(env)
+    settings = nccl_settings(env)
     pick = judge_pick(port(gids, settings), settings, configured)
     assert (pick.problem, pick.index, pick.usable) == (problem, index, problem is None)
     assert pick.configured == (configured is not None and configured >= 0)

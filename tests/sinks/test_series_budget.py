@@ -143,8 +143,8 @@ def _hw_series(got: Samples) -> set[tuple[str, str]]:
 
 
 def test_excluded_hw_counters_are_never_read(tmp_path: Path) -> None:
+    from rnic_exporter.config.file import reader_settings
     from rnic_exporter.sources.counter_filter import CounterFilter
-    from rnic_exporter.sources.reader import ReaderSettings
 
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=16)
     overlay = host.errno_overlay
@@ -154,7 +154,7 @@ def test_excluded_hw_counters_are_never_read(tmp_path: Path) -> None:
     config = ServeConfig(
         sysfs=host.root,
         state_dir=tmp_path / "state",
-        reader=ReaderSettings.build(counters=counters),
+        reader=reader_settings(counters=counters),
         watch_netlink=False,
         watch_udev=False,
     )
@@ -176,7 +176,7 @@ def test_excluded_hw_counters_are_never_read(tmp_path: Path) -> None:
     assert sum(1 for key in got if key[0] == catalog.PORT_PMA.name) == 17  # counters/ are read whatever the filter
 
     # A reload with the collector off: learned again, and no driver counter is read any more.
-    agent.reader.settings = ReaderSettings.build(counters=CounterFilter.build(hw_counters=False))
+    agent.reader.settings = reader_settings(counters=CounterFilter.build(hw_counters=False))
     agent.poll_once(full_gid_tables=True)
     wait_for(lambda: not _hw_series(scrape(agent)), timeout=10, what="no driver counter series after the reload")
     ((_, plan),) = agent.reader.counter_plans()

@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.config.file import reader_settings
 from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.counters import BACKOFF_MAX_S
 from rnic_exporter.sources.read_thread import Gate, ReadRunner
-from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, HostReader, ReaderSettings, run_here
+from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, HostReader, run_here
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.exposition import samples
 from tests.support.faultfs import FaultyMount
@@ -473,7 +474,7 @@ def test_an_excluded_device_is_never_read(sim_host: SimHost, faulty_sysfs: Fault
             sysfs=fs.mount,
             state_dir=tmp_path / "state",
             ethtool=False,
-            reader=ReaderSettings.build(device_exclude="^mlx5_1$"),
+            reader=reader_settings(device_exclude="^mlx5_1$"),
         ),
         root=root,
     )

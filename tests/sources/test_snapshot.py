@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from rnic_exporter.config.file import reader_settings
 from rnic_exporter.model.host import (
     ROCE_V1,
     ROCE_V2,
@@ -33,7 +34,7 @@ from rnic_exporter.model.host import (
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.gid_table import address_gid
 from rnic_exporter.sim.host import ETH_RATE_NAMES, IB_LANE_GBPS
-from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader, ReaderSettings
+from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader
 from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot
 from tests.support.netdev import read_netdev
 
@@ -1008,7 +1009,7 @@ def test_new_settings_recompute_the_nccl_pick(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
     assert reader.read().ports[0].nccl_gid_index == 3
-    reader.settings = ReaderSettings.build(nccl_env={"NCCL_IB_ROCE_VERSION_NUM": "1"})
+    reader.settings = reader_settings(nccl_env={"NCCL_IB_ROCE_VERSION_NUM": "1"})
     assert reader.read().ports[0].nccl_gid_index == 2
 
 
