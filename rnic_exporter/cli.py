@@ -341,7 +341,8 @@ def host_path_options(f: F) -> F:
 
 def consumer_options(f: F) -> F:
     """serve's: the flag and the scan's interval."""
-    from rnic_exporter.daemon.consumer_watch import DEFAULT_INTERVAL_S, INTERVAL
+    from rnic_exporter.config.file import CONSUMER_INTERVAL as INTERVAL
+    from rnic_exporter.config.file import DEFAULT_INTERVAL_S
 
     f = click.option(
         "--collector.consumers.interval",
@@ -554,8 +555,8 @@ def serve(
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
     from dataclasses import replace
 
+    from rnic_exporter.config.file import ConsumerSettings
     from rnic_exporter.daemon import agent
-    from rnic_exporter.daemon.consumer_watch import ConsumerSettings
     from rnic_exporter.daemon.logsetup import configure
     from rnic_exporter.sinks import otel_settings
     from rnic_exporter.sources.counter_filter import CounterFilter

@@ -10,9 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rnic_exporter.config.file import reader_settings
+from rnic_exporter.config.file import ConsumerSettings, reader_settings
 from rnic_exporter.daemon import agent
-from rnic_exporter.daemon.consumer_watch import ConsumerSettings
 from rnic_exporter.sim import SimHost, SimProcfs
 from rnic_exporter.sources.address_risks import HostPaths
 

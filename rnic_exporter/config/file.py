@@ -54,17 +54,32 @@ from rnic_exporter.config.bounds import (
     TRANSITIONS,
     WIDTH,
     WINDOW,
+    Bound,
     check_number,
     show,
     within,
 )
 from rnic_exporter.config.nccl_env import nccl_environment, nccl_settings
-from rnic_exporter.daemon.consumer_watch import INTERVAL as CONSUMER_INTERVAL
-from rnic_exporter.daemon.consumer_watch import ConsumerSettings
 from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sources.counter_filter import CounterFilter
 from rnic_exporter.sources.reader import ReaderSettings
+
+# -- consumers (--collector.consumers): who holds each RNIC -------------------------------------
+DEFAULT_INTERVAL_S = 30.0
+# --collector.consumers.interval and the file's collector.consumers.interval_seconds: below a
+# second a scan of a big process table would run back to back.
+CONSUMER_INTERVAL = Bound(1.0, 3600.0, unit=" s", duration=True)
+# A scan of 10,000 processes stays well below this; beyond it the host is in trouble (a /proc
+# read blocked on a process in D state) and the scan is abandoned, not waited for.
+DEFAULT_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    enabled: bool = False  # --collector.consumers
+    interval_s: float = DEFAULT_INTERVAL_S  # --collector.consumers.interval
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)

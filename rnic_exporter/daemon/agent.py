@@ -27,8 +27,11 @@ from typing import Protocol
 from rnic_exporter import __version__
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import Event
-from rnic_exporter.config.file import apply_file  # one resolver: check uses it too
-from rnic_exporter.daemon.consumer_watch import ConsumerSettings, ConsumerWatch, Scan
+from rnic_exporter.config.file import (
+    ConsumerSettings,
+    apply_file,  # one resolver: check uses it too
+)
+from rnic_exporter.daemon.consumer_watch import ConsumerWatch, Scan
 from rnic_exporter.daemon.runtime import settle_garbage_collector, tune_process
 from rnic_exporter.daemon.schedule import PollSchedule
 from rnic_exporter.detect.conditions import AddressLike

@@ -18,12 +18,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import Event
-from rnic_exporter.config.bounds import Bound
+from rnic_exporter.config.file import ConsumerSettings
 from rnic_exporter.model.consumers import ConsumerScan
 from rnic_exporter.sinks.consumer_fields import DeviceConsumers, device_series, series_key
 from rnic_exporter.sinks.samples import Family, Published
@@ -31,21 +31,6 @@ from rnic_exporter.sinks.samples import Family, Published
 log = logging.getLogger("rnic_exporter.consumers")
 
 Scan = Callable[[], ConsumerScan]
-
-DEFAULT_INTERVAL_S = 30.0
-# --collector.consumers.interval and the file's collector.consumers.interval_seconds: below a
-# second a scan of a big process table would run back to back.
-INTERVAL = Bound(1.0, 3600.0, unit=" s", duration=True)
-# A scan of 10,000 processes stays well below this; beyond it the host is in trouble (a /proc
-# read blocked on a process in D state) and the scan is abandoned, not waited for.
-DEFAULT_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerSettings:
-    enabled: bool = False  # --collector.consumers
-    interval_s: float = DEFAULT_INTERVAL_S  # --collector.consumers.interval
-    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 def scanner(sysfs: Path, procfs: Path, rootfs: Path) -> Scan:
@@ -66,9 +51,9 @@ class ConsumerWatch:
     """An `agent.EventSink`: scans on its clock and on events, serves the last scan's families,
     and names each event's consumers (`annotate`)."""
 
-    def __init__(self, scan: Scan, settings: ConsumerSettings = ConsumerSettings()) -> None:
+    def __init__(self, scan: Scan, settings: ConsumerSettings | None = None) -> None:
         self._scan = scan
-        self.settings = settings
+        self.settings = settings or ConsumerSettings()
         self.last: ConsumerScan | None = None
         self.errors: Counter[str] = Counter()
         self._failing: str | None = None  # the reason already logged, until a scan succeeds

@@ -20,8 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import GID_ADDRESS_MOVED, Event
+from rnic_exporter.config.file import ConsumerSettings
 from rnic_exporter.daemon.agent import Agent, ServeConfig, run
-from rnic_exporter.daemon.consumer_watch import ConsumerSettings, ConsumerWatch
+from rnic_exporter.daemon.consumer_watch import ConsumerWatch
 from rnic_exporter.daemon.logsetup import JsonFormatter
 from rnic_exporter.model.consumers import ConsumerScan
 from rnic_exporter.sim import SimHost, SimProcfs

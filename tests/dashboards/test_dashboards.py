@@ -358,8 +358,8 @@ def test_the_workloads_panel_names_the_job_and_pod_on_each_device(
     fake verbs users (its scan plugged into the daemon's one scan seam)."""
     import threading
 
+    from rnic_exporter.config.file import ConsumerSettings
     from rnic_exporter.daemon.agent import ServeConfig, run
-    from rnic_exporter.daemon.consumer_watch import ConsumerSettings
     from rnic_exporter.sim import SimProcfs
     from rnic_exporter.sources.address_risks import HostPaths
 
