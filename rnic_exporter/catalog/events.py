@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from rnic_exporter.sinks.consumer_fields import DeviceConsumers
+    from rnic_exporter.model.consumers import DeviceConsumers
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -152,7 +152,8 @@ class Event:
         return self.severity_override or self.spec.severity
 
     def fields(self) -> dict[str, str]:
-        """Flat attributes for log lines and OTel records; absent values are left out."""
+        """Flat attributes for log lines and OTel records; absent values are left out (the consumers
+        are spelled by the sinks: `sinks/consumer_fields.py`)."""
         out = {"event": self.name, "severity": self.severity, "device": self.device}
         optional = {
             "port": None if self.port is None else str(self.port),
@@ -163,6 +164,4 @@ class Event:
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         out.update(self.attributes)
-        if self.consumers is not None:
-            out.update(self.consumers.log_fields())
         return out

@@ -41,6 +41,7 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateLock, StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import AdvertisedLink, ReadError, Snapshot
+from rnic_exporter.sinks.consumer_fields import log_fields as consumer_log_fields
 from rnic_exporter.sinks.detection import detection_families
 from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.process import ProcessFamilies
@@ -189,7 +190,10 @@ class Agent:
         if self.consumers is not None:
             events = self.consumers.annotate(events)
         for event_ in events:
-            event_log.log(_EVENT_LEVEL[event_.severity], event_.message, extra={"fields": event_.fields()})
+            fields = event_.fields()
+            if event_.consumers is not None:
+                fields.update(consumer_log_fields(event_.consumers))
+            event_log.log(_EVENT_LEVEL[event_.severity], event_.message, extra={"fields": fields})
         if self.ethtool.errors:
             self.source_errors["ethtool"] = self.ethtool.errors
         detector = self.detector

@@ -24,8 +24,8 @@ from pathlib import Path
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import Event
 from rnic_exporter.config.file import ConsumerSettings
-from rnic_exporter.model.consumers import ConsumerScan
-from rnic_exporter.sinks.consumer_fields import DeviceConsumers, device_series, series_key
+from rnic_exporter.model.consumers import ConsumerScan, DeviceConsumers
+from rnic_exporter.sinks.consumer_fields import device_series, series_key
 from rnic_exporter.sinks.samples import Family, Published
 
 log = logging.getLogger("rnic_exporter.consumers")

@@ -94,3 +94,30 @@ class ConsumerScan:
     def workloads(self, device: str) -> tuple[Workload, ...]:
         """The distinct workloads using `device`, sorted, so output and series are stable."""
         return tuple(sorted({c.workload for c in self.by_device.get(device, ())}))
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceConsumers:
+    """Who used one device at the last scan: its distinct workloads, how many processes, and when."""
+
+    workloads: tuple[Workload, ...]
+    processes: int
+    scanned_at: float  # time.time() when the scan ended
+    age_s: float  # how old that scan was when the event was seen
+    complete: bool  # False: the scan stopped at its budget; an empty list may not mean "unused"
+
+    @classmethod
+    def of(cls, scan: ConsumerScan, device: str, now: float) -> DeviceConsumers:
+        return cls(
+            workloads=scan.workloads(device),
+            processes=len({c.pid for c in scan.by_device.get(device, ())}),
+            scanned_at=scan.at,
+            age_s=max(0.0, now - scan.at),
+            complete=scan.complete,
+        )
+
+    def describe(self) -> str:
+        """'slurm job 4242 step 0, pod team-a/trainer-0', or 'none' (or 'none seen' when partial)."""
+        if not self.workloads:
+            return "none" if self.complete else "none seen (incomplete scan)"
+        return ", ".join(w.describe() for w in self.workloads)

@@ -2,7 +2,7 @@
 OTLP attributes, the info series' labels, and the one-line text of `show` and `check`.
 
 An event never waits for a scan. It carries the last completed scan's view of its device and
-that scan's age (`DeviceConsumers.age_s`): the scan *before* an event is also the one that saw
+that scan's age (`model.consumers.DeviceConsumers.age_s`): the scan *before* an event is also the one that saw
 who was using a device that has just disappeared or lost its GID. The event then triggers a fresh
 scan (`consumer_watch.ConsumerWatch.publish`), so the series the alert joins are current within a
 scan's duration.
@@ -11,10 +11,9 @@ scan's duration.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 from rnic_exporter.catalog import metrics as catalog
-from rnic_exporter.model.consumers import ConsumerScan, Workload
+from rnic_exporter.model.consumers import ConsumerScan, DeviceConsumers, Workload
 from rnic_exporter.sinks.labels import label_value
 
 # The log line's keys (logfmt and JSON alike); the OTLP record uses OTEL_KEYS instead.
@@ -22,63 +21,39 @@ LOG_KEYS = ("consumers", "consumer_processes", "consumers_scan_age_s", "consumer
 OtelValue = str | int | float | bool | Sequence[str]
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceConsumers:
-    """Who used one device at the last scan: its distinct workloads, how many processes, and when."""
+def log_fields(consumers: DeviceConsumers) -> dict[str, str]:
+    """An event's consumer fields in a log line."""
+    values = (
+        consumers.describe(),
+        str(consumers.processes),
+        f"{consumers.age_s:.1f}",
+        "true" if consumers.complete else "false",
+    )
+    return dict(zip(LOG_KEYS, values, strict=True))
 
-    workloads: tuple[Workload, ...]
-    processes: int
-    scanned_at: float  # time.time() when the scan ended
-    age_s: float  # how old that scan was when the event was seen
-    complete: bool  # False: the scan stopped at its budget; an empty list may not mean "unused"
 
-    @classmethod
-    def of(cls, scan: ConsumerScan, device: str, now: float) -> DeviceConsumers:
-        return cls(
-            workloads=scan.workloads(device),
-            processes=len({c.pid for c in scan.by_device.get(device, ())}),
-            scanned_at=scan.at,
-            age_s=max(0.0, now - scan.at),
-            complete=scan.complete,
-        )
-
-    def describe(self) -> str:
-        """'slurm job 4242 step 0, pod team-a/trainer-0', or 'none' (or 'none seen' when partial)."""
-        if not self.workloads:
-            return "none" if self.complete else "none seen (incomplete scan)"
-        return ", ".join(w.describe() for w in self.workloads)
-
-    def log_fields(self) -> dict[str, str]:
-        return dict(
-            zip(
-                LOG_KEYS,
-                (self.describe(), str(self.processes), f"{self.age_s:.1f}", "true" if self.complete else "false"),
-                strict=True,
-            )
-        )
-
-    def otel_attributes(self) -> dict[str, OtelValue]:
-        """OTel semantic-convention names where they exist (k8s.*, container.id); a device may serve
-        several jobs or pods, so each is an array, and the pod arrays are parallel (index i of
-        k8s.pod.name, k8s.namespace.name and k8s.pod.uid is one pod)."""
-        jobs = [w for w in self.workloads if w.kind == "slurm"]
-        pods = [w for w in self.workloads if w.kind == "pod"]
-        attrs: dict[str, OtelValue] = {
-            "rnic.consumers": [label_value(w.describe()) for w in self.workloads],
-            "rnic.consumers.processes": self.processes,
-            "rnic.consumers.scan.age": round(self.age_s, 3),  # seconds
-            "rnic.consumers.scan.complete": self.complete,
-        }
-        optional: dict[str, list[str]] = {
-            "slurm.job.id": _unique(w.slurm_job for w in jobs),
-            "k8s.pod.name": [label_value(w.pod_name) for w in pods],
-            "k8s.namespace.name": [label_value(w.pod_namespace) for w in pods],
-            "k8s.pod.uid": [w.pod_uid for w in pods],
-            "container.id": _unique(w.container_id for w in pods if w.container_id),
-            "process.command": _unique(label_value(w.command) for w in self.workloads if w.kind == "process"),
-        }
-        attrs.update({k: v for k, v in optional.items() if v and any(v)})
-        return attrs
+def otel_attributes(consumers: DeviceConsumers) -> dict[str, OtelValue]:
+    """OTel semantic-convention names where they exist (k8s.*, container.id); a device may serve
+    several jobs or pods, so each is an array, and the pod arrays are parallel (index i of
+    k8s.pod.name, k8s.namespace.name and k8s.pod.uid is one pod)."""
+    jobs = [w for w in consumers.workloads if w.kind == "slurm"]
+    pods = [w for w in consumers.workloads if w.kind == "pod"]
+    attrs: dict[str, OtelValue] = {
+        "rnic.consumers": [label_value(w.describe()) for w in consumers.workloads],
+        "rnic.consumers.processes": consumers.processes,
+        "rnic.consumers.scan.age": round(consumers.age_s, 3),  # seconds
+        "rnic.consumers.scan.complete": consumers.complete,
+    }
+    optional: dict[str, list[str]] = {
+        "slurm.job.id": _unique(w.slurm_job for w in jobs),
+        "k8s.pod.name": [label_value(w.pod_name) for w in pods],
+        "k8s.namespace.name": [label_value(w.pod_namespace) for w in pods],
+        "k8s.pod.uid": [w.pod_uid for w in pods],
+        "container.id": _unique(w.container_id for w in pods if w.container_id),
+        "process.command": _unique(label_value(w.command) for w in consumers.workloads if w.kind == "process"),
+    }
+    attrs.update({k: v for k, v in optional.items() if v and any(v)})
+    return attrs
 
 
 def _unique(values: Iterator[str] | Sequence[str]) -> list[str]:

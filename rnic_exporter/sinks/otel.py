@@ -32,7 +32,7 @@ from rnic_exporter.catalog.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEX
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import CounterGroup
 from rnic_exporter.sinks import otel_metrics
-from rnic_exporter.sinks.consumer_fields import LOG_KEYS
+from rnic_exporter.sinks.consumer_fields import LOG_KEYS, otel_attributes
 from rnic_exporter.sinks.labels import label_value
 from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published, counter_families, snapshot_families
@@ -377,7 +377,7 @@ class _LogShipper:
     def record(self, event: Event) -> ReadableLogRecord:
         attributes: dict[str, Any] = {k: label_value(v) for k, v in event.fields().items() if k not in _NOT_ATTRIBUTES}
         if event.consumers is not None:  # semantic-convention names (k8s.pod.name...), not the log's
-            attributes.update(event.consumers.otel_attributes())
+            attributes.update(otel_attributes(event.consumers))
         now = time.time_ns()
         return ReadableLogRecord(
             log_record=LogRecord(

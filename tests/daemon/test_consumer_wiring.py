@@ -24,9 +24,9 @@ from rnic_exporter.config.file import ConsumerSettings
 from rnic_exporter.daemon.agent import Agent, ServeConfig, run
 from rnic_exporter.daemon.consumer_watch import ConsumerWatch
 from rnic_exporter.daemon.logsetup import JsonFormatter
-from rnic_exporter.model.consumers import ConsumerScan
+from rnic_exporter.model.consumers import ConsumerScan, DeviceConsumers
 from rnic_exporter.sim import SimHost, SimProcfs
-from rnic_exporter.sinks.consumer_fields import DeviceConsumers
+from rnic_exporter.sinks.consumer_fields import log_fields, otel_attributes
 from rnic_exporter.sinks.samples import ExporterStats, Published
 from tests.support.processes import free_port, http_get
 from tests.support.wait import wait_for
@@ -183,8 +183,9 @@ def test_an_incomplete_scan_never_says_unused(host: SimHost, users: SimProcfs) -
     assert families[catalog.CONSUMER_SCAN_SKIPPED.name].samples == [((), 7.0)]
     event = watch.annotate([Event(GID_ADDRESS_MOVED, "m", device="mlx5_0", time=1.0)])[0]
     assert event.consumers is not None
-    assert event.fields()["consumers"] == "none seen (incomplete scan)"
-    assert event.fields()["consumers_scan_complete"] == "false"
+    fields = log_fields(event.consumers)
+    assert fields["consumers"] == "none seen (incomplete scan)"
+    assert fields["consumers_scan_complete"] == "false"
 
 
 def host_snapshot(host: SimHost) -> Any:
@@ -262,7 +263,7 @@ def test_an_event_older_than_nothing_carries_the_scan_and_its_age(users: SimProc
     moved = Event(GID_ADDRESS_MOVED, "moved", device="mlx5_1", time=scan.at + 42.0)
     consumers = DeviceConsumers.of(scan, moved.device, moved.time)
     assert consumers.age_s == pytest.approx(42.0)
-    attrs = consumers.otel_attributes()
+    attrs = otel_attributes(consumers)
     assert attrs["slurm.job.id"] == ["4242"]
     assert attrs["k8s.pod.name"] == ["trainer-0"] and attrs["k8s.namespace.name"] == ["team-a"]
     assert attrs["k8s.pod.uid"] == [POD_UID]
