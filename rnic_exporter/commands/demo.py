@@ -103,7 +103,7 @@ STEPS = (
     Step("Speed below rated (incident 2)", _speed_drop),
     Step("PCIe downtrain (incident 2)", _pcie_downtrain),
     Step("NIC disappeared (incident 2)", _nic_gone),
-    Step("NCCL would use a link-local GID (issue 13)", _ipv6_only),
+    Step("NCCL would use a link-local GID", _ipv6_only),
     Step("Everything healed", _heal),
 )
 
