@@ -6,7 +6,7 @@ import logging
 from collections import Counter
 
 from rnic_exporter.catalog.events import Event
-from rnic_exporter.detect.conditions import HostConditions, judge
+from rnic_exporter.detect.conditions import HostConditions, LinkJudgement, judge
 from rnic_exporter.detect.diff import diff
 from rnic_exporter.detect.flapping import FlapTracker
 from rnic_exporter.detect.inputs import Inputs
@@ -30,6 +30,8 @@ class Detector:
         self.store = store
         self.flaps = FlapTracker(settings.flap)
         self.last: HostConditions | None = None
+        # Each link's last judgement, kept across the polls where it had none (its port down).
+        self._links_seen: dict[tuple[str, int, str], LinkJudgement] = {}
         self.gid_changes: Counter[tuple[str, int]] = Counter()
         self.events: Counter[tuple[str, str, str]] = Counter()
         # Every reason at 0 from the start: a healthy host shows 0, not an absent series, so
@@ -61,7 +63,10 @@ class Detector:
             risks=inputs.risks,
             flapping=flapping,
         )
-        events = diff(self.last, cur)
+        events = diff(self.last, cur, self._links_seen)
+        for view in cur.ports.values():
+            for judgement in view.links:
+                self._links_seen[(view.device, view.port, judgement.link)] = judgement
         for event in events:
             self.events[(event.name, event.device, "" if event.port is None else str(event.port))] += 1
             if event.name == "rnic.gid.table_changed" and event.port is not None:

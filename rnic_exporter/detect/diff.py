@@ -7,14 +7,20 @@ address that is gone), never transitions, because nothing was seen to change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from rnic_exporter.catalog import events as ev
 from rnic_exporter.catalog.events import Event
 from rnic_exporter.detect.conditions import HostConditions, LinkJudgement, PortView
 
+# The last judgement of each link (device, port, link) before this one, kept by the caller: a link
+# judged below rated, then not judged while its port was down (a renegotiation drops the carrier),
+# then judged at full speed is restored, and one judged below again is not a new degradation.
+LinkMemory = Mapping[tuple[str, int, str], LinkJudgement]
 
-def diff(prev: HostConditions | None, cur: HostConditions) -> list[Event]:
+
+def diff(prev: HostConditions | None, cur: HostConditions, links_seen: LinkMemory | None = None) -> list[Event]:
     out: list[Event] = []
     _devices(prev, cur, out)
     # A name can be both: the card that left and another one registered under its name (a replaced
@@ -23,7 +29,7 @@ def diff(prev: HostConditions | None, cur: HostConditions) -> list[Event]:
     for key, port in cur.ports.items():
         if port.device in gone:
             continue
-        _port(prev.ports.get(key) if prev else None, port, out)
+        _port(prev.ports.get(key) if prev else None, port, out, links_seen or {})
     return [replace(e, time=cur.time) for e in out]
 
 
@@ -88,7 +94,7 @@ def _on(
     )
 
 
-def _port(p: PortView | None, c: PortView, out: list[Event]) -> None:
+def _port(p: PortView | None, c: PortView, out: list[Event], links_seen: LinkMemory) -> None:
     where = c.where
     if p is not None and p.gid_hash is not None and c.gid_hash is not None and p.gid_hash != c.gid_hash:
         out.append(
@@ -149,7 +155,10 @@ def _port(p: PortView | None, c: PortView, out: list[Event]) -> None:
     elif p is not None and p.flapping and not c.flapping:
         out.append(_on(c, ev.PORT_STABLE, f"{where} stopped flapping"))
     for judgement in c.links:
-        _link(p.link(judgement.link) if p else None, c, judgement, where, out)
+        before = p.link(judgement.link) if p else None
+        if before is None:
+            before = links_seen.get((c.device, c.port, judgement.link))
+        _link(before, c, judgement, where, out)
     for risk in sorted(c.risks - (p.risks if p is not None else frozenset())):
         out.append(
             _on(

@@ -535,3 +535,25 @@ def test_a_soft_roce_port_rate_is_no_measure_of_its_netdev(tmp_path: Path) -> No
     mirrored.set_speed("rxe0", 25)
     below = [e for e in run.poll() if e.name == "rnic.link.below_rated"]
     assert sorted(e.attributes.get("link", "") for e in below) == ["netdev", "port"], below
+
+
+def test_a_link_restored_through_a_renegotiation_is_restored(tmp_path: Path) -> None:
+    """A renegotiation drops the carrier (the kernel lab's incident_b1): the port link is not judged
+    while the port is down, and coming back at full speed must still say "restored", as going down
+    to a lower speed again must not say "below rated" twice."""
+    host = SimHost.build(tmp_path / "sys", roce=1, ethernet_gbps=100, driver="rxe")
+    run = Run(host)
+    run.poll()
+
+    def renegotiate(gbps: int) -> list[Event]:
+        host.set_port_up("rxe0", False)
+        down = run.poll()
+        host.set_speed("rxe0", gbps)
+        host.set_port_up("rxe0", True)
+        return down + run.poll()
+
+    events = renegotiate(25)
+    assert sorted(e.attributes["link"] for e in events if e.name == "rnic.link.below_rated") == ["netdev", "port"]
+    assert sorted(e.attributes["link"] for e in renegotiate(10) if e.name == "rnic.link.below_rated") == []
+    events = renegotiate(100)
+    assert sorted(e.attributes["link"] for e in events if e.name == "rnic.link.restored") == ["netdev", "port"]
