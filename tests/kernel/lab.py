@@ -329,6 +329,17 @@ class Lab:
             self.wait_until(lambda: read_attr(SYS_NET / tap / "carrier").strip() == "1", 20, f"{tap} carrier")
         self.rdma_link_add(name, tap)
 
+    def renegotiate(self, tap: str, speed_mbps: int) -> None:
+        """A link renegotiating to another speed, as a NIC does: the carrier drops, the speed changes,
+        the carrier returns (both announced by rtnetlink). The tun driver alone stores an
+        `ethtool -s` speed silently, which no real link does; the exporter polls what rtnetlink
+        announces only on the announcement (and at its safety sweep)."""
+        self.sh(f"ip link set {tap} carrier off")
+        self.wait_until(lambda: read_attr(SYS_NET / tap / "carrier").strip() == "0", 20, f"{tap} carrier off")
+        self.sh(f"ethtool -s {tap} speed {speed_mbps} duplex full")
+        self.sh(f"ip link set {tap} carrier on")
+        self.wait_until(lambda: read_attr(SYS_NET / tap / "carrier").strip() == "1", 20, f"{tap} carrier on")
+
     # -- the exporter as a daemon ----------------------------------------------------------
 
     def serve(self, *args: str, deadline_s: float = 120.0) -> Serve:

@@ -9,13 +9,12 @@ import pytest
 
 from tests.kernel.conftest import scenario_result
 from tests.kernel.lab import sample, samples
+from tests.kernel.steps import KEPT_FOR_GONE, events, problems, scrape, step
 from tests.kernel.vm import RunReport
 
 pytestmark = pytest.mark.kernel
 
 ALL = ("rxe0", "rxe1", "rxe2", "rxe3")
-# What may stay of a gone device: the inventory's 0 and the event counters.
-KEPT_FOR_GONE = {"rnic_device_present", "rnic_events_total"}
 
 
 @pytest.fixture(scope="module")
@@ -23,26 +22,6 @@ def res(kernel_lab: RunReport) -> dict[str, Any]:
     result: dict[str, Any] = scenario_result(kernel_lab, "incident_b1")
     print(f"incident_b1: {result.get('seconds')} s")
     return result
-
-
-def step(res: dict[str, Any], name: str) -> dict[str, Any]:
-    assert "error" not in res, res["error"]
-    found: dict[str, Any] = res["steps"][name]
-    return found
-
-
-def scrape(st: dict[str, Any]) -> str:
-    return "\n".join(st["scrape"])
-
-
-def events(st: dict[str, Any], event: str, device: str) -> float:
-    return sum(v for _, v in samples(scrape(st), "rnic_events_total", event=event, device=device))
-
-
-def problems(st: dict[str, Any], device: str, code: str | None = None) -> list[dict[str, Any]]:
-    check = st["check"]
-    assert "problems" in check, check
-    return [p for p in check["problems"] if p["where"].split(" ")[0] == device and code in (None, p["code"])]
 
 
 def test_scenario_completed(res: dict[str, Any]) -> None:

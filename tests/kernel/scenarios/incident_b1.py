@@ -148,7 +148,7 @@ def _run(lab: Lab, steps: dict[str, Any], res: dict[str, Any]) -> None:
     steps["start"] = {"kernel": {d: kernel_port(d) for d in DEVICES}, **w.record()}
 
     # 1. speed drop 100G -> 25G on rxe2's netdev, then back
-    lab.sh("ethtool -s tap0 speed 25000 duplex full")
+    lab.renegotiate("tap0", 25000)
     took = w.until(
         "rxe2's rate at 25G in a scrape",
         lambda s: sample(s, "rnic_port_active_rate_bytes_per_second", device="rxe2", port="1") == 25e9 / 8,
@@ -160,7 +160,7 @@ def _run(lab: Lab, steps: dict[str, Any], res: dict[str, Any]) -> None:
         "ethtool": lab.sh("ethtool tap0", check=False).stdout,
         **w.record(("rxe2",)),
     }
-    lab.sh("ethtool -s tap0 speed 100000 duplex full")
+    lab.renegotiate("tap0", 100000)
     took = w.until(
         "rxe2's rate back at 100G in a scrape",
         lambda s: sample(s, "rnic_port_active_rate_bytes_per_second", device="rxe2", port="1") == 100e9 / 8,
