@@ -52,8 +52,26 @@ def kernel_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         report = run_lab(names, out)
     except LabSetupError as exc:
         pytest.fail(str(exc), pytrace=False)
-    print("\n" + report.summary())
+    request.config.stash[_REPORT] = report
     return report
+
+
+_REPORT = pytest.StashKey[RunReport]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """The lab's figures at the end of every run, passed or failed, `-q` or not: which accelerator
+    ran, boot and scenario times, and each real event's latency as the exporter saw it."""
+    report = config.stash.get(_REPORT, None)
+    if report is None:
+        return
+    terminalreporter.section("kernel lab")
+    for line in report.summary().splitlines():
+        terminalreporter.write_line(line)
+    events = report.result("events")
+    if isinstance(events, dict) and isinstance(events.get("figures"), dict):
+        for what, figure in sorted(events["figures"].items()):
+            terminalreporter.write_line(f"  event {what}: in a scrape after {figure.get('scrape_s')} s ({figure})")
 
 
 def scenario_result(report: RunReport, name: str) -> Any:
