@@ -93,6 +93,17 @@ def check(host: SimHost, tmp_path: Path, root: SysfsRoot | None = None) -> Check
     )
 
 
+def scraping_agent(host: SimHost, overlay: dict[str, int] | None = None) -> Agent:
+    """A daemon over `host` without watchers whose every scrape reads the counters; `overlay`: the
+    errnos its reads answer (the host's own by default)."""
+    agent = Agent(
+        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
+        SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay if overlay is None else overlay),
+    )
+    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
+    return agent
+
+
 def invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, list(args))
     return result.exit_code, result.output
@@ -147,11 +158,7 @@ def test_counters_failing_after_having_been_read_are_a_warning(
 ) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     overlay = host.errno_overlay
-    agent = Agent(
-        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
-        SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay),
-    )
-    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
+    agent = scraping_agent(host, overlay)
     try:
         assert agent.poll_once(full_gid_tables=True).errors == ()
         assert agent.counter_view(None).stats.counter_errors == ()  # counters read once (a scrape)
@@ -179,13 +186,7 @@ def test_unsupported_is_logged_once_at_info_and_never_warned(tmp_path: Path, cap
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     for name in PMA_EXTENDED_COUNTERS:
         host.fail_with(f"{PORT}/counters/{name}", errno.EINVAL)
-    agent = Agent(
-        ServeConfig(
-            sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False, detection=DetectionSettings()
-        ),
-        SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay),
-    )
-    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
+    agent = scraping_agent(host)
     try:
         with caplog.at_level(logging.INFO):
             for _ in range(3):
@@ -235,11 +236,7 @@ def test_a_device_removed_under_held_descriptors_is_not_a_warning_per_counter(
     ENODEV and serve logged a warning per hw_counters file before the device was seen gone."""
     host = SimHost.build(tmp_path / "sys", roce=2, ethernet_gbps=10, driver="rxe")
     overlay = host.errno_overlay
-    agent = Agent(
-        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
-        SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay),
-    )
-    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
+    agent = scraping_agent(host, overlay)
     try:
         assert agent.poll_once(full_gid_tables=True).errors == ()
         assert agent.counter_view(None).stats.counter_errors == ()
@@ -261,11 +258,7 @@ def test_counters_the_driver_never_provided_are_not_read_errors(tmp_path: Path) 
     unsupported, and rnic_exporter_read_errors_total counts none of them (it counted every one)."""
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     host.without_pma("mlx5_0")
-    agent = Agent(
-        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
-        SysfsRoot(host.root, hold_fds=True),
-    )
-    agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
+    agent = scraping_agent(host, {})
     try:
         agent.poll_once(full_gid_tables=True)
         for _ in range(2):
