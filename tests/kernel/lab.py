@@ -39,6 +39,18 @@ TreeEntry = dict[str, str]
 Tree = dict[str, TreeEntry]
 
 
+def measured(result: dict[str, Any], body: Callable[[], None]) -> dict[str, Any]:
+    """A scenario's `run`: `body` records into `result` as it goes, so a failure partway keeps what
+    was measured (the host test fails on "error", with the traceback); adds the wall time."""
+    t0 = time.monotonic()
+    try:
+        body()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    return result
+
+
 class LabError(RuntimeError):
     """A lab step failed: the message says which command or condition, and what it printed."""
 

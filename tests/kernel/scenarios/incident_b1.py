@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tests.kernel.lab import NETNS, SYS_IB, VB, Lab, Serve, read_attr, sample
+from tests.kernel.lab import NETNS, SYS_IB, VB, Lab, Serve, measured, read_attr, sample
 
 DEVICES = ("rxe0", "rxe1", "rxe2", "rxe3")
 
@@ -120,15 +118,9 @@ def kernel_port(dev: str) -> dict[str, str]:
 
 
 def run(lab: Lab) -> dict[str, Any]:
-    t0 = time.monotonic()
     steps: dict[str, Any] = {}
     res: dict[str, Any] = {"steps": steps}
-    try:
-        _run(lab, steps, res)
-    except Exception:  # keep what was measured; the host test fails on "error"
-        res["error"] = traceback.format_exc()
-    res["seconds"] = round(time.monotonic() - t0, 1)
-    return res
+    return measured(res, lambda: _run(lab, steps, res))
 
 
 def _run(lab: Lab, steps: dict[str, Any], res: dict[str, Any]) -> None:

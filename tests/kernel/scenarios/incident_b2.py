@@ -13,10 +13,9 @@ import os
 import subprocess
 import sys
 import time
-import traceback
 from typing import Any
 
-from tests.kernel.lab import NETNS, SYS_IB, SYS_NET, VA, VA_ADDR, VB, Lab, ipv4_gid, read_attr, sample
+from tests.kernel.lab import NETNS, SYS_IB, SYS_NET, VA, VA_ADDR, VB, Lab, ipv4_gid, measured, read_attr, sample
 from tests.kernel.scenarios.incident_b1 import Watch, attr, kernel_port
 
 VZ = "vz"
@@ -43,20 +42,19 @@ def ib_devices(lab: Lab, netns: str | None = None) -> list[str]:
 
 
 def run(lab: Lab) -> dict[str, Any]:
-    t0 = time.monotonic()
     steps: dict[str, Any] = {}
     res: dict[str, Any] = {"steps": steps}
-    try:
-        _run(lab, steps, res)
-    except Exception:  # keep what was measured; the host test fails on "error"
-        res["error"] = traceback.format_exc()
-    finally:
-        # The other scenarios need the shared mode: only settable with no netns but init_net.
-        lab.sh("ip netns delete b 2>/dev/null; ip link delete vz 2>/dev/null; true", check=False)
-        res["netns_mode_restore"] = lab.sh("rdma system set netns shared", check=False).returncode
-        res["netns_mode_after"] = lab.sh("rdma system show", check=False).stdout.strip()
-    res["seconds"] = round(time.monotonic() - t0, 1)
-    return res
+
+    def body() -> None:
+        try:
+            _run(lab, steps, res)
+        finally:
+            # The other scenarios need the shared mode: only settable with no netns but init_net.
+            lab.sh("ip netns delete b 2>/dev/null; ip link delete vz 2>/dev/null; true", check=False)
+            res["netns_mode_restore"] = lab.sh("rdma system set netns shared", check=False).returncode
+            res["netns_mode_after"] = lab.sh("rdma system show", check=False).stdout.strip()
+
+    return measured(res, body)
 
 
 def _run(lab: Lab, steps: dict[str, Any], res: dict[str, Any]) -> None:

@@ -14,10 +14,9 @@ import json
 import os
 import subprocess
 import time
-import traceback
 from typing import Any
 
-from tests.kernel.lab import NETNS, SYS_IB, VB_ADDR, Lab, LabError, ipv4_gid, read_attr
+from tests.kernel.lab import NETNS, SYS_IB, VB_ADDR, Lab, LabError, ipv4_gid, measured, read_attr
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
 ROUTER, FAR = "r", "c"
@@ -145,14 +144,8 @@ def routed(lab: Lab) -> None:
 
 
 def run(lab: Lab) -> dict[str, Any]:
-    t0 = time.monotonic()
     result: dict[str, Any] = {"flat": {}, "routed": {}, "check": {}}
-    try:
-        _run(lab, result)
-    except Exception:  # keep what was measured; the host test fails on "error"
-        result["error"] = traceback.format_exc()
-    result["seconds"] = round(time.monotonic() - t0, 1)
-    return result
+    return measured(result, lambda: _run(lab, result))
 
 
 def _run(lab: Lab, result: dict[str, Any]) -> None:
