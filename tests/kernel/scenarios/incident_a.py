@@ -647,6 +647,14 @@ def networkmanager(lab: Lab) -> dict[str, Any]:
             lab.sh(f"ip addr flush dev {VA} scope global")
             lab.sh(f"ip addr add {VA_ADDR}/24 dev {VA} && ip addr add {V6}/64 dev {VA}")
             wait_full_table(lab, [V4, V6_GID])
+            # IPv6 duplicate address detection ends with one more announcement of the address
+            # (tentative -> valid, ~1-2 s): let it come before the flap's events are counted.
+            lab.wait_until(
+                lambda: "tentative" not in lab.sh(f"ip -o -6 addr show dev {VA}").stdout,
+                30,
+                f"{V6} past duplicate address detection",
+                poll_s=0.2,
+            )
             fixed = index_of(V4)
             assert fixed is not None
             out["fix_index_initial"] = fixed
