@@ -215,8 +215,11 @@ ALL_SIGNALS = frozenset({"metrics", "logs", "traces"})
 SIGNALS: dict[str, dict[str, frozenset[str]]] = {
     "receivers": {"otlp": ALL_SIGNALS},
     "processors": {"memory_limiter": ALL_SIGNALS, "resource": ALL_SIGNALS, "batch": ALL_SIGNALS},
-    "exporters": {"prometheusremotewrite": frozenset({"metrics"}), "otlphttp": ALL_SIGNALS, "debug": ALL_SIGNALS},
+    "exporters": {"prometheusremotewrite": frozenset({"metrics"}), "otlp_http": ALL_SIGNALS, "debug": ALL_SIGNALS},
 }
+# Component types the collector renamed (v0.144.0, open-telemetry/opentelemetry-collector#14396): the old
+# names still load but log a deprecation warning at every start and will be removed.
+DEPRECATED: dict[str, dict[str, str]] = {"exporters": {"otlphttp": "otlp_http", "otlp": "otlp_grpc"}}
 _ENDPOINT = {
     "type": "object",
     "additionalProperties": False,
@@ -315,7 +318,7 @@ COMPONENT_SCHEMAS: dict[str, dict[str, Any]] = {
             },
         },
     },
-    "otlphttp": {
+    "otlp_http": {
         "type": "object",
         "additionalProperties": False,
         "required": ["endpoint"],
@@ -348,7 +351,10 @@ def collector_problems(config: dict[str, Any]) -> list[str]:
                 if component_id not in (config.get(kind) or {}):
                     problems.append(f"pipeline {pipeline_id}: {kind[:-1]} {component_id} is not defined")
                 supported = known.get(_component_type(component_id))
-                if supported is None:
+                renamed = DEPRECATED.get(kind, {}).get(_component_type(component_id))
+                if renamed is not None:
+                    problems.append(f"{kind[:-1]} {component_id}: a deprecated alias, use {renamed}")
+                elif supported is None:
                     problems.append(f"{kind[:-1]} {component_id}: not a component type this test knows")
                 elif signal not in supported:
                     problems.append(f"pipeline {pipeline_id}: {component_id} does not support {signal}")
@@ -384,7 +390,7 @@ def test_collector_pipelines_are_wired_from_defined_components() -> None:
     pipelines = config["service"]["pipelines"]
     assert set(pipelines) == {"metrics", "logs"}
     assert "prometheusremotewrite" in pipelines["metrics"]["exporters"]
-    assert any(_component_type(e) == "otlphttp" for e in pipelines["logs"]["exporters"])
+    assert any(_component_type(e) == "otlp_http" for e in pipelines["logs"]["exporters"])
     assert all("batch" in p["processors"] for p in pipelines.values())
 
 
@@ -398,6 +404,11 @@ def test_collector_pipelines_are_wired_from_defined_components() -> None:
         lambda c: c["exporters"]["prometheusremotewrite"]["remote_write_queue"].update({"queue_size": 0}),
         lambda c: c["exporters"]["prometheusremotewrite"]["remote_write_queue"].update({"num_workers": 4}),
         lambda c: c["service"]["pipelines"]["logs"]["processors"].reverse(),
+        # the deprecated alias the file used before: it loads, and warns at every collector start
+        lambda c: (
+            c["exporters"].update({"otlphttp/loki": c["exporters"].pop("otlp_http/loki")}),
+            c["service"]["pipelines"]["logs"].update({"exporters": ["otlphttp/loki", "debug"]}),
+        ),
     ],
 )
 def test_collector_check_would_catch_a_broken_pipeline(breakage: Any) -> None:
