@@ -49,6 +49,7 @@ from rnic_exporter.sinks.prometheus import DEFAULT_COUNTER_WAIT_S, CounterView, 
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published
 from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
 from rnic_exporter.sources.availability import summarize
+from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.ethtool import EthtoolReader
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S, ReadRunner, SingleFlight
 from rnic_exporter.sources.reader import SAFETY_S, HostReader, Job, ReaderSettings
@@ -129,7 +130,9 @@ class Agent:
         self.stop = stop or threading.Event()  # set: every wait on a read gives up
         self._state_runner = ReadRunner("state", config.read_deadline_s)
         self._counter_runner = ReadRunner("counters", config.read_deadline_s)
-        self._counter_pass = SingleFlight(self._counter_runner, self._counter_jobs, COUNTER_PASS_REUSE_S)
+        self._counter_pass = SingleFlight(
+            self._counter_runner, self._counter_jobs, COUNTER_PASS_REUSE_S, scope=self._counter_scope
+        )
         self.prometheus = PrometheusSink(self.counter_view, config.counter_wait_s)
         self.process = ProcessFamilies()
         self.last: Snapshot | None = None
@@ -232,6 +235,11 @@ class Agent:
 
     def _counter_jobs(self) -> list[Job]:
         return self.reader.counter_jobs()
+
+    def _counter_scope(self) -> tuple[CounterPlan | None, ...]:
+        """What a counter pass covers: the plans themselves (compared by identity), so a device
+        listed or re-registered since the last pass gets a pass of its own."""
+        return tuple(plan for _name, plan in self.reader.counter_plans())
 
     def counter_view(self, wait_s: float | None) -> CounterView:
         """A counter pass for one consumer (a scrape, an OTLP export): joins the pass in flight or

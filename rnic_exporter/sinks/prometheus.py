@@ -8,6 +8,10 @@ pass, a pass under a second old is reused, and only groups whose values moved ar
 straight from the pass's plain ints into series lines. A scrape waits for the pass at most
 `wait_s` (`--web.counter-wait`); then it serves the last values and says so in
 `rnic_exporter_counters_stale`.
+
+Before the first poll there is nothing to serve: a scrape waits for it as long as for a counter pass
+and then gets 503 (`NotReadyError`). An empty 200 would read to Prometheus as "every series ended" (stale
+markers, resolved alerts, `absent()` firing) on each restart.
 """
 
 from __future__ import annotations
@@ -16,13 +20,14 @@ import gzip
 import threading
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from prometheus_client.exposition import gzip_accepted
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.metrics import MetricSpec
+from rnic_exporter.errors import NotReadyError
 from rnic_exporter.model.host import CounterGroup, Snapshot
 from rnic_exporter.sinks.exposition import (
     Assembler,
@@ -212,6 +217,7 @@ class PrometheusSink:
         self._parts: dict[tuple[str, ...], _Rendered] = {}
         self._devices: dict[str, tuple[tuple[object, ...], _DeviceItems, dict[tuple[str, ...], _Rendered]]] = {}
         self._published: tuple[Snapshot, ExporterStats, list[_DeviceItems], list[Fragment]] | None = None
+        self._first_published = threading.Event()
         self._state_generation = 0
         self._lines: dict[tuple[str, str, int | None], tuple[CounterGroup, _CounterLines]] = {}
         self._model_counters: dict[tuple[str, ...], _Rendered] = {}
@@ -267,6 +273,7 @@ class PrometheusSink:
         with self._lock:
             self._published = (snap, record.stats, order, extra)
             self._state_generation += 1
+        self._first_published.set()
 
     def update(self, snap: Snapshot, stats: ExporterStats, extra: Iterable[Family] = ()) -> None:
         """`publish` of a snapshot whose objects carry their counters (tests, one-shot use)."""
@@ -282,6 +289,8 @@ class PrometheusSink:
                 self._negotiated[accept_header] = negotiated
         content_type, openmetrics = negotiated
         gz = gzip_accepted(accept_encoding or "")
+        if not self._first_published.wait(self.wait_s):
+            raise NotReadyError(f"no poll has completed yet (waited {self.wait_s:g}s); retry in a moment")
         view = self._counters(self.wait_s) if self._counters is not None else None
         with self._lock:
             key = (self._state_generation, view.generation if view is not None else 0)
@@ -321,6 +330,7 @@ class PrometheusSink:
         fragments: list[Any] = []
         lines: dict[tuple[str, str, int | None], tuple[CounterGroup, _CounterLines]] = {}
         model: dict[tuple[str, ...], _Rendered] = {}
+        unread = False  # a counter group of a published device that this view lacks
         for dev, items in zip(snap.devices, order, strict=True):
             for item in items:
                 if not isinstance(item, CounterSlot):
@@ -331,7 +341,8 @@ class PrometheusSink:
                     key = (item.device, item.kind, item.port)
                     group = view.groups.get(key)
                     if group is None:
-                        continue  # not read yet (the first pass of a new device) or stuck since start
+                        unread = True  # not read yet (the first pass of a new device) or stuck since start
+                        continue
                     kept = self._lines.get(key)
                     if kept is None or kept[0] is not group:
                         kept = (group, _CounterLines(item.device, group))
@@ -341,6 +352,8 @@ class PrometheusSink:
         self._lines = lines
         self._model_counters = model
         own_stats = view.stats if view is not None else stats  # the view's are as of this scrape
+        if unread:  # series missing are not fresh ones: say so rather than serve a gap as current
+            own_stats = replace(own_stats, counters_stale=True)
         tail: dict[tuple[str, ...], _Rendered] = {}
         fragments += [_part(self._tail, tail, *part) for part in snapshot_parts(snap, own_stats)]
         fragments += extra

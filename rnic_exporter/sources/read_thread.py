@@ -265,7 +265,12 @@ class ReadRunner:
 
 class SingleFlight:
     """One pass at a time for many consumers: a consumer joins the pass in flight, or starts one
-    when the last is older than `max_age_s`, and waits at most its own bound for it."""
+    when the last is older than `max_age_s`, and waits at most its own bound for it.
+
+    `scope()` names what a pass would cover now (the devices and their counter plans): a pass made
+    for another scope never stands in for this one, even when young. At start-up the first scrape
+    can come before the first poll has listed a device; reusing its empty pass served a second of
+    scrapes with no counter series that said they were fresh."""
 
     def __init__(
         self,
@@ -273,24 +278,34 @@ class SingleFlight:
         jobs: Callable[[], Sequence[tuple[Gate, Callable[[], None]]]],
         max_age_s: float,
         clock: Callable[[], float] = time.monotonic,
+        scope: Callable[[], object] = lambda: None,
     ) -> None:
         self._runner = runner
         self._jobs = jobs
         self.max_age_s = max_age_s
         self._clock = clock
+        self._scope = scope
         self._lock = threading.Lock()
         self._ticket: int | None = None
+        self._ticket_scope: object = None
         self._started = float("-inf")
         self.passes = 0
 
     def refresh(self, wait_s: float | None) -> bool:
         """True when the pass this consumer joined (the one in flight, or a new one when the last
-        finished more than `max_age_s` after it started) finished; False when the wait ran out."""
+        finished more than `max_age_s` after it started, or covered another scope) finished; False
+        when the wait ran out."""
         with self._lock:
             now = self._clock()
+            scope = self._scope()
             stale = now - self._started >= self.max_age_s
-            if self._ticket is None or (stale and self._runner.done(self._ticket)):
+            if (
+                self._ticket is None
+                or scope != self._ticket_scope  # queued behind the one in flight
+                or (stale and self._runner.done(self._ticket))
+            ):
                 self._ticket = self._runner.submit(self._jobs())
+                self._ticket_scope = scope
                 self._started = now
                 self.passes += 1
             ticket = self._ticket

@@ -34,7 +34,7 @@ from typing import Any, Protocol, cast
 from urllib.parse import unquote, urlsplit
 
 from rnic_exporter.catalog import metrics as catalog
-from rnic_exporter.errors import ConfigError
+from rnic_exporter.errors import ConfigError, NotReadyError
 from rnic_exporter.sinks.samples import Family
 from rnic_exporter.web.auth import Credential
 from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, close_socket
@@ -400,6 +400,8 @@ class WebServer:
     def _telemetry(self, accept: str | None, accept_encoding: str | None) -> tuple[int, bytes, dict[str, str]]:
         try:
             body, headers = self._provider.render(accept, accept_encoding)
+        except NotReadyError as exc:
+            return 503, f"{exc}\n".encode(), {"Content-Type": TEXT, "Retry-After": "1"}
         except Exception:
             log.exception("rendering metrics failed")
             return 500, b"rendering metrics failed; see the exporter's log\n", {"Content-Type": TEXT}

@@ -5,6 +5,10 @@ from __future__ import annotations
 import base64
 import ssl
 import subprocess
+import sys
+import threading
+import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +16,9 @@ import bcrypt
 import pytest
 
 from rnic_exporter.sim import SimHost
-from tests.support.processes import Prometheus, exporter, free_port, http_get, require_binary
+from tests.support.processes import Prometheus, exporter, free_port, http_get, require_binary, stop_process
 from tests.support.tls import self_signed
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -119,3 +124,67 @@ def test_prometheus_scrapes_tls_with_basic_auth(
         )
         with Prometheus(tmp_path / "prom-tls", config) as prom:
             _assert_known_values(prom)
+
+
+def _page_problem(text: str, devices: int) -> str | None:
+    """What is wrong with a 200 page of `devices` RoCE devices (line checks: thousands of pages)."""
+    lines = text.splitlines()
+    if f"rnic_devices {devices}.0" not in lines:
+        return "no rnic_devices line: " + ("an empty page" if not text else "an incomplete one")
+    counted = {
+        line.split('device="', 1)[1].split('"', 1)[0]
+        for line in lines
+        if line.startswith("rnic_port_data_transmitted_bytes_total{")
+    }
+    stale = [line for line in lines if line.startswith("rnic_exporter_counters_stale ")]
+    if len(counted) != devices or stale != ["rnic_exporter_counters_stale 0.0"]:
+        return f"counters of {len(counted)} of {devices} devices, {stale}"
+    return None
+
+
+def test_scrapes_from_the_first_moment_are_complete_or_refused(tmp_path: Path) -> None:
+    """A restart must not look like every series ended: from the first connection on, a scrape is
+    either complete (every device's counters, `rnic_exporter_counters_stale 0`) or refused (503),
+    never an empty 200 or a page of devices without their counters that says it is fresh."""
+    host = SimHost.build(tmp_path / "sys", roce=16, gid_table_size=32)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    argv = [sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root)]
+    argv += ["--web.listen-address", f"127.0.0.1:{port}", "--no-watch.netlink", "--no-watch.udev"]
+    responses: list[tuple[float, int, bytes]] = []
+    stop = threading.Event()
+
+    def scrape_hard() -> None:  # several scrapers, as close together as the machine allows
+        while not stop.is_set():
+            try:
+                status, _headers, body = http_get(url, timeout=10)
+            except OSError:
+                continue  # not listening yet
+            responses.append((time.monotonic(), status, body))
+
+    with (tmp_path / "exporter.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=log)
+        scrapers = [threading.Thread(target=scrape_hard) for _ in range(3)]
+        try:
+            for thread in scrapers:
+                thread.start()
+            # Two seconds of pages after the first 200: the first counter passes are behind us then.
+            first = wait_for(
+                lambda: next((at for at, status, _ in list(responses) if status == 200), None),
+                timeout=30,
+                what="a first 200 from /metrics",
+            )
+            wait_for(lambda: time.monotonic() > first + 2, timeout=5, what="two seconds of scrapes")
+        finally:
+            stop.set()
+            for thread in scrapers:
+                thread.join(timeout=15)
+            stop_process(proc)
+    statuses = Counter(status for _, status, _ in responses)
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses[200] > 10, statuses
+    for _, status, body in responses:
+        if status == 503:
+            assert body.startswith(b"no poll has completed yet"), body
+        else:
+            assert _page_problem(body.decode(), 16) is None, _page_problem(body.decode(), 16)

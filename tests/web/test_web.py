@@ -21,7 +21,7 @@ import bcrypt
 import pytest
 
 from rnic_exporter.config.web_file import load_web_config
-from rnic_exporter.errors import ConfigError
+from rnic_exporter.errors import ConfigError, NotReadyError
 from rnic_exporter.web.auth import BasicAuth, parse_basic_authorization
 from rnic_exporter.web.server import LandingPage, WebServer, parse_listen_address
 from rnic_exporter.web.tls import build_ssl_context
@@ -45,12 +45,15 @@ class FakeProvider:
         self.calls: list[tuple[str | None, str | None]] = []
         self.entered = threading.Event()
         self.gate: threading.Event | None = None
+        self.not_ready: str | None = None  # render raises NotReadyError with this message
 
     def render(self, accept_header: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
         self.calls.append((accept_header, accept_encoding))
         self.entered.set()
         if self.gate is not None:
             self.gate.wait(10)
+        if self.not_ready is not None:
+            raise NotReadyError(self.not_ready)
         return BODY, {"Content-Type": CONTENT_TYPE}
 
 
@@ -224,6 +227,13 @@ def test_head_sends_headers_without_body(serve: ServerFactory) -> None:
         assert head.status == 200
         assert head.body == b""
         assert head.headers["Content-Length"] == str(len(get.body))
+
+
+def test_nothing_to_serve_yet_is_503_with_the_reason_and_a_retry(serve: ServerFactory, provider: FakeProvider) -> None:
+    provider.not_ready = "no poll has completed yet (waited 2s); retry in a moment"
+    reply = request(serve())
+    assert reply.status == 503 and reply.headers["Retry-After"] == "1"
+    assert reply.body == b"no poll has completed yet (waited 2s); retry in a moment\n"
 
 
 def test_unknown_path_is_404(serve: ServerFactory) -> None:
