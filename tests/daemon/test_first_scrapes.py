@@ -18,7 +18,7 @@ from rnic_exporter.sinks.prometheus import CounterView, PrometheusSink
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.exposition import samples
 
-STALE = (catalog.COUNTERS_STALE.name, frozenset())
+STALE: tuple[str, frozenset[tuple[str, str]]] = (catalog.COUNTERS_STALE.name, frozenset())
 
 
 def _agent(host: SimHost) -> Agent:
