@@ -397,7 +397,8 @@ COUNTERS_STALE = _m(
     "gauge",
     (),
     "1 when this scrape's counters are not all from a counter pass finished for it (the "
-    "scrape stopped waiting, or a device's read hangs): they are the last values read.",
+    "scrape stopped waiting, a device's read hangs, or a device was not read yet): they are "
+    "the last values read, or missing.",
 )
 # The exporter's own process, from prometheus-client's collectors (sinks/process.py): their names
 # and help, the convention every Prometheus client library follows.
