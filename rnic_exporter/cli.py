@@ -221,7 +221,8 @@ def proc_root_options(f: F) -> F:
         "rootfs",
         default="/",
         metavar="DIR",
-        help="Host root (NetworkManager's /run/NetworkManager/devices state; kubelet's /var/log/pods).",
+        help="Host root (NetworkManager's /run/NetworkManager/devices state; kubelet's /var/log/pods; "
+        "the NCCL settings of /etc/nccl.conf).",
     )(f)
     return f
 
@@ -371,6 +372,12 @@ def _nccl_gid_index_env() -> int | None:
     from rnic_exporter.config.nccl_env import gid_index_from_env
 
     return gid_index_from_env(os.environ)
+
+
+def _nccl_gid_index_given(flag: int | None = None) -> bool:
+    """Whether the index is given above the config files: by the flag, or by NCCL_IB_GID_INDEX in the
+    environment, even empty (NCCL then auto-selects: its setenv(..., 0) keeps the empty value too)."""
+    return flag is not None or "NCCL_IB_GID_INDEX" in os.environ
 
 
 def serve_options(f: F) -> F:
@@ -585,7 +592,7 @@ def serve(
             safety_interval_s=safety_interval,
             consumers=ConsumerSettings(enabled=consumers, interval_s=consumers_interval),
         )
-        explicit = _explicit(ctx) | ({"nccl_gid_index"} if "NCCL_IB_GID_INDEX" in os.environ else set())
+        explicit = _explicit(ctx) | ({"nccl_gid_index"} if _nccl_gid_index_given() else set())
         raise SystemExit(agent.run(config, explicit))
     except ConfigError as exc:
         fail(str(exc))
@@ -609,8 +616,9 @@ def serve(
     type=NcclIndexParam(),
     default=None,
     metavar="N",
-    help="The NCCL_IB_GID_INDEX your jobs use (default: $NCCL_IB_GID_INDEX, then the config file; "
-    "-1 = auto-selection).",
+    help="The NCCL_IB_GID_INDEX your jobs use, -1 = auto-selection. Default, first found: "
+    "$NCCL_IB_GID_INDEX, the config file's [nccl] ib_gid_index, NCCL's own config files as NCCL reads "
+    "them ($NCCL_CONF_FILE, else ~/.nccl.conf; then /etc/nccl.conf under --path.rootfs).",
 )
 @click.option(
     "--expected-devices",
@@ -661,24 +669,27 @@ def check(
     """
     from rnic_exporter.commands.check import format_report, run_check
     from rnic_exporter.config import file as config_module
+    from rnic_exporter.config.nccl_conf import read_nccl_conf
     from rnic_exporter.detect.settings import DetectionSettings
     from rnic_exporter.sources.address_risks import HostPaths
 
     try:
-        # The flag beats NCCL_IB_GID_INDEX, which beats the file; serve resolves the same way.
+        # The flag beats NCCL_IB_GID_INDEX, which beats the config file's [nccl], which beats NCCL's
+        # own config files; serve resolves the same way.
         index = nccl_gid_index if nccl_gid_index is not None else _nccl_gid_index_env()
         given = {
             "device_include": device_include,
             "device_exclude": device_exclude,
-            "nccl_gid_index": index,
             "expected_devices": expected_devices,
         }
+        explicit = {name for name, value in given.items() if value is not None}
         resolved = config_module.resolve(
             config_file,
             device_include=device_include,
             device_exclude=device_exclude,
             detection=DetectionSettings(nccl_gid_index=index, expected_devices=expected_devices),
-            explicit={name for name, value in given.items() if value is not None},
+            explicit=explicit | ({"nccl_gid_index"} if _nccl_gid_index_given(nccl_gid_index) else set()),
+            nccl_conf=read_nccl_conf(rootfs=Path(rootfs)),
         )
         report = run_check(
             Path(sysfs),

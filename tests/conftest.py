@@ -86,3 +86,18 @@ def private_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.setenv(f"RNIC_EXPORTER_{command}_STATE_DIR", str(state))
     monkeypatch.delenv("NCCL_IB_GID_INDEX", raising=False)
     return state
+
+
+@pytest.fixture(autouse=True)
+def private_nccl_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check and serve read NCCL's config files as NCCL does; no test reads this machine's: no NCCL_*
+    variable of the developer's shell, NCCL_CONF_FILE names a missing file (so ~/.nccl.conf is not
+    read) and check's and serve's --path.rootfs (/etc/nccl.conf) is an empty directory unless a test
+    gives its own. A test of the files passes its own NCCL_CONF_FILE and HOME."""
+    from rnic_exporter.config.nccl_env import NCCL_VARIABLES
+
+    for name in NCCL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NCCL_CONF_FILE", str(tmp_path / "no-nccl.conf"))
+    for command in ("SERVE", "CHECK"):
+        monkeypatch.setenv(f"RNIC_EXPORTER_{command}_ROOTFS", str(tmp_path / "no-rootfs"))

@@ -151,7 +151,7 @@ def run_check(
             "a problem may put more workloads at risk than it names"
         )
     problems = sorted(
-        [*find_problems(cur, snap.errors, settings.nccl), *aer_problems(snap)],
+        [*find_problems(cur, snap.errors, settings.nccl, settings.nccl_gid_index_source), *aer_problems(snap)],
         key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code),
     )
     return CheckReport(tuple(problems), tuple(notes), len(snap.devices), len(snap.ports), users)

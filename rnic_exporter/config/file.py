@@ -1,7 +1,8 @@
 """The `--config FILE` (TOML or YAML): parsed strictly, every problem named with file, key and reason.
 
 Precedence, as documented in the README: a flag given on the command line or through its
-environment variable beats the file; the file beats the built-in default.
+environment variable beats the file; the file beats the built-in default. NCCL settings: the NCCL_*
+environment beats the file's `[nccl]`, which beats NCCL's own config files (`config/nccl_conf.py`).
 
     poll_interval_seconds = 5
     [collector.infiniband]
@@ -59,9 +60,11 @@ from rnic_exporter.config.bounds import (
     show,
     within,
 )
-from rnic_exporter.config.nccl_env import nccl_environment, nccl_settings
+from rnic_exporter.config.nccl_conf import NcclConf, under
+from rnic_exporter.config.nccl_env import gid_index_from_env, nccl_environment, nccl_settings
 from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.counter_filter import CounterFilter
 from rnic_exporter.sources.reader import ReaderSettings
 
@@ -103,9 +106,12 @@ class FileConfig:
     consumers_enabled: bool | None = None
     consumers_interval_seconds: float | None = None
 
-    def detection(self, base: DetectionSettings, keep_gid_index: bool = False) -> DetectionSettings:
-        """`base` (built-in defaults, flags) overlaid with what this file sets. `keep_gid_index`:
-        base's NCCL index came from NCCL_IB_GID_INDEX, which is what jobs get and beats the file."""
+    def detection(
+        self, base: DetectionSettings, keep_gid_index: bool = False, path: Path | None = None
+    ) -> DetectionSettings:
+        """`base` (built-in defaults, flags) overlaid with what this file (`path`) sets. `keep_gid_index`:
+        base's NCCL index came from --nccl-gid-index or NCCL_IB_GID_INDEX, which beat the file."""
+        from_file = not keep_gid_index and self.nccl_gid_index is not None
         flap = FlapSettings(
             transitions=self.flap_transitions or base.flap.transitions,
             window_s=self.flap_window_seconds or base.flap.window_s,
@@ -116,9 +122,10 @@ class FileConfig:
             rated=self.rated or base.rated,
             flap=flap,
             expected_devices=self.expected_devices if self.expected_devices is not None else base.expected_devices,
-            nccl_gid_index=base.nccl_gid_index
-            if keep_gid_index or self.nccl_gid_index is None
-            else self.nccl_gid_index,
+            nccl_gid_index=self.nccl_gid_index if from_file else base.nccl_gid_index,
+            nccl_gid_index_source=f"{path or 'the config file'} [nccl] ib_gid_index"
+            if from_file
+            else base.nccl_gid_index_source,
             address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s,
         )
 
@@ -361,6 +368,7 @@ def resolve(
     detection: DetectionSettings | None = None,
     explicit: Collection[str] = (),
     consumers: ConsumerSettings | None = None,
+    nccl_conf: NcclConf | None = None,
 ) -> Resolved:
     """Flags and environment, the config file, built-in defaults: in that order, for serve and check.
 
@@ -368,8 +376,9 @@ def resolve(
     defaults say; `explicit` names those the operator gave (`poll_interval`, `device_include`,
     `device_exclude`, `hw_counters`, `hw_counters_include`, `hw_counters_exclude`, `nccl_gid_index`,
     `expected_devices`): those beat the file, defaults lose to it. NCCL_IB_GID_INDEX in the
-    environment counts as given (it is what jobs get). Every number goes through `check_number`,
-    whether it came from a flag or the file. Raises ConfigError only.
+    environment counts as given (it is what jobs get). Below the config file's `[nccl]`, NCCL's own
+    config files (`nccl_conf`, read by `config.nccl_conf.read_nccl_conf`; None: none read). Every
+    number goes through `check_number`, whether it came from a flag or the file. Raises ConfigError only.
     """
     given = detection or DetectionSettings()
     try:
@@ -381,9 +390,12 @@ def resolve(
     def pick(name: str, flag: Any, file: Any) -> Any:
         return flag if name in explicit or file is None else file
 
-    merged = loaded.detection(given, keep_gid_index="nccl_gid_index" in explicit)
+    merged = loaded.detection(given, keep_gid_index="nccl_gid_index" in explicit, path=config_file)
     if "expected_devices" in explicit:
         merged = replace(merged, expected_devices=given.expected_devices)
+    conf = nccl_conf or NcclConf()
+    overridden = _overridden(loaded, config_file, "nccl_gid_index" in explicit)
+    merged = _index_from_nccl_conf(merged, conf, overridden)
     flags = counters or CounterFilter()
     reader = reader_settings(
         pick("device_include", device_include, loaded.device_include),
@@ -394,6 +406,7 @@ def resolve(
             pick("hw_counters_include", _pattern(flags.hw_include), loaded.hw_counters_include),
             pick("hw_counters_exclude", _pattern(flags.hw_exclude), loaded.hw_counters_exclude),
         ),
+        under(conf, overridden) if nccl_conf is not None else None,
     )
     wanted = consumers or ConsumerSettings()  # names "consumers", "consumers_interval" in `explicit`
     return Resolved(
@@ -412,6 +425,31 @@ def _pattern(compiled: re.Pattern[str] | None) -> str | None:
     return None if compiled is None else compiled.pattern
 
 
+def _overridden(loaded: FileConfig, path: Path | None, index_given: bool) -> dict[str, str]:
+    """The GID variables the exporter takes from above NCCL's config files, and from where: the
+    config file's `[nccl]`, and for the index --nccl-gid-index (NCCL_IB_GID_INDEX in the
+    environment: the files do not set it at all, as for NCCL)."""
+    section = f"{path or 'the config file'} [nccl]"
+    out = dict.fromkeys(loaded.nccl_env, section)
+    if loaded.nccl_gid_index is not None:
+        out["NCCL_IB_GID_INDEX"] = section
+    if index_given:
+        out["NCCL_IB_GID_INDEX"] = "--nccl-gid-index"
+    return out
+
+
+def _index_from_nccl_conf(
+    detection: DetectionSettings, conf: NcclConf, overridden: Mapping[str, str]
+) -> DetectionSettings:
+    """NCCL_IB_GID_INDEX from NCCL's config files when nothing above them sets it, read as NCCL reads
+    it, with the file and line `check` names."""
+    setting = conf.values.get("NCCL_IB_GID_INDEX")
+    if setting is None or "NCCL_IB_GID_INDEX" in overridden:
+        return detection
+    index = gid_index_from_env({"NCCL_IB_GID_INDEX": setting.value})
+    return replace(detection, nccl_gid_index=index, nccl_gid_index_source=setting.where if index is not None else "")
+
+
 class Configurable(Protocol):
     """What `apply_file` overlays: the daemon's ServeConfig (kept in daemon/agent.py)."""
 
@@ -427,16 +465,19 @@ class Configurable(Protocol):
     def config_file(self) -> Path | None: ...
     @property
     def consumers(self) -> ConsumerSettings: ...
+    @property
+    def host_paths(self) -> HostPaths: ...
 
 
 C = TypeVar("C", bound=Configurable)
 
 
 def apply_file(config: C, explicit: Collection[str]) -> C:
-    """`config` (flags and defaults) with the config file resolved onto it, by `resolve`."""
-    if config.config_file is None:  # nothing to overlay; the numbers are still checked
-        resolve(None, poll_interval_s=config.poll_interval_s)
-        return config
+    """`config` (flags and defaults) with the config file and NCCL's config files (read now, under
+    --path.rootfs for /etc/nccl.conf) resolved onto it, by `resolve`: serve calls it at start and on
+    every reload, so an edited /etc/nccl.conf counts from the next SIGHUP."""
+    from rnic_exporter.config.nccl_conf import read_nccl_conf
+
     reader = config.reader
     resolved = resolve(
         config.config_file,
@@ -447,6 +488,7 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
         detection=config.detection,
         explicit=explicit,
         consumers=config.consumers,
+        nccl_conf=read_nccl_conf(rootfs=config.host_paths.rootfs),
     )
     return replace(
         config,
@@ -462,12 +504,17 @@ def reader_settings(
     device_exclude: str | None = None,
     nccl_env: Mapping[str, str] | None = None,
     counters: CounterFilter | None = None,
+    nccl_files: tuple[Mapping[str, str], tuple[str, ...]] | None = None,
 ) -> ReaderSettings:
-    """From flag values; NCCL settings from `nccl_env` (a config file), the environment beating it."""
+    """From flag values; NCCL settings from `nccl_files` (NCCL's own config files: their values and
+    notes, by `nccl_conf.under`), `nccl_env` (a config file's `[nccl]`) beating them, the
+    environment beating both. The files' notes come first among the NCCL notes check prints."""
+    conf_env, conf_notes = nccl_files or ({}, ())
+    nccl = nccl_settings(nccl_environment(nccl_env, conf_env=conf_env))
     return ReaderSettings(
         device_include=_compile("--collector.infiniband.device-include", device_include),
         device_exclude=_compile("--collector.infiniband.device-exclude", device_exclude),
-        nccl=nccl_settings(nccl_environment(nccl_env)),
+        nccl=replace(nccl, notes=(*conf_notes, *nccl.notes)) if conf_notes else nccl,
         counters=counters or CounterFilter(),
     )
 

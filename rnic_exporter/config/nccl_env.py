@@ -1,7 +1,8 @@
 """The NCCL_* variables as NCCL reads them, into `model.nccl.NcclSettings`.
 
-`nccl_environment` merges the config file's `[nccl]` section with the environment (the environment
-wins: it is what the jobs on this host get), and `nccl_settings` / `gid_index_from_env` read it the
+`nccl_environment` merges NCCL's own config files (`config/nccl_conf.py`), the config file's `[nccl]`
+section and the environment, each beating the one before (the environment wins: it is what the jobs
+on this host get), and `nccl_settings` / `gid_index_from_env` read it the
 way NCCL does (`ncclLoadParam`, `envIbAddrFamily`, `envIbAddrRange`): integers with
 `strtoll(s, NULL, 0)` (`010` is 8, `0x3` is 3, `three` is 0, a value out of int64 range is the
 default) then cut to a C `int`; the family compared exactly (anything but `AF_INET6` is AF_INET); a
@@ -32,11 +33,16 @@ _C_SPACE = " \t\n\v\f\r"  # isspace() in the C locale: what strtoll skips
 
 
 def nccl_environment(
-    file_env: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+    file_env: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    conf_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The NCCL_* values jobs on this host run with: the config file's, overridden by the environment."""
+    """The NCCL_* values jobs on this host run with: NCCL's own config files' (`conf_env`, see
+    config/nccl_conf.py), overridden by the config file's `[nccl]`, overridden by the environment (set
+    at all, even empty: NCCL's setenv(..., 0) does not replace it either)."""
     environ = os.environ if environ is None else environ
-    merged = dict(file_env or {})
+    merged = {name: value for name, value in (conf_env or {}).items() if name in NCCL_VARIABLES}
+    merged.update(file_env or {})
     merged.update({name: environ[name] for name in NCCL_VARIABLES if name in environ})
     return merged
 

@@ -59,8 +59,10 @@ _FIX_SPEED = "check the cable and transceiver (ethtool, ibstat); reseat or repla
 
 
 def find_problems(
-    cur: HostConditions, errors: tuple[ReadError, ...] = (), nccl: NcclSettings | None = None
+    cur: HostConditions, errors: tuple[ReadError, ...] = (), nccl: NcclSettings | None = None, index_source: str = ""
 ) -> list[Problem]:
+    """`index_source`: the file (and line) that set NCCL_IB_GID_INDEX, named beside its value so that
+    the fix goes where the value is (`DetectionSettings.nccl_gid_index_source`)."""
     out: list[Problem] = []
     for dev in sorted(cur.devices.values(), key=lambda d: d.name):
         if not dev.present:
@@ -87,7 +89,7 @@ def find_problems(
             )
         )
     for view in sorted(cur.ports.values(), key=lambda v: v.key):
-        out.extend(_port_problems(view, nccl or NcclSettings()))
+        out.extend(_port_problems(view, nccl or NcclSettings(), index_source))
     # A port whose GID table could not be read has that one problem, not one per file as well.
     told = {v.key for v in cur.ports.values() if v.gid_table_unreadable is not None}
     for err in errors:
@@ -109,7 +111,12 @@ def find_problems(
     return out
 
 
-def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
+def _index(index: int | None, source: str) -> str:
+    """`NCCL_IB_GID_INDEX=3`, and where a file set it: `NCCL_IB_GID_INDEX=3 (from /etc/nccl.conf line 2)`."""
+    return f"NCCL_IB_GID_INDEX={index}" + (f" (from {source})" if source else "")
+
+
+def _port_problems(view: PortView, nccl: NcclSettings, index_source: str = "") -> list[Problem]:
     where = view.where
     out = []
     if view.up is False:
@@ -145,7 +152,7 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
                 "nccl_gid_index_invalid",
                 "critical",
                 where,
-                f"NCCL_IB_GID_INDEX={view.configured_index} points at {view.configured_index_fault} "
+                f"{_index(view.configured_index, index_source)} points at {view.configured_index_fault} "
                 f"({view.configured_index_content})",
                 "NCCL init hangs or fails with 'Got completion with error 4'",
                 f"set NCCL_IB_GID_INDEX to the {wanted} index shown by `rnic-exporter gids` "
@@ -184,7 +191,8 @@ def _port_problems(view: PortView, nccl: NcclSettings) -> list[Problem]:
         )
     pick = view.judged_pick
     if pick is not None and not pick.usable:
-        out.append(_unusable_pick(view, pick.problem or NO_GID, pick.index, pick.configured, pick.content, nccl))
+        how = _index(pick.index, index_source) if pick.configured else "NCCL's auto-selection"
+        out.append(_unusable_pick(view, pick.problem or NO_GID, how, pick.configured, pick.content, nccl))
     for address, present in sorted(view.expected.items()):
         if not present:
             out.append(
@@ -222,9 +230,8 @@ def _v2_hint(view: PortView, nccl: NcclSettings) -> str:
 
 
 def _unusable_pick(
-    view: PortView, problem: str, index: int | None, configured: bool, content: str, nccl: NcclSettings
+    view: PortView, problem: str, how: str, configured: bool, content: str, nccl: NcclSettings
 ) -> Problem:
-    how = f"NCCL_IB_GID_INDEX={index}" if configured else "NCCL's auto-selection"
     what = f"{how} uses {PICK_PROBLEMS[problem]} ({content})"
     netdev = view.netdev or "the port's netdev"
     if configured:

@@ -44,6 +44,9 @@ class DetectionSettings:
     flap: FlapSettings = field(default_factory=FlapSettings)
     expected_devices: int | None = None
     nccl_gid_index: int | None = None  # the NCCL_IB_GID_INDEX jobs use; None or -1 = auto-selection
+    # Where a file set that index ("/etc/nccl.conf line 2"): check names it; "" for a flag, the
+    # environment or nothing.
+    nccl_gid_index_source: str = field(default="", compare=False)
     nccl: NcclSettings = field(default_factory=NcclSettings)  # the rest of NCCL's GID settings (the reader's)
     address_forget_after_s: float = 86400.0  # an expected address missing this long is forgotten
 
