@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
@@ -828,6 +829,26 @@ def bundle(out: Path, force: bool) -> None:
         fail(str(exc))
     for line in bundling.iter_summary(written, out):
         click.echo(line)
+
+
+def name_env_vars(command: click.Command, prefix: str = "RNIC_EXPORTER") -> None:
+    """Each option's environment variable is named after its flag, dots and dashes as `_`
+    (`serve --web.listen-address`: RNIC_EXPORTER_SERVE_WEB_LISTEN_ADDRESS), as the docs say. Click
+    would name it after the Python parameter (`..._SERVE_LISTEN`), which no operator can guess; that
+    name is not read, so each flag has exactly one variable."""
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name in ("help", "version") or param.envvar:
+            continue
+        flag = next((opt for opt in param.opts if opt.startswith("--")), None)
+        if flag is not None:
+            param.envvar = f"{prefix}_{re.sub(r'[.-]', '_', flag[2:]).upper()}"
+            param.allow_from_autoenv = False
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            name_env_vars(sub, f"{prefix}_{name.upper().replace('-', '_')}")
+
+
+name_env_vars(main)
 
 
 def run() -> None:

@@ -100,4 +100,4 @@ def private_nccl_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NCCL_CONF_FILE", str(tmp_path / "no-nccl.conf"))
     for command in ("SERVE", "CHECK"):
-        monkeypatch.setenv(f"RNIC_EXPORTER_{command}_ROOTFS", str(tmp_path / "no-rootfs"))
+        monkeypatch.setenv(f"RNIC_EXPORTER_{command}_PATH_ROOTFS", str(tmp_path / "no-rootfs"))

@@ -337,3 +337,36 @@ def test_help_shows_defaults_as_an_operator_types_them() -> None:
     flat = " ".join(out.split())
     assert "no-collector.consumers]" not in flat and "[default: 5.0]" not in flat, flat
     assert "[default: 5s]" in flat and "[default: off]" in flat and "[default: on]" in flat
+
+
+def _documented_env_var(command: str, flag: str) -> str:
+    """docs/configuration.md: RNIC_EXPORTER_<COMMAND>_<FLAG>, dots and dashes become `_`."""
+    return f"RNIC_EXPORTER_{command.upper()}_{flag.lstrip('-').replace('.', '_').replace('-', '_').upper()}"
+
+
+def test_every_flag_reads_the_variable_the_docs_name_and_no_other() -> None:
+    import click
+
+    for name, command in main.commands.items():
+        for param in command.params:
+            if not isinstance(param, click.Option) or param.name == "help":
+                continue
+            flag = next(opt for opt in param.opts if opt.startswith("--"))
+            assert param.envvar == _documented_env_var(name, flag), (name, flag, param.envvar)
+            assert not param.allow_from_autoenv, (name, flag)  # Click's name from the parameter is not read
+
+
+def test_flags_from_the_environment_as_documented(host: SimHost, tmp_path: Path) -> None:
+    """The names an operator types from the docs work, with dotted flags (`--path.sysfs`) and ones
+    whose Python parameter is named otherwise (`--json`, `--collector.infiniband.device-include`)."""
+    env = {
+        "RNIC_EXPORTER_SHOW_PATH_SYSFS": str(host.root),
+        "RNIC_EXPORTER_SHOW_JSON": "1",
+        "RNIC_EXPORTER_SHOW_COLLECTOR_INFINIBAND_DEVICE_INCLUDE": "^mlx5_1$",
+    }
+    result = CliRunner().invoke(main, ["show"], env=env)
+    assert result.exit_code == 0, result.output
+    assert [d["name"] for d in json.loads(result.stdout)["devices"]] == ["mlx5_1"]
+    # Click's own name for the parameter is not a second way in.
+    result = CliRunner().invoke(main, ["show", "--path.sysfs", str(host.root)], env={"RNIC_EXPORTER_SHOW_AS_JSON": "1"})
+    assert result.exit_code == 0 and not result.stdout.startswith("{")
