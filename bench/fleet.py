@@ -3,11 +3,11 @@
     python bench/fleet.py                      # 1,000 hosts x 8 RNICs, 6 h at 15 s, every counter
     python bench/fleet.py --hours 1 --step 60  # what fits a loaded 2-core machine in minutes
 
-Builds the fleet of tests/support/fleet.py (the incidents' faults on a few hosts), backfills it with
-`promtool tsdb create-blocks-from openmetrics`, evaluates the recording rules into blocks with
-`promtool tsdb create-blocks-from rules`, starts Prometheus on both, and runs every target of the fleet
-dashboard the way Grafana does over its default range (now-6h): instant queries for stat and table
-panels, range queries at range/1000 (the dashboards' max data points) for time series. Prints each
+Builds the fleet of tests/support/fleet.py (the incidents' faults and PCIe AER errors on a few hosts),
+backfills it with `promtool tsdb create-blocks-from openmetrics`, evaluates the recording rules into
+blocks with `promtool tsdb create-blocks-from rules`, starts Prometheus on both, and runs every target
+of the fleet dashboard the way Grafana does over its default range (now-6h): instant queries for stat
+and table panels, range queries at range/1000 (the dashboards' max data points) for time series. Prints each
 query's best time of `--repeat` runs, the slowest, and what loading cost. Everything lives in a
 temporary directory removed at the end; the OpenMetrics text is deleted as soon as promtool has read it.
 """

@@ -2,14 +2,21 @@
 
 `Fleet.write` streams every sample, series by series, of the families the fleet dashboard, the recording
 rules and the alerts read, with the values the exporter exposes (names from the catalogue; `up` is what
-Prometheus records per scrape). A few hosts carry each failure of incidents.md at a known time (`faults`):
+Prometheus records per scrape). A few hosts carry each failure of incidents.md, and a PCIe AER fault of each
+severity, at a known time (`faults`):
 
 - gid_shift (incident 1): NetworkManager manages the host's netdevs; the port goes down for a minute, its
   address is gone for two, and it comes back with its RoCE v2 GID at index 5 instead of 3;
 - speed (incident 2): a 400G port renegotiates to 200G, its error and retransmission counters start to grow;
 - pcie (incident 2): the device's PCIe link trains at Gen4 instead of Gen5;
 - gone (incident 2): the NIC falls off the bus; the inventory keeps it at present 0, its ports vanish;
-- nccl (incident 3): NCCL_IB_GID_INDEX=0 is configured; every port judges it invalid.
+- nccl (incident 3): NCCL_IB_GID_INDEX=0 is configured; every port judges it invalid;
+- aer_fatal: the device's PCI function reports one fatal AER error;
+- aer_nonfatal: it reports a non-fatal AER error, and another one `NONFATAL_APART_S` later;
+- aer_correctable: it reports `CORRECTABLE_PER_MINUTE` correctable AER errors a minute from then on.
+
+Every device exposes its three AER counters; on every twelfth host they hold a few errors (`OLD_AER`) counted
+before the exporter started and constant since, as after a reboot's link training: no alert may fire on those.
 
 `loaded` backfills it (`promtool tsdb create-blocks-from openmetrics`), evaluates the recording rules into
 blocks (`promtool tsdb create-blocks-from rules`) and serves both from a real Prometheus on loopback,
@@ -34,13 +41,23 @@ from rnic_exporter import __version__
 from rnic_exporter.catalog import metrics as c
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.dashboards import recording
+from rnic_exporter.sources.pci import AER_SEVERITIES
 from tests.support.processes import Prometheus, http_get, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "rnic-exporter"
-KINDS = ("nccl", "pcie", "speed", "gid_shift", "gone")
+KINDS = ("nccl", "pcie", "speed", "gid_shift", "gone", "aer_fatal", "aer_nonfatal", "aer_correctable")
 # When each kind starts, as a fraction of the time range (snapped to whole minutes).
-_AT = {"nccl": 1 / 6, "pcie": 1 / 4, "speed": 1 / 3, "gid_shift": 1 / 2, "gone": 2 / 3}
+_AT = {
+    "nccl": 1 / 6,
+    "pcie": 1 / 4,
+    "speed": 1 / 3,
+    "gid_shift": 1 / 2,
+    "gone": 2 / 3,
+    "aer_fatal": 7 / 20,
+    "aer_nonfatal": 3 / 5,
+    "aer_correctable": 1 / 5,
+}
 RATE = 50e9  # 400 Gb/s in bytes per second
 PCIE_GEN5, PCIE_GEN4 = 32e9, 16e9
 FEW_ERRORS = ("symbol_error", "port_rcv_errors", "link_downed")
@@ -50,6 +67,15 @@ ALL_RETRANSMISSIONS = tuple(recording.RETRANSMISSION_COUNTERS.split("|"))
 GROWING = {"symbol_error": 2.0, "port_rcv_errors": 1.0, "local_ack_timeout_err": 0.5}
 PORT_DOWN_S, ADDRESS_GONE_S = 60, 120  # the gid_shift flap
 INDEX_BEFORE, INDEX_AFTER, NCCL_WHILE_GONE = 3, 5, 1
+# The severity label's values, as the exporter reads them from aer_dev_{correctable,nonfatal,fatal}.
+AER_CORRECTABLE = AER_SEVERITIES["aer_dev_correctable"]
+AER_NONFATAL = AER_SEVERITIES["aer_dev_nonfatal"]
+AER_FATAL = AER_SEVERITIES["aer_dev_fatal"]
+NONFATAL_APART_S = 180  # the aer_nonfatal fault's second error
+CORRECTABLE_PER_MINUTE = 20  # the aer_correctable stream: above RnicPcieAerCorrectableRising's 1 a minute
+# Errors counted before the exporter started, on every device of every twelfth host (and constant since).
+OLD_AER = {AER_CORRECTABLE: 40, AER_NONFATAL: 2, AER_FATAL: 1}
+OLD_AER_EVERY = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +221,12 @@ class _Writer:
                         downtrained = self._at(h, d, "pcie") if link == "current" else []
                         steps = [(fl.start, PCIE_GEN5), *((at, PCIE_GEN4) for at in downtrained)]
                     self._steps(self._name(spec, h, labels), steps, self._gone(h, d))
+        spec = c.PCIE_AER_ERRORS
+        self._family(spec.family_name, spec.kind)
+        for h, d in self._devices():
+            for severity in AER_SEVERITIES.values():
+                labels = self._labels(spec, fl.device(d), fl.pci(d), severity)
+                self._steps(self._name(spec, h, labels), self._aer_steps(h, d, severity), self._gone(h, d))
 
     # --- port level -----------------------------------------------------------------------------------
 
@@ -294,6 +326,21 @@ class _Writer:
     def _below(self, kind: str) -> Any:
         return lambda h, d: [(self.fleet.start, 0), *((at, 1) for at in self._at(h, d, kind))]
 
+    def _aer_steps(self, h: int, d: int, severity: str) -> list[tuple[int, float | None]]:
+        """The device's AER count of `severity`: what it counted before the exporter started, then its faults."""
+        fl = self.fleet
+        base = OLD_AER[severity] if h % OLD_AER_EVERY == 0 else 0
+        steps: list[tuple[int, float | None]] = [(fl.start, base)]
+        if severity == AER_FATAL:
+            steps += [(at, base + 1) for at in self._at(h, d, "aer_fatal")]
+        elif severity == AER_NONFATAL:
+            for at in self._at(h, d, "aer_nonfatal"):
+                steps += [(at, base + 1), (at + NONFATAL_APART_S, base + 2)]
+        elif severity == AER_CORRECTABLE:
+            for at in self._at(h, d, "aer_correctable"):  # counted at each sample: the errors of the time since
+                steps += [(t, base + CORRECTABLE_PER_MINUTE * (t - at) // 60) for t in self.times if t > at]
+        return steps
+
     def _hash_steps(self, h: int, d: int) -> list[tuple[int, float | None]]:
         base = float(1_000_003 * h + 7 * d + 1)
         return [(self.fleet.start, base), *self._flap(h, d, (base + 1, 0), (base + 2, ADDRESS_GONE_S))]
@@ -311,6 +358,11 @@ class _Writer:
     def _name(self, spec: MetricSpec, h: int, labels: str) -> str:
         sep = "," if labels else ""
         return f'{spec.name}{{instance="{self.fleet.instance(h)}",job="{JOB}"{sep}{labels}}}'
+
+    @staticmethod
+    def _labels(spec: MetricSpec, *values: str) -> str:
+        """`spec`'s labels (instance and job are Prometheus') set to `values`, in the catalogue's order."""
+        return ",".join(f'{name}="{value}"' for name, value in zip(spec.labels, values, strict=True))
 
     def _port(self, spec: MetricSpec, h: int, d: int, extra: str) -> str:
         fl = self.fleet
