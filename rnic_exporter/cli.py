@@ -170,13 +170,19 @@ def main() -> None:
     """
 
 
-def _snapshot(sysfs: str, device_include: str | None = None, device_exclude: str | None = None) -> Any:
+def _snapshot(
+    sysfs: str, device_include: str | None = None, device_exclude: str | None = None, rootfs: str = "/"
+) -> Any:
+    """One whole read. NCCL's pick honours NCCL's config files (under `rootfs`) below the
+    environment, as `check` and `serve` do: `show` must name the index `check` judges."""
     from rnic_exporter.config.file import reader_settings
+    from rnic_exporter.config.nccl_conf import read_nccl_conf, under
     from rnic_exporter.sources.reader import HostReader
     from rnic_exporter.sources.sysfs import SysfsRoot
 
     try:
-        settings = reader_settings(device_include, device_exclude)
+        nccl_files = under(read_nccl_conf(rootfs=Path(rootfs)), {})
+        settings = reader_settings(device_include, device_exclude, nccl_files=nccl_files)
         reader = HostReader(SysfsRoot(Path(sysfs)), settings)
     except ConfigError as exc:
         fail(str(exc))
@@ -271,7 +277,7 @@ def show(
     (and with --collector.consumers, USERS: the jobs, pods or commands holding the device open)."""
     from rnic_exporter.commands import tables as views
 
-    snap = _snapshot(sysfs, device_include, device_exclude)
+    snap = _snapshot(sysfs, device_include, device_exclude, rootfs)
     _refuse_empty_filter(snap, sysfs, device_include, device_exclude)
     users = _consumer_scan(consumers, sysfs, procfs, rootfs)
     if as_json:
@@ -295,16 +301,20 @@ def show(
 @main.command()
 @sysfs_option
 @click.option("--device", "-d", "device", metavar="NAME", default=None, help="Only this RDMA device.")
+@click.option(
+    "--path.rootfs", "rootfs", default="/", metavar="DIR", help="Host root (the NCCL settings of /etc/nccl.conf)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the stable scripting interface).")
-def gids(sysfs: str, device: str | None, as_json: bool) -> None:
+def gids(sysfs: str, device: str | None, rootfs: str, as_json: bool) -> None:
     """The GID tables, like show_gids; the row NCCL would auto-select is marked.
 
     NCCL's choice honours NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE and NCCL_IB_ROCE_VERSION_NUM
-    from the environment, as NCCL itself does.
+    from the environment, then NCCL's config files ($NCCL_CONF_FILE or ~/.nccl.conf, then
+    /etc/nccl.conf under --path.rootfs), as NCCL itself does.
     """
     from rnic_exporter.commands import tables as views
 
-    snap = _snapshot(sysfs)
+    snap = _snapshot(sysfs, rootfs=rootfs)
     if device is not None and snap.device(device) is None:
         fail(
             f"no RDMA device {device!r} under {sysfs}/class/infiniband "

@@ -99,5 +99,5 @@ def private_nccl_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in NCCL_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NCCL_CONF_FILE", str(tmp_path / "no-nccl.conf"))
-    for command in ("SERVE", "CHECK"):
+    for command in ("SERVE", "CHECK", "SHOW", "GIDS"):
         monkeypatch.setenv(f"RNIC_EXPORTER_{command}_PATH_ROOTFS", str(tmp_path / "no-rootfs"))

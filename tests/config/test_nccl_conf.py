@@ -284,6 +284,38 @@ def test_the_other_gid_variables_come_from_the_files_too(host: SimHost, files: d
     assert "NCCL: NCCL_IB_ROCE_VERSION_NUM='\"2\"': NCCL reads as 0" in " ".join(notes_of(report))
 
 
+def test_show_and_gids_name_the_index_check_judges(host: SimHost, files: dict[str, Path]) -> None:
+    """The files move NCCL's auto-selection (AF_INET6 on a host with IPv4 addresses only: off the
+    IPv4 GID at 3, to a link-local one); `show` and `gids` must say so, or an operator reads one
+    index and `check` judges another."""
+    env: dict[str, str | None] = {"HOME": str(files["home"]), "NCCL_CONF_FILE": None}
+    root = ["--path.sysfs", str(host.root), "--path.rootfs", str(files["root"])]
+
+    def picks() -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+        shown = CliRunner(env=env).invoke(main, ["show", *root, "--json"])
+        listed = CliRunner(env=env).invoke(main, ["gids", *root, "--json"])
+        assert shown.exit_code == 0 and listed.exit_code == 0, shown.output + listed.output
+        by_show = {
+            (d["name"], port["port"]): port["nccl_gid_index"]
+            for d in json.loads(shown.stdout)["devices"]
+            for port in d["ports"]
+        }
+        by_gids = {
+            (g["device"], g["port"]): g["index"] for g in json.loads(listed.stdout)["gids"] if g["nccl_selected"]
+        }
+        return by_show, by_gids
+
+    assert picks() == ({("mlx5_0", 1): 3, ("mlx5_1", 1): 3},) * 2
+    files["etc"].write_text("NCCL_IB_ADDR_FAMILY=AF_INET6\n")
+    by_show, by_gids = picks()
+    assert by_show == by_gids and set(by_show.values()) != {3}, by_show
+    _, report = check(host, files)
+    judged = {p["where"].split(" (")[0]: p["what"] for p in problems(report) if p["code"] == "nccl_gid_unusable"}
+    assert set(judged) == {f"{device} port {port}" for device, port in by_show}
+    for (device, port), index in by_show.items():
+        assert f"index {index} holds" in judged[f"{device} port {port}"]
+
+
 # -- serve: read at start and on SIGHUP -------------------------------------------------------------------
 
 
