@@ -203,6 +203,13 @@ def main() -> None:
         default=[],
         help="one more `rnic-exporter serve` flag, e.g. --ours-flag=--no-collector.hw_counters (repeatable)",
     )
+    parser.add_argument(
+        "--compare-flag",
+        action="append",
+        default=None,
+        help="the --compare checkout's serve flags instead of --ours-flag's (repeatable; '' for none): "
+        "with --compare of the same checkout, two settings side by side in one window",
+    )
     parser.add_argument("--devices", type=int, default=16)
     parser.add_argument("--gid-slots", type=int, default=255)
     parser.add_argument("--busy-period", type=float, default=1.0, help="seconds between rewrites of every counter")
@@ -272,7 +279,8 @@ def main() -> None:
         ]
         scraped = [(us, PROMETHEUS_LIKE, SCRAPE_S), (ne, PROMETHEUS_LIKE, SCRAPE_S)]
         if opts.compare is not None:  # another checkout, scraped and idle, in the same windows
-            other = Ours(opts.python, opts.compare.resolve(), tuple(opts.ours_flag))
+            flags = opts.ours_flag if opts.compare_flag is None else [f for f in opts.compare_flag if f]
+            other = Ours(opts.python, opts.compare.resolve(), tuple(flags))
             them = stack.enter_context(ours_running(other, sysfs, work / "state-compare", "compared"))
             scraped.insert(1, (them, PROMETHEUS_LIKE, SCRAPE_S))
             idle.append(stack.enter_context(ours_running(other, sysfs, work / "state-cidle", "compared idle")))

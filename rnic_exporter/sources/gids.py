@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import errno
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rnic_exporter.model.host import ZERO_GID, GidEntry, ReadError
-from rnic_exporter.sources.sysfs import ErrorLog, FdCache, MalformedValueError, Raw, ReadBatch, Tree, interpret
+from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, Raw, Tree, interpret
 
 _GID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){7}$")
 # An empty or pending-delete slot answers EINVAL from types/ and ndevs/ by design; an absent
@@ -99,11 +99,6 @@ class GidTable:
     # what the last read knew of it, so a slot that is briefly unreadable changes neither the
     # table hash nor NCCL's pick (no table_changed / gid_index_changed on break and on heal).
     unreadable: tuple[int, ...] = ()
-    # Every file the read found, with its bytes then: the rotating slice compares a window of them.
-    files: list[str] = field(default_factory=list)
-    file_raws: list[Raw] = field(default_factory=list)
-    slice_at: int = 0
-    slices: list[ReadBatch] = field(default_factory=list)  # `files` in slices, made at the first pass
 
     @property
     def partly_unreadable(self) -> bool:
@@ -154,8 +149,6 @@ def read_gid_table(root: Tree, port_dir: str, device: str, port: int, previous: 
         watched_raws=watched_raws,
         empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set],
         unreadable=tuple(unreadable),
-        files=[*gid_rels, *attr_rels],
-        file_raws=[*gid_raws, *attr_raws],
     )
 
 
@@ -168,24 +161,6 @@ def sweep(root: Tree, table: GidTable, slots: int) -> bool:
     chunk = (empty[start:] + empty[:start])[:slots] if start + slots > len(empty) else empty[start : start + slots]
     table.sweep_at = start + len(chunk)
     return any(raw not in EMPTY_RAWS for raw in root.read_many(chunk))
-
-
-def slice_moved(root: Tree, table: GidTable, passes: int) -> bool:
-    """Re-read the next of the `passes` slices of the files the last whole read found; True when
-    one differs. Every file is compared once every `passes` calls. Each slice keeps its batch of
-    held descriptors: the pass that makes the most reads makes them in one comprehension."""
-    files = table.files
-    if not files:
-        return False
-    count = -(-len(files) // passes)
-    batches = table.slices
-    if not batches:
-        batches = table.slices = [ReadBatch(files[s : s + count]) for s in range(0, len(files), count)]
-    k = table.slice_at % len(batches)
-    table.slice_at = k + 1
-    batch = batches[k]
-    raws = root.read_batch(batch) if isinstance(root, FdCache) else root.read_many(batch.rels)
-    return raws != table.file_raws[k * count : k * count + len(raws)]
 
 
 def keep_listing(table: GidTable, before: GidTable) -> GidTable:
@@ -202,6 +177,4 @@ def keep_listing(table: GidTable, before: GidTable) -> GidTable:
         empty=before.empty,
         sweep_at=before.sweep_at,
         unreadable=before.unreadable,
-        files=before.files,
-        file_raws=before.file_raws,
     )

@@ -22,15 +22,19 @@ Two ways to pass over the state (`state_pass`):
   - nothing announces an InfiniBand port's state, physical state and rate, its GID table, or the
     PCIe link's current speed and width.
   A fast pass (every `--poll.interval`) reads only what nothing announces (`_plan_watch`: on an
-  all-RoCE host, the 2 PCIe link files per device) and compares the bytes, and sweeps
+  all-RoCE host, per device the PCIe link's speed and width and its AER counts) and compares the
+  bytes, and sweeps
   `GID_SWEEP_SLOTS` empty slots of each InfiniBand GID table. Nothing moved: the pass ends there.
   Something moved: the device's full state is re-read and its objects rebuilt, with its whole GID
   tables when a port's state or GID files moved. The announcer (netlink, udev) forces a full
-  read with whole GID tables of the devices it names. The safety sweep catches what an
-  announcement could miss (a GID slot freed later, when its last reference is dropped, with no
-  address event): every `safety_s` (`--poll.safety-interval`, 60 s; staggered across devices) a
-  device's whole state is re-read and a slice of every GID table's files is compared with what
-  its last whole read found, so every GID file is re-read within `GID_COVERAGE_SWEEPS` sweeps.
+  read with whole GID tables of the devices it names. The safety sweep catches a change no
+  announcement brought (an event lost without an overrun, a speed change on a driver that keeps
+  the carrier): every `safety_s` (`--poll.safety-interval`, 60 s; staggered across devices) a
+  device's whole state is re-read, its populated GID slots' files included. Empty GID slots are
+  not compared: on a RoCE port a GID is only ever added on an address or netdev event
+  (roce_gid_mgmt.c), and a slot freed later, when its last reference is put, reads the same
+  before and after (a pending-delete entry reads as empty: docs/gid-index-moves.md); an
+  InfiniBand table's empty slots are swept by every fast pass.
 - **not trusting events** (netlink off, failing or overrun; `read`): every device's full state
   every pass. Populated GID slots are re-read every pass; the whole table is re-read when one of
   them changed, and a rotating sweep reads `GID_SWEEP_SLOTS` empty slots per port per pass, so a
@@ -86,11 +90,9 @@ from rnic_exporter.sources.sysfs import NOT_EXPOSED, ErrorLog, Raw, ReadBatch, S
 # every 16 passes.
 GID_SWEEP_SLOTS = 16
 # While events are trusted: each device's whole state is re-read every safety sweep (SAFETY_S
-# unless set), and every GID file is compared with what its table's last whole read found once every
-# GID_COVERAGE_SWEEPS sweeps (5 minutes at 60 s), a slice per sweep. Devices' sweeps are staggered
-# over SWEEP_STAGGER steps of the safety interval, so one fast pass rarely holds more than one.
+# unless set). Devices' sweeps are staggered over SWEEP_STAGGER steps of the safety interval, so
+# one fast pass rarely holds more than one.
 SAFETY_S = 60.0
-GID_COVERAGE_SWEEPS = 5
 SWEEP_STAGGER = 12
 
 Job = tuple[Gate, Callable[[], None]]
@@ -565,19 +567,16 @@ class _DeviceReader:
         before = self.device
         self.trusted = trust_events
         now = self.host.clock()
-        if trust_events and not full_gids and not self._unsettled():
-            if now < self._sweep_due:  # a fast pass: only what nothing announces
-                raws = self.fds.read_batch(self._watch)
-                swept = [n for n in self._fast_gid_ports if gid_source.sweep(self.fds, self.gids[n], GID_SWEEP_SLOTS)]
-                if raws == self._watch_raws and not swept:
-                    self.changed = False
-                    self.state_at = time.time()
-                    return
-                full_gids = bool(swept) or any(raws[i] != self._watch_raws[i] for i in self._watch_states)
-            else:  # the safety sweep: everything, and a slice of every GID table
-                full_gids = any(
-                    [gid_source.slice_moved(self.fds, table, GID_COVERAGE_SWEEPS) for table in self.gids.values()]
-                )
+        # A fast pass reads only what nothing announces; the safety sweep (when due) reads everything,
+        # populated GID slots included (`_full`).
+        if trust_events and not full_gids and not self._unsettled() and now < self._sweep_due:
+            raws = self.fds.read_batch(self._watch)
+            swept = [n for n in self._fast_gid_ports if gid_source.sweep(self.fds, self.gids[n], GID_SWEEP_SLOTS)]
+            if raws == self._watch_raws and not swept:
+                self.changed = False
+                self.state_at = time.time()
+                return
+            full_gids = bool(swept) or any(raws[i] != self._watch_raws[i] for i in self._watch_states)
         self._full(full_gids, sweep=not trust_events)
         if self._sweep_due == float("-inf"):
             self._sweep_due = now + self.host.safety_s * (1 + self._stagger)

@@ -112,3 +112,24 @@ def test_a_device_removed_is_seen_by_the_next_poll_a_re_registration_by_its_anno
     now[0] += reader.safety_s  # or the safety sweep
     reader.state_pass(trust_events=True)
     assert reader._devices["mlx5_0"] is not registration
+
+
+def test_the_safety_sweep_re_reads_every_state_file_and_no_empty_gid_slot(sim_host: SimHost) -> None:
+    """The sweep re-reads each device's whole state plan, which holds the files of every populated
+    GID slot, so a slot that changed without an announcement is seen (here the IPv4 GID moved off
+    its slot, as a re-add does while a job holds the old one). It reads no empty slot: on RoCE a GID
+    is only ever added on an address or netdev event, which rtnetlink announces, and a slot freed
+    later reads the same as before (a pending-delete entry reads as empty; docs/gid-index-moves.md)."""
+    reader, now = trusting_reader(sim_host)
+    old, new = sim_host.gid_shift("mlx5_1")  # nothing announces it
+    reader.root.errno_overlay = sim_host.errno_overlay  # a copy: the kernel's EINVALs of empty slots now
+    port = reader.state_pass(trust_events=True).snapshot.port("mlx5_1", 1)
+    assert port is not None and port.nccl_gid_index == old != new
+    now[0] += 2 * reader.safety_s  # past every device's (staggered) sweep
+    port = reader.state_pass(trust_events=True).snapshot.port("mlx5_1", 1)
+    assert port is not None and port.nccl_gid_index == new
+    now[0] += 2 * reader.safety_s
+    reads = reader.root.reads
+    reader.state_pass(trust_events=True)  # a sweep that finds nothing new
+    plans = [r.plan for r in reader._order]
+    assert reader.root.reads - reads == sum(len(plan.rels) for plan in plans if plan is not None)
