@@ -169,15 +169,19 @@ class Watch:
         """Waits for two failures more than `more_than` while polls keep their schedule; returns the count."""
         first = self.scrape()
         started = time.monotonic()
+        # Scraped five times a second, not twenty: every scrape costs the exporter CPU on the same two
+        # cores, and a watcher that starves the polls it is timing measures itself.
         count = wait_for(
             lambda: (f := self.failures(signal)) >= more_than + 2 and f,
             timeout=30,
             what=f"{signal} export failures while the collector is {what}",
+            interval=0.2,
         )
         wait_for(
             lambda: time.monotonic() - started > 2.0 and self.failures(signal) >= count,
             timeout=10,
             what="two seconds of polls",
+            interval=0.2,
         )
         last = self.scrape()
         elapsed = time.monotonic() - started
