@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import time
@@ -37,6 +38,19 @@ def _progress(out: Path, event: str, **fields: Any) -> None:
 
 def _alarm(_signum: int, _frame: FrameType | None) -> None:
     raise ScenarioTimeoutError("scenario deadline reached")
+
+
+def _own_machine(state_dir: Path) -> None:
+    """The guest shares the host's root file system read-only, and inherits its environment: give
+    it what a freshly installed host has. The daemon's default state directory is the host's
+    /var/lib/rnic-exporter there (an inventory of some other machine's NICs made a healthy rxe host
+    fail `check` with 16 'not present'), so every command's goes to a directory of the scenario's; and no
+    variable of the developer's shell (NCCL_*, RNIC_EXPORTER_*) reaches the CLI."""
+    for name in [n for n in os.environ if n.startswith(("NCCL_", "RNIC_EXPORTER_"))]:
+        del os.environ[name]
+    state_dir.mkdir(parents=True, exist_ok=True)
+    for command in ("SERVE", "CHECK"):
+        os.environ[f"RNIC_EXPORTER_{command}_STATE_DIR"] = str(state_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         sdir = out / name
         sdir.mkdir(parents=True, exist_ok=True)
         lab = Lab(out=sdir)
+        _own_machine(sdir / "default-state")  # each scenario a fresh install's empty inventory
         _progress(out, "scenario_start", name=name, deadline=args.deadline)
         t0 = time.monotonic()
         result: Any

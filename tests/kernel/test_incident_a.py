@@ -73,7 +73,7 @@ def test_traffic_running_through_the_delete_kills_the_sender_and_frees_the_slot(
 
 def test_stopped_job_fails_once_resumed_after_the_move(cases: dict[str, Any]) -> None:
     case = cases["ib_send_bw_stopped"]
-    assert case["client_exit_code_after_continue"] != 0, case
+    assert case["client_exit_code_after_continue"] not in (None, 0), case  # None: still sending 60 s on
 
 
 # -- NetworkManager ------------------------------------------------------------------------------

@@ -350,8 +350,11 @@ def holders(lab: Lab) -> dict[str, Any]:
         os.kill(client.proc.pid, signal.SIGSTOP)
         case = churn(lab)
         os.kill(client.proc.pid, signal.SIGCONT)
-        lab.wait_until(lambda: not client.alive(), 60, "ib_send_bw client exits once continued")
-        case["client_exit_code_after_continue"] = client.proc.returncode
+        try:
+            lab.wait_until(lambda: not client.alive(), 60, "ib_send_bw client exits once continued")
+        except LabError:  # still sending 60 s on: what the host test is about, not a broken lab
+            case["client_alive_60s_after_continue"] = True
+        case["client_exit_code_after_continue"] = client.proc.returncode  # None: still running
         case["client_log_tail"] = client.text()[-600:]
         case["after_release"] = release_and_churn(lab, client)
         cases["ib_send_bw_stopped"] = case
