@@ -6,8 +6,10 @@ import subprocess
 from pathlib import Path
 
 
-def self_signed(workdir: Path, name: str = "server") -> tuple[Path, Path]:
-    """(cert, key) for CN=localhost with SANs localhost and 127.0.0.1, valid one day."""
+def self_signed(
+    workdir: Path, name: str = "server", cn: str = "localhost", subject_alt_name: str = "DNS:localhost,IP:127.0.0.1"
+) -> tuple[Path, Path]:
+    """(cert, key) `name`.crt/.key for CN=`cn` with `subject_alt_name` (localhost and 127.0.0.1), valid one day."""
     cert, key = workdir / f"{name}.crt", workdir / f"{name}.key"
     subprocess.run(
         [
@@ -22,9 +24,9 @@ def self_signed(workdir: Path, name: str = "server") -> tuple[Path, Path]:
             "-days",
             "1",
             "-subj",
-            "/CN=localhost",
+            f"/CN={cn}",
             "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            f"subjectAltName={subject_alt_name}",
             "-keyout",
             str(key),
             "-out",

@@ -2,193 +2,44 @@
 
 from __future__ import annotations
 
-import base64
 import http.client
 import logging
 import re
 import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import bcrypt
 import pytest
 
 from rnic_exporter.config.web_file import load_web_config
-from rnic_exporter.errors import ConfigError, NotReadyError
+from rnic_exporter.errors import ConfigError
 from rnic_exporter.web.auth import BasicAuth, parse_basic_authorization
-from rnic_exporter.web.server import LandingPage, WebServer, parse_listen_address
+from rnic_exporter.web.server import WebServer, parse_listen_address
 from rnic_exporter.web.tls import build_ssl_context
+from tests.support.tls import self_signed
 from tests.support.wait import wait_for
-
-BODY = b"# HELP rdma_up Whether the port is up.\n# TYPE rdma_up gauge\nrdma_up 1\n"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-LANDING = LandingPage(
-    name="rnic-exporter <test>",
-    description="RDMA NICs & their health",
-    version="0.1.0",
-    links=(("/debug?x=1&y=2", "Debug <info>"),),
+from tests.support.web import (
+    BODY,
+    CONTENT_TYPE,
+    DEADLINE,
+    LANDING,
+    Certs,
+    FakeProvider,
+    Reply,
+    ServerFactory,
+    basic,
+    bcrypt_hash,
+    client_context,
+    read_until_closed,
+    request,
+    tls_config,
+    users_config,
+    write_config,
 )
-DEADLINE = 2.0  # seconds any single request may take in these tests
-
-
-class FakeProvider:
-    """Returns a fixed body; `gate`, when set, holds render() until released (for the cap test)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str | None, str | None]] = []
-        self.entered = threading.Event()
-        self.gate: threading.Event | None = None
-        self.not_ready: str | None = None  # render raises NotReadyError with this message
-
-    def render(self, accept_header: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
-        self.calls.append((accept_header, accept_encoding))
-        self.entered.set()
-        if self.gate is not None:
-            self.gate.wait(10)
-        if self.not_ready is not None:
-            raise NotReadyError(self.not_ready)
-        return BODY, {"Content-Type": CONTENT_TYPE}
-
-
-@dataclass(frozen=True)
-class Certs:
-    server_cert: Path
-    server_key: Path
-    client_cert: Path  # self-signed, so it doubles as the client CA
-    client_key: Path
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
-
-
-def _self_signed(directory: Path, name: str, subject_alt_name: str) -> tuple[Path, Path]:
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-days", "1", "-subj", f"/CN={name}", "-addext", f"subjectAltName={subject_alt_name}",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
-@pytest.fixture(scope="session")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    directory = tmp_path_factory.mktemp("certs")
-    server_cert, server_key = _self_signed(directory, "server", "DNS:localhost,IP:127.0.0.1")
-    client_cert, client_key = _self_signed(directory, "client", "DNS:scraper.example")
-    return Certs(server_cert, server_key, client_cert, client_key)
-
-
-@pytest.fixture
-def confdir(tmp_path: Path, certs: Certs) -> Path:
-    """A directory with the certificates next to where the config goes, for relative paths."""
-    for source in (certs.server_cert, certs.server_key, certs.client_cert, certs.client_key):
-        shutil.copy(source, tmp_path / source.name)
-    return tmp_path
-
-
-@pytest.fixture
-def provider() -> FakeProvider:
-    return FakeProvider()
-
-
-ServerFactory = Callable[..., WebServer]
-
-
-@pytest.fixture
-def serve(provider: FakeProvider) -> Iterator[ServerFactory]:
-    """Starts WebServers on 127.0.0.1:0 and shuts every one down after the test."""
-    servers: list[WebServer] = []
-
-    def start(web_config_file: Path | None = None, **kwargs: Any) -> WebServer:
-        server = WebServer(["127.0.0.1:0"], "/metrics", provider, LANDING, web_config_file, **kwargs)
-        servers.append(server)
-        server.start()
-        return server
-
-    yield start
-    for server in servers:
-        server.shutdown()
-
-
-def request(
-    server: WebServer,
-    path: str = "/metrics",
-    *,
-    method: str = "GET",
-    headers: dict[str, str] | None = None,
-    context: ssl.SSLContext | None = None,
-    body: bytes | None = None,
-    timeout: float = DEADLINE,
-) -> Reply:
-    host, port = server.bound[0]
-    conn: http.client.HTTPConnection
-    if context is None:
-        conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    else:
-        conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
-    try:
-        conn.request(method, path, body=body, headers=headers or {})
-        response = conn.getresponse()
-        return Reply(response.status, response.headers, response.read())
-    finally:
-        conn.close()
-
-
-def basic(user: str, password: str) -> dict[str, str]:
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
-
-
-def bcrypt_hash(password: str) -> str:
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
-
-
-def write_config(directory: Path, text: str) -> Path:
-    path = directory / "web.yml"
-    path.write_text(text)
-    return path
-
-
-def tls_config(users: dict[str, str] | None = None, extra_tls: str = "") -> str:
-    text = f"tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n{extra_tls}"
-    if users:
-        text += "basic_auth_users:\n" + "".join(f"  {user}: '{bcrypt_hash(pw)}'\n" for user, pw in users.items())
-    return text
-
-
-def users_config(users: dict[str, str]) -> str:
-    return "basic_auth_users:\n" + "".join(f"  {user}: '{bcrypt_hash(pw)}'\n" for user, pw in users.items())
-
-
-def client_context(certs: Certs, *, with_cert: bool = False) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(certs.server_cert))
-    if with_cert:
-        ctx.load_cert_chain(certs.client_cert, certs.client_key)
-    return ctx
-
-
-def read_until_closed(sock: socket.socket, timeout: float) -> bytes:
-    """Everything the server sends until it closes; fails the test if it is still open at the deadline."""
-    sock.settimeout(timeout)
-    received = b""
-    while chunk := sock.recv(4096):
-        received += chunk
-    return received
-
 
 # -- plain HTTP routes ------------------------------------------------------------------------
 
@@ -682,7 +533,7 @@ def test_changed_file_is_picked_up_without_an_explicit_reload(serve: ServerFacto
 def test_rotated_certificate_is_served_to_new_connections(serve: ServerFactory, confdir: Path, certs: Certs) -> None:
     server = serve(write_config(confdir, tls_config()), reload_interval=0.0)
     assert request(server, context=client_context(certs)).status == 200
-    _self_signed(confdir, "server", "DNS:localhost,IP:127.0.0.1")  # rotate in place: new key and cert
+    self_signed(confdir, "server", cn="server")  # rotate in place: new key and cert
     with pytest.raises(ssl.SSLCertVerificationError):
         request(server, context=client_context(certs))  # the client still trusts only the old one
     assert request(server, context=ssl.create_default_context(cafile=str(confdir / "server.crt"))).status == 200

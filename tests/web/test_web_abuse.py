@@ -1,7 +1,5 @@
 """The HTTP front under abuse, over real sockets with real HTTP clients: deadlines, caps, bcrypt fairness."""
 
-# ruff: noqa: F811  (test parameters name the fixtures imported from test_web, as pytest requires)
-
 from __future__ import annotations
 
 import http.client
@@ -17,16 +15,14 @@ import pytest
 
 from rnic_exporter.web.auth import BasicAuth, Credential
 from tests.support.wait import wait_for
-from tests.web.test_web import (  # noqa: F401  (fixtures, found by their names)
+from tests.support.web import (
     BODY,
     DEADLINE,
     FakeProvider,
     ServerFactory,
     basic,
-    provider,
     read_until_closed,
     request,
-    serve,
     write_config,
 )
 

@@ -21,18 +21,13 @@ import pytest
 import yaml
 
 from rnic_exporter.commands import healthcheck
-from tests.web.test_web import (  # noqa: F401  (fixtures, found by their names)
-    DEADLINE,
+from tests.support.web import (
     Certs,
     FakeProvider,
     ServerFactory,
     basic,
-    certs,
     client_context,
-    confdir,
-    provider,
     request,
-    serve,
     tls_config,
     write_config,
 )
@@ -77,7 +72,7 @@ def test_the_daemonsets_probes_pass_with_tls_and_basic_auth_over_https(
 
 def test_an_unhealthy_exporter_says_why_without_credentials(provider: FakeProvider, tmp_path: Path) -> None:
     from rnic_exporter.web.server import WebServer
-    from tests.web.test_web import LANDING
+    from tests.support.web import LANDING
 
     config = write_config(tmp_path, users_yaml({"alice": ("s3cret", 4)}))
     server = WebServer(["127.0.0.1:0"], "/metrics", provider, LANDING, config, health=lambda: (False, "no poll yet"))

@@ -9,16 +9,7 @@ import threading
 from pathlib import Path
 
 from tests.support.wait import wait_for
-from tests.web.test_web import (  # noqa: F401  (fixtures, found by their names)
-    DEADLINE,
-    FakeProvider,
-    ServerFactory,
-    basic,
-    provider,
-    request,
-    serve,
-    write_config,
-)
+from tests.support.web import DEADLINE, FakeProvider, ServerFactory, basic, request, write_config
 from tests.web.test_web_abuse import sockets, users_yaml  # noqa: F401  (sockets: a fixture)
 
 # -- the front's own metrics -------------------------------------------------------------------

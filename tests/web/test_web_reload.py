@@ -1,7 +1,5 @@
 """Web config reload never weakens security silently: refusals, incomplete files, hostile files."""
 
-# ruff: noqa: F811  (test parameters name the fixtures imported from test_web, as pytest requires)
-
 from __future__ import annotations
 
 import logging
@@ -21,16 +19,12 @@ from rnic_exporter.web import reload
 from rnic_exporter.web.reload import WebConfigWatcher
 from tests.support.processes import free_port, http_get, stop_process
 from tests.support.wait import wait_for
-from tests.web.test_web import (  # noqa: F401  (fixtures, found by their names)
+from tests.support.web import (
     Certs,
     ServerFactory,
     basic,
-    certs,
     client_context,
-    confdir,
-    provider,
     request,
-    serve,
     tls_config,
     users_config,
     write_config,
