@@ -383,12 +383,7 @@ class SimHost:
         self._write(f"{ib}/node_desc", "rxe")
         self._write(f"{ib}/parent", dev.netdev)
         self._link(f"class/infiniband/{dev.name}", f"../../{ib}")
-        verbs = f"devices/virtual/infiniband_verbs/{dev.uverbs}"
-        self._write(f"{verbs}/ibdev", dev.name)
-        self._write(f"{verbs}/abi_version", 1)
-        self._write(f"{verbs}/dev", f"231:{192 + dev.number}")
-        self._link(f"class/infiniband_verbs/{dev.uverbs}", f"../../{verbs}")
-        self._write("class/infiniband_verbs/abi_version", 6)
+        self._write_verbs(dev, f"devices/virtual/infiniband_verbs/{dev.uverbs}")
 
     def _write_device(self, dev: SimDevice) -> None:
         if dev.soft:
@@ -421,13 +416,16 @@ class SimHost:
         self._write(f"{ib}/board_id", dev.board_id)
         self._link(f"{ib}/device", f"../../../{dev.pci_address}")
         self._link(f"class/infiniband/{dev.name}", f"../../{ib}")
-        # The verbs character device every verbs user holds open (/dev/infiniband/uverbsN): the
-        # kernel numbers them in registration order, minors from 192 (major 231).
         verbs = f"{fn}/infiniband_verbs/{dev.uverbs}"
+        self._write_verbs(dev, verbs)
+        self._link(f"{verbs}/device", f"../../../{dev.pci_address}")
+
+    def _write_verbs(self, dev: SimDevice, verbs: str) -> None:
+        """The verbs character device every verbs user holds open (/dev/infiniband/uverbsN): the
+        kernel numbers them in registration order, minors from 192 (major 231)."""
         self._write(f"{verbs}/ibdev", dev.name)
         self._write(f"{verbs}/abi_version", 1)
         self._write(f"{verbs}/dev", f"231:{192 + dev.number}")
-        self._link(f"{verbs}/device", f"../../../{dev.pci_address}")
         self._link(f"class/infiniband_verbs/{dev.uverbs}", f"../../{verbs}")
         self._write("class/infiniband_verbs/abi_version", 6)
         self._write_port_and_netdev(dev)

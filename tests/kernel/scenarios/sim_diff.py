@@ -42,6 +42,10 @@ def run(lab: Lab) -> dict[str, Any]:
     def state() -> str:
         return read_attr(port / "state").strip()
 
+    def address_gids() -> tuple[bool, bool]:
+        """Whether the IPv4 and the IPv6 address each have a GID."""
+        return lab.gid_of(DEV, ipv4_gid(IPV4)) is not None, lab.gid_of(DEV, IPV6_GID) is not None
+
     lab.modprobe_rxe()
     lab.sh(f"ip netns add {NETNS}")
     lab.sh(f"ip link add {VA} type veth peer name {VB} && ip link set {VB} netns {NETNS}")
@@ -54,7 +58,7 @@ def run(lab: Lab) -> dict[str, Any]:
 
     lab.sh(f"ip addr add {IPV4}/24 dev {VA} && ip addr add {IPV6}/64 dev {VA} nodad")
     waited["address_gids"] = lab.wait_until(
-        lambda: lab.gid_of(DEV, ipv4_gid(IPV4)) is not None and lab.gid_of(DEV, IPV6_GID) is not None,
+        lambda: address_gids() == (True, True),
         30,
         "GIDs of both addresses",
     )
@@ -66,7 +70,7 @@ def run(lab: Lab) -> dict[str, Any]:
     lab.sh(f"ip -n {NETNS} link set {VB} up")
     waited["peer_up"] = lab.wait_until(lambda: state() == "4: ACTIVE", 30, "rxe0 ACTIVE after the peer came up")
     waited["peer_up_gids"] = lab.wait_until(
-        lambda: lab.gid_of(DEV, ipv4_gid(IPV4)) is not None and lab.gid_of(DEV, IPV6_GID) is not None,
+        lambda: address_gids() == (True, True),
         30,
         "GIDs of both addresses after the flap",
     )
@@ -74,7 +78,7 @@ def run(lab: Lab) -> dict[str, Any]:
 
     lab.sh(f"ip addr del {IPV4}/24 dev {VA} && ip addr del {IPV6}/64 dev {VA}")
     waited["deleted"] = lab.wait_until(
-        lambda: lab.gid_of(DEV, ipv4_gid(IPV4)) is None and lab.gid_of(DEV, IPV6_GID) is None,
+        lambda: address_gids() == (False, False),
         30,
         "GIDs of both addresses gone",
     )
