@@ -159,7 +159,8 @@ def test_scrapes_from_the_first_moment_are_complete_or_refused(tmp_path: Path) -
             try:
                 status, _headers, body = http_get(url, timeout=10)
             except OSError:
-                continue  # not listening yet
+                stop.wait(0.005)  # not listening yet
+                continue
             responses.append((time.monotonic(), status, body))
 
     with (tmp_path / "exporter.log").open("wb") as log:
