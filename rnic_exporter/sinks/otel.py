@@ -65,6 +65,9 @@ SCOPE = "rnic_exporter"
 MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 MAX_LOG_BATCH = 512
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
+# Less time than this left for a retry inside one export: not sent. Loopback and sidecar collectors
+# answer in a few ms; a try with less left mostly times out and reports a hang that is not there.
+MIN_TRY_S = 0.05
 # The SDK's default cap of 2000 attribute sets per instrument would fold big hosts' hw counters
 # into an overflow series; this bounds memory without ever being reached by real hardware.
 CARDINALITY_LIMIT = 50_000
@@ -158,25 +161,59 @@ def _error_kind(error: BaseException) -> str:
     return type(error).__name__
 
 
+class ExportBudgetSpentError(TimeoutError):
+    """The export's --otlp.timeout ran out between the SDK's retries, before the next try was sent."""
+
+
+def _failure_outcome(result: Any) -> tuple[str, str] | None:
+    """(kind, detail) of a failed HTTP result (one try's, or an export's); None for a success."""
+    status, error = getattr(result, "status_code", None), getattr(result, "error", None)
+    if status is not None:
+        return (
+            None
+            if 200 <= status < 400
+            else (f"HTTP {status}", f"{status} {getattr(result, 'reason', '') or ''}".strip())
+        )
+    if error is not None:
+        return _error_kind(error), str(error)[:300]
+    return None
+
+
 def _note_http_results(exporter: Any) -> None:
     """The HTTP exporters log only "failed due to timeout, max retries or shutdown" when a collector is
-    down or hangs; their client's final result says which, so we read it (pinned SDK: `_client.export`)."""
+    down or hangs; their client's results say which, so we read them (pinned SDK: `_client._submit`,
+    one try, and `_client.export`, the tries of one export)."""
     client: Any = getattr(exporter, "_client", None)
-    inner = getattr(client, "export", None)
-    if inner is None:
+    inner, submit = getattr(client, "export", None), getattr(client, "_submit", None)
+    if inner is None or submit is None:
         return
+
+    def guarded_submit(data: bytes, timeout: float) -> Any:
+        # After a backoff wait the SDK sends with max(deadline - now, 0). A wait that a loaded host
+        # wakes late from leaves 0, which urllib3 refuses with a ValueError ("Attempted to set total
+        # timeout to 0.0"), or a few ms, which time out ("read timeout=0"): either became the reason
+        # logged while the collector was answering 503. Out of time is what happened; the last
+        # answer stays the reason, and the next export tries again with a whole budget.
+        if timeout < MIN_TRY_S:
+            raise ExportBudgetSpentError("the export's --otlp.timeout ran out between retries")
+        result = submit(data, timeout)
+        attempt = _REASONS.current()
+        outcome = _failure_outcome(result)
+        if attempt is not None and outcome is not None:
+            attempt.outcome = outcome
+        return result
 
     def export(data: bytes) -> Any:
         result = inner(data)
         attempt = _REASONS.current()
-        if attempt is not None and not getattr(result, "success", True):
-            status, error = getattr(result, "status_code", None), getattr(result, "error", None)
-            if status is not None:
-                attempt.outcome = (f"HTTP {status}", f"{status} {getattr(result, 'reason', '') or ''}".strip())
-            elif error is not None:
-                attempt.outcome = (_error_kind(error), str(error)[:300])
+        outcome = _failure_outcome(result)
+        if attempt is not None and outcome is not None:
+            spent = isinstance(getattr(result, "error", None), ExportBudgetSpentError)
+            if not (spent and attempt.outcome is not None):
+                attempt.outcome = outcome
         return result
 
+    client._submit = guarded_submit
     client.export = export
 
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -606,6 +607,54 @@ def test_full_event_queue_drops_the_oldest_and_counts(
             ]
         finally:
             sink.close()
+
+
+class LateWakingEvent(threading.Event):
+    """The SDK's backoff wait on a loaded host: it wakes `late_s` after it was asked to."""
+
+    def __init__(self, late_s: float) -> None:
+        super().__init__()
+        self.late_s = late_s
+
+    def wait(self, timeout: float | None = None) -> bool:
+        time.sleep((timeout or 0.0) + self.late_s)
+        return self.is_set()
+
+
+@pytest.mark.parametrize("late_s", [1.0, 0.47], ids=["past the deadline", "30 ms before it"])
+def test_a_retry_without_time_left_keeps_the_collectors_answer_as_the_reason(late_s: float) -> None:
+    """CI saw reason=ValueError ("Attempted to set total timeout to 0.0") and reason=timeout ("read
+    timeout=0") while the collector answered 503: the SDK's backoff wait woke at or just before the
+    export's deadline, and it sent a try with no time left."""
+    from rnic_exporter.sinks.otel import _exporters, _Health, _install_reasons
+
+    _install_reasons()
+    with HttpReceiver() as rcv:
+        rcv.mode = "503"
+        metrics, _logs = _exporters(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", timeout_s=1.5))
+        client = metrics._client  # type: ignore[attr-defined]
+        client._jitter = 0.0  # a backoff of exactly 1 s: inside the 1.5 s budget, so the SDK retries
+        client._shutdown_event = LateWakingEvent(late_s)
+        sent: list[float] = []
+        request = client._transport.request
+
+        def recording_request(*args: Any, **kwargs: Any) -> Any:
+            sent.append(kwargs["timeout"])
+            return request(*args, **kwargs)
+
+        client._transport.request = recording_request
+        health = _Health("metrics", rcv.url)
+        results: list[Any] = []
+
+        def export() -> Any:
+            results.append(client.export(b""))
+            return results[-1]
+
+        assert not health.attempt(export, object())
+    assert len(sent) == 1 and sent[0] > 0, sent  # the 503; no try is sent with no time left
+    assert results[0].error is not None, "the SDK gave up before it retried: nothing tested"
+    assert health.failing == "HTTP 503" and health.failures == 1
+    assert isinstance(results[0].error, TimeoutError)  # what the SDK itself reports: out of time
 
 
 def test_tls_collector_with_ca_and_client_certificate(
