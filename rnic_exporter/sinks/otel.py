@@ -227,10 +227,13 @@ def classify(attempt: _Attempt, error: BaseException | None = None) -> tuple[str
         return type(error).__name__, str(error)[:300]
     if attempt.outcome is not None:
         return attempt.outcome
-    for text in reversed(attempt.messages):
-        m = _GRPC_CODE.search(text)
-        if m:
-            return _GRPC_KINDS.get(m[1], f"gRPC {m[1]}"), text[:300]
+    codes = [(m[1], text) for text in attempt.messages if (m := _GRPC_CODE.search(text))]
+    # The SDK sends its last retry with whatever is left of the deadline, nothing when its backoff
+    # wait woke late, and that try ends DEADLINE_EXCEEDED: an earlier answer is the reason.
+    answered = [(code, text) for code, text in codes if code != "DEADLINE_EXCEEDED"]
+    if codes:
+        code, text = (answered or codes)[-1]
+        return _GRPC_KINDS.get(code, f"gRPC {code}"), text[:300]
     return "failed", (attempt.messages[-1][:300] if attempt.messages else "no detail")
 
 

@@ -657,6 +657,37 @@ def test_a_retry_without_time_left_keeps_the_collectors_answer_as_the_reason(lat
     assert isinstance(results[0].error, TimeoutError)  # what the SDK itself reports: out of time
 
 
+def test_a_grpc_retry_without_time_left_keeps_the_collectors_answer_as_the_reason() -> None:
+    """The gRPC exporter sends its retry with `deadline - now`, negative when its backoff wait woke
+    late: DEADLINE_EXCEEDED at once, while the collector had answered UNAVAILABLE."""
+    import grpc
+    from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
+
+    from rnic_exporter.sinks.otel import _exporters, _Health, _install_reasons
+
+    calls: list[float | None] = []
+
+    class Refusing(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method name
+            calls.append(context.time_remaining())
+            context.abort(grpc.StatusCode.UNAVAILABLE, "collector overloaded")
+
+    _install_reasons()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Refusing(), server)  # type: ignore[no-untyped-call]
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        metrics, _logs = _exporters(OtlpSettings(endpoint=f"http://127.0.0.1:{port}", protocol="grpc", timeout_s=1.5))
+        metrics._shutdown_in_progress = LateWakingEvent(late_s=1.0)  # type: ignore[attr-defined]
+        health = _Health("metrics", "collector")
+        assert not health.attempt(lambda: metrics.export(MetricsData(resource_metrics=[])), MetricExportResult.SUCCESS)
+    finally:
+        server.stop(grace=None)
+    assert len(calls) == 1  # the UNAVAILABLE; the retry with no time left never reached the collector
+    assert health.failing == "unreachable" and health.failures == 1
+
+
 def test_tls_collector_with_ca_and_client_certificate(
     tmp_path: Path, sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]
 ) -> None:
