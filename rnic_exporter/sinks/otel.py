@@ -65,8 +65,9 @@ SCOPE = "rnic_exporter"
 MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 MAX_LOG_BATCH = 512
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
-# Less time than this left for a retry inside one export: not sent. Loopback and sidecar collectors
-# answer in a few ms; a try with less left mostly times out and reports a hang that is not there.
+# Less time than this (or half of --otlp.timeout) left for a retry inside one export: not sent.
+# Loopback and sidecar collectors answer in a few ms; a try with less left mostly times out and
+# reports a hang that is not there.
 MIN_TRY_S = 0.05
 # The SDK's default cap of 2000 attribute sets per instrument would fold big hosts' hw counters
 # into an overflow series; this bounds memory without ever being reached by real hardware.
@@ -179,7 +180,7 @@ def _failure_outcome(result: Any) -> tuple[str, str] | None:
     return None
 
 
-def _note_http_results(exporter: Any) -> None:
+def _note_http_results(exporter: Any, budget_s: float) -> None:
     """The HTTP exporters log only "failed due to timeout, max retries or shutdown" when a collector is
     down or hangs; their client's results say which, so we read them (pinned SDK: `_client._submit`,
     one try, and `_client.export`, the tries of one export)."""
@@ -187,6 +188,7 @@ def _note_http_results(exporter: Any) -> None:
     inner, submit = getattr(client, "export", None), getattr(client, "_submit", None)
     if inner is None or submit is None:
         return
+    floor_s = min(MIN_TRY_S, budget_s / 2)  # an export's first try has the whole budget: always sent
 
     def guarded_submit(data: bytes, timeout: float) -> Any:
         # After a backoff wait the SDK sends with max(deadline - now, 0). A wait that a loaded host
@@ -194,7 +196,7 @@ def _note_http_results(exporter: Any) -> None:
         # timeout to 0.0"), or a few ms, which time out ("read timeout=0"): either became the reason
         # logged while the collector was answering 503. Out of time is what happened; the last
         # answer stays the reason, and the next export tries again with a whole budget.
-        if timeout < MIN_TRY_S:
+        if timeout < floor_s:
             raise ExportBudgetSpentError("the export's --otlp.timeout ran out between retries")
         result = submit(data, timeout)
         attempt = _REASONS.current()
@@ -540,8 +542,8 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
     shared: dict[str, Any] = {"headers": dict(settings.headers), "timeout": settings.timeout_s}
     metrics = HttpMetrics(endpoint=settings.signal_url("metrics"), _transport=transport(), **shared)
     logs = HttpLogs(endpoint=settings.signal_url("logs"), _transport=transport(), **shared)
-    _note_http_results(metrics)
-    _note_http_results(logs)
+    _note_http_results(metrics, settings.timeout_s)
+    _note_http_results(logs, settings.timeout_s)
     return metrics, logs
 
 

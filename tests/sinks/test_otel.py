@@ -609,6 +609,19 @@ def test_full_event_queue_drops_the_oldest_and_counts(
             sink.close()
 
 
+def record_tries(client: Any) -> list[float]:
+    """The timeout of every HTTP try the SDK's OTLP client sends, in order."""
+    sent: list[float] = []
+    request = client._transport.request
+
+    def recording_request(*args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs["timeout"])
+        return request(*args, **kwargs)
+
+    client._transport.request = recording_request
+    return sent
+
+
 class LateWakingEvent(threading.Event):
     """The SDK's backoff wait on a loaded host: it wakes `late_s` after it was asked to."""
 
@@ -635,14 +648,7 @@ def test_a_retry_without_time_left_keeps_the_collectors_answer_as_the_reason(lat
         client = metrics._client  # type: ignore[attr-defined]
         client._jitter = 0.0  # a backoff of exactly 1 s: inside the 1.5 s budget, so the SDK retries
         client._shutdown_event = LateWakingEvent(late_s)
-        sent: list[float] = []
-        request = client._transport.request
-
-        def recording_request(*args: Any, **kwargs: Any) -> Any:
-            sent.append(kwargs["timeout"])
-            return request(*args, **kwargs)
-
-        client._transport.request = recording_request
+        sent = record_tries(client)
         health = _Health("metrics", rcv.url)
         results: list[Any] = []
 
@@ -655,6 +661,20 @@ def test_a_retry_without_time_left_keeps_the_collectors_answer_as_the_reason(lat
     assert results[0].error is not None, "the SDK gave up before it retried: nothing tested"
     assert health.failing == "HTTP 503" and health.failures == 1
     assert isinstance(results[0].error, TimeoutError)  # what the SDK itself reports: out of time
+
+
+def test_the_first_try_is_sent_at_the_smallest_timeout_allowed() -> None:
+    from rnic_exporter.config.bounds import OTLP_TIMEOUT
+    from rnic_exporter.sinks.otel import _exporters
+
+    with HttpReceiver() as rcv:
+        metrics, _logs = _exporters(
+            OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", timeout_s=OTLP_TIMEOUT.low)
+        )
+        client = metrics._client  # type: ignore[attr-defined]
+        sent = record_tries(client)
+        client.export(b"")  # whether 50 ms was enough on a loaded machine is not the question
+    assert len(sent) >= 1 and sent[0] > OTLP_TIMEOUT.low / 2
 
 
 def test_a_grpc_retry_without_time_left_keeps_the_collectors_answer_as_the_reason() -> None:
