@@ -60,7 +60,7 @@ from rnic_exporter.config.bounds import (
     show,
     within,
 )
-from rnic_exporter.config.nccl_conf import NcclConf, under
+from rnic_exporter.config.nccl_conf import NcclConf, read_nccl_conf, under
 from rnic_exporter.config.nccl_env import gid_index_from_env, nccl_environment, nccl_settings
 from rnic_exporter.detect.settings import MATCH_KEYS, DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.errors import ConfigError
@@ -476,8 +476,6 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
     """`config` (flags and defaults) with the config file and NCCL's config files (read now, under
     --path.rootfs for /etc/nccl.conf) resolved onto it, by `resolve`: serve calls it at start and on
     every reload, so an edited /etc/nccl.conf counts from the next SIGHUP."""
-    from rnic_exporter.config.nccl_conf import read_nccl_conf
-
     reader = config.reader
     resolved = resolve(
         config.config_file,

@@ -219,7 +219,7 @@ def under(conf: NcclConf, overridden: Mapping[str, str]) -> tuple[dict[str, str]
     `overridden` ones (name -> what the exporter uses instead, e.g. `--nccl-gid-index`). And the
     notes: for each file read, what it gives jobs (so that `check` says which files it read and
     where a value came from), then its lines NCCL reads other than they look."""
-    env = {name: s.value for name, s in conf.values.items() if name in NCCL_VARIABLES and name not in overridden}
+    env = {name: value for name, value in conf.env().items() if name in NCCL_VARIABLES and name not in overridden}
     notes = []
     for read in conf.read:
         given = [_given(conf, read, name, overridden) for name in read.values if name in NCCL_VARIABLES]
