@@ -574,7 +574,7 @@ def serve(
     from dataclasses import replace
 
     from rnic_exporter.config.file import ConsumerSettings
-    from rnic_exporter.daemon import agent
+    from rnic_exporter.daemon import serve
     from rnic_exporter.daemon.logsetup import configure
     from rnic_exporter.sinks import otel_settings
     from rnic_exporter.sources.counter_filter import CounterFilter
@@ -604,7 +604,7 @@ def serve(
             consumers=ConsumerSettings(enabled=consumers, interval_s=consumers_interval),
         )
         explicit = _explicit(ctx) | ({"nccl_gid_index"} if _nccl_gid_index_given() else set())
-        raise SystemExit(agent.run(config, explicit))
+        raise SystemExit(serve.run(config, explicit))
     except ConfigError as exc:
         fail(str(exc))
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rnic_exporter.config.file import ConsumerSettings, reader_settings
-from rnic_exporter.daemon import agent
+from rnic_exporter.daemon import agent, serve
 from rnic_exporter.sim import SimHost, SimProcfs
 from rnic_exporter.sources.address_risks import HostPaths
 
@@ -144,7 +144,7 @@ def run_demo(
             host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
             consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),
         )
-        return agent.run(config, stop=stop)  # the real scan, over the fake procfs
+        return serve.run(config, stop=stop)  # the real scan, over the fake procfs
     finally:
         stop.set()
         shutil.rmtree(workdir, ignore_errors=True)

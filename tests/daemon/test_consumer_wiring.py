@@ -21,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import GID_ADDRESS_MOVED, Event
 from rnic_exporter.config.file import ConsumerSettings
-from rnic_exporter.daemon.agent import Agent, ServeConfig, run
+from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.daemon.consumer_watch import ConsumerWatch
 from rnic_exporter.daemon.logsetup import JsonFormatter
+from rnic_exporter.daemon.serve import run
 from rnic_exporter.model.consumers import ConsumerScan, DeviceConsumers
 from rnic_exporter.sim import SimHost, SimProcfs
 from rnic_exporter.sinks.consumer_fields import log_fields, otel_attributes
@@ -518,7 +519,7 @@ def test_the_config_file_turns_it_on_and_flags_beat_the_file(tmp_path: Path) -> 
 
 
 def test_serve_flags_reach_the_config(host: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rnic_exporter.daemon import agent
+    from rnic_exporter.daemon import serve
 
     seen: list[ServeConfig] = []
 
@@ -527,7 +528,7 @@ def test_serve_flags_reach_the_config(host: SimHost, monkeypatch: pytest.MonkeyP
         assert {"consumers", "consumers_interval"} <= explicit  # so they beat the config file
         return 0
 
-    monkeypatch.setattr(agent, "run", fake_run)
+    monkeypatch.setattr(serve, "run", fake_run)
     code, _, err = _cli(
         "serve", "--path.sysfs", str(host.root), "--collector.consumers", "--collector.consumers.interval", "7"
     )

@@ -107,7 +107,7 @@ def test_generation_without_grafanalib_says_which_extra_to_install(tmp_path: Pat
 
 def test_the_daemon_never_loads_grafanalib() -> None:
     code = (
-        "import sys, rnic_exporter.cli, rnic_exporter.daemon.agent; "
+        "import sys, rnic_exporter.cli, rnic_exporter.daemon.serve; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'grafanalib' "
         "or m.startswith('rnic_exporter.dashboards')))"
     )
@@ -359,7 +359,8 @@ def test_the_workloads_panel_names_the_job_and_pod_on_each_device(
     import threading
 
     from rnic_exporter.config.file import ConsumerSettings
-    from rnic_exporter.daemon.agent import ServeConfig, run
+    from rnic_exporter.daemon.agent import ServeConfig
+    from rnic_exporter.daemon.serve import run
     from rnic_exporter.sim import SimProcfs
     from rnic_exporter.sources.address_risks import HostPaths
 
