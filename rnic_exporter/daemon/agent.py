@@ -32,12 +32,14 @@ from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.inputs import Inputs, gather_inputs
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateStore
+from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import AdvertisedLink, ReadError, Snapshot
 from rnic_exporter.sinks.consumer_fields import log_fields as consumer_log_fields
 from rnic_exporter.sinks.detection import detection_families
 from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.process import ProcessFamilies
-from rnic_exporter.sinks.prometheus import DEFAULT_COUNTER_WAIT_S, CounterView, PrometheusSink
+from rnic_exporter.sinks.prometheus import DEFAULT_COUNTER_WAIT_S, CounterFeed, CounterView, PrometheusSink
+from rnic_exporter.sinks.registry import SelfMetrics
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published
 from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
 from rnic_exporter.sources.availability import summarize
@@ -72,6 +74,22 @@ class EventSink(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# A sink that reads counters for each export (OTLP): built on the agent's counter feed.
+SinkFactory = Callable[[CounterFeed], EventSink]
+
+
+class Announcer(Protocol):
+    """What rtnetlink tells the agent besides wake-ups (`daemon/serve.py` wires the watcher)."""
+
+    def addresses(self) -> Mapping[str, tuple[AddressLike, ...]] | None:
+        """Each netdev's addresses, or None while nothing is known."""
+        ...
+
+    def trusted(self, rnic_netdevs: Mapping[str, str], devices: Callable[[], Iterable[str]]) -> bool | Collection[str]:
+        """The RDMA devices whose announcements are trusted (True: all); the others are polled in full."""
+        ...
 
 
 # Prometheus' exporter port range 9100-9999 is fully allocated and its guide asks unlisted
@@ -115,7 +133,21 @@ class ServeConfig:
 class Agent:
     """Polls, keeps the last snapshot, and feeds the sinks. Usable without a loop in tests."""
 
-    def __init__(self, config: ServeConfig, root: SysfsRoot | None = None, stop: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        config: ServeConfig,
+        root: SysfsRoot | None = None,
+        stop: threading.Event | None = None,
+        *,
+        sinks: Sequence[SinkFactory] = (),
+        consumers: ConsumerWatch | None = None,
+        announcer: Announcer | None = None,
+        health: SelfMetrics | None = None,
+    ) -> None:
+        """`root` rather than a built reader: the reader's settings are the config's, and a reload
+        changes both. `sinks` are built on the agent's counter feed; `consumers` (--collector.consumers)
+        names each event's users and is a sink too. `health` collects the exporter's own families for
+        every sink; the agent adds its sinks' to it."""
         self.config = config
         self.reader = HostReader(root or SysfsRoot(config.sysfs, hold_fds=True), config.reader)
         self.reader.safety_s = config.safety_interval_s
@@ -125,19 +157,23 @@ class Agent:
         self._counter_pass = SingleFlight(
             self._counter_runner, self._counter_jobs, COUNTER_PASS_REUSE_S, scope=self._counter_scope
         )
-        self.prometheus = PrometheusSink(self.counter_view, config.counter_wait_s)
-        self.process = ProcessFamilies()
+        self.health = health if health is not None else SelfMetrics(ProcessFamilies().families)
+        self.prometheus = PrometheusSink(self.counter_view, config.counter_wait_s, self.health)
+        self.consumers = consumers
+        self.sinks: tuple[EventSink, ...] = (
+            *(build(self.counter_view) for build in sinks),
+            *((consumers,) if consumers is not None else ()),
+        )
+        for sink in self.sinks:
+            self.health.register(sink.families)
+        self._announcer = announcer
         self.last: Snapshot | None = None
         self.last_poll: float | None = None  # wall clock: the loop's heartbeat, whatever a device does
         self.polls = 0
         self._stats_lock = threading.Lock()
         self.read_errors: Counter[str] = Counter()
         self._announced_empty = False
-        self.config_reload_ok = True
-        self.web_config_reload_ok: Callable[[], bool] = lambda: True  # the web server's, wired by run()
-        self.web_families: Callable[[], Iterable[Family]] = tuple  # its rnic_exporter_http_*, wired by run()
-        self.sinks: list[EventSink] = []
-        self.consumers: ConsumerWatch | None = None  # --collector.consumers: names each event's users
+        self.config_reload_ok = True  # the config file's last reload (SIGHUP)
         self.detection_families: tuple[Family, ...] = ()  # the last detection's, shared by every sink
         self.detector = Detector(config.detection_settings, StateStore(config.state_dir))
         self.ethtool = EthtoolReader()
@@ -145,10 +181,6 @@ class Agent:
         self._risk_cache: dict[tuple[str, int | None, bool], tuple[float, frozenset[str]]] = {}
         self.source_errors: Counter[str] = Counter()
         self.wakeups: Counter[str] = Counter(dict.fromkeys(WAKEUP_SOURCES, 0))  # 0 on a quiet host, not absent
-        self.addresses: Callable[[], Mapping[str, tuple[AddressLike, ...]]] | None = None  # set with netlink
-        # The RDMA devices for which announcements are trusted (netlink healthy, no overrun, all their
-        # netdevs known to it), or True for all: set with netlink. The others are polled in full.
-        self.trust_events: Callable[[], bool | Collection[str]] = lambda: False
         # netdev -> its RDMA device; read by watcher threads: replaced each poll, never mutated
         self.rnic_netdevs: Mapping[str, str] = MappingProxyType({})
         self._detected_at = float("-inf")
@@ -159,7 +191,8 @@ class Agent:
     def poll_once(self, full_gid_tables: bool | Collection[str] = False, *, event: bool = False) -> Snapshot:
         """One state pass; detection and publishing only when something changed (or `event`: an
         announcement may have changed what detection sees besides sysfs)."""
-        trusted = self.trust_events()
+        announcer = self._announcer
+        trusted = False if announcer is None else announcer.trusted(self.rnic_netdevs, self.reader.device_names)
         result = self.reader.state_pass(full_gid_tables=full_gid_tables, trust_events=trusted, runner=self._run_state)
         now = time.time()
         self.polls += 1
@@ -258,12 +291,7 @@ class Agent:
             counter_unsupported=tuple(unsupported),
             counters_stale=stale,
         )
-        health = (
-            *self.process.families(),
-            *(family for sink in self.sinks for family in sink.families()),
-            *self.web_families(),
-        )
-        return CounterView(groups, stats, self._counter_pass.passes * 2 + (1 if stale else 0), health)
+        return CounterView(groups, stats, self._counter_pass.passes * 2 + (1 if stale else 0))
 
     def stats(self, **scrape: object) -> ExporterStats:
         """The exporter's own bookkeeping; `scrape` adds what a counter pass knows."""
@@ -272,7 +300,7 @@ class Agent:
         base = ExporterStats(
             polls=self.polls,
             read_errors_by_reason=errors,
-            config_reload_ok=self.config_reload_ok and self.web_config_reload_ok(),
+            config_reload_ok=self.config_reload_ok,
             last_poll=self.last_poll,
         )
         return replace(base, **scrape) if scrape else base  # type: ignore[arg-type]
@@ -287,7 +315,7 @@ class Agent:
             return []
 
     def _inputs(self, snap: Snapshot) -> Inputs:
-        addresses = self.addresses() if self.addresses is not None else None
+        addresses = self._announcer.addresses() if self._announcer is not None else None
         return gather_inputs(snap, self._risks, addresses, self._advertised_mode)
 
     def _risks(self, netdev: str, ifindex: int | None, has_global_ipv6: bool) -> frozenset[str]:
@@ -311,6 +339,36 @@ class Agent:
         self._advertised.pop(ifname, None)
         for key in [k for k in self._risk_cache if k[0] == ifname]:
             del self._risk_cache[key]
+
+    def netlink_event(self, ifname: str, kind: str) -> str | None:
+        """An rtnetlink announcement: the RDMA device it concerns (None: not ours). A link event also
+        drops what is cached about the netdev (`link_changed`)."""
+        device = self.rnic_netdevs.get(ifname)
+        if device is not None and kind == "link":
+            self.link_changed(ifname)
+        return device
+
+    def woken(self, sources: Iterable[str], source_errors: Mapping[str, int]) -> None:
+        """Before a poll: what woke it, and each watcher's error count so far."""
+        for source, errors in source_errors.items():
+            self.source_errors[source] = errors
+        self.wakeups.update(sources)
+
+    def reload(self, load: Callable[[], ServeConfig]) -> ServeConfig:
+        """Re-read the config (SIGHUP): a broken file keeps the running config and says why."""
+        try:
+            new = load()
+        except ConfigError as exc:
+            log.error("config reload failed; keeping the running config", extra={"fields": {"err": str(exc)}})
+            self.config_reload_ok = False
+            return self.config
+        self.config_reload_ok = True
+        self.config = new
+        self.reader.settings = new.reader
+        self.reader.safety_s = new.safety_interval_s
+        self.detector.reconfigure(new.detection_settings)
+        log.info("config reloaded", extra={"fields": {"file": str(new.config_file)}})
+        return new
 
     def _log_changes(self, snap: Snapshot) -> None:
         if not snap.devices and not self._announced_empty:

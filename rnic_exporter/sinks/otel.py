@@ -35,6 +35,7 @@ from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.consumer_fields import LOG_KEYS, otel_attributes
 from rnic_exporter.sinks.labels import label_value
 from rnic_exporter.sinks.otel_settings import OtlpSettings
+from rnic_exporter.sinks.registry import SelfMetrics
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published, counter_families, snapshot_families
 
 SHUTDOWN_BUDGET_S = 5.0  # the whole last export at stop, both signals
@@ -325,9 +326,10 @@ class _Observer:
     """Builds every instrument's observations once per collection from the last published record
     and one counter pass."""
 
-    def __init__(self, counters: CounterSource | None = None) -> None:
+    def __init__(self, counters: CounterSource | None = None, health: SelfMetrics | None = None) -> None:
         self.state: Published | None = None
         self._counters = counters
+        self._health = health or SelfMetrics()
         self._lock = threading.Lock()
         self._built_for: tuple[Published, int] | None = None
         self._observations: dict[str, list[Observation]] = {}
@@ -346,10 +348,10 @@ class _Observer:
         with self._lock:
             stats, generation = state.stats, 0
             groups: list[tuple[str, CounterGroup]] = []
-            health: tuple[Family, ...] = ()  # the sinks' own (consumer scan, OTLP health), as of now
+            health: tuple[Family, ...] = ()  # the exporter's own (consumer scan, OTLP health), as of now
             if self._counters is not None:
                 view = self._counters(COUNTER_WAIT_S)
-                stats, generation, health = view.stats, view.generation, view.families
+                stats, generation, health = self._health.stats(view.stats), view.generation, self._health.collect()
                 groups = [(key[0], group) for key, group in view.groups.items()]
             if self._built_for is None or self._built_for[0] is not state or self._built_for[1] != generation:
                 self._observations = self._build(state, stats, groups, health)
@@ -555,6 +557,7 @@ class OtelSink:
         settings: OtlpSettings,
         counters: CounterSource | None = None,
         *,
+        health: SelfMetrics | None = None,
         machine_id_files: Sequence[Path] = MACHINE_ID_FILES,
     ) -> None:
         _install_reasons()
@@ -564,7 +567,7 @@ class OtelSink:
         where = settings.endpoint
         self.metrics_health = _Health("metrics", where)
         self.logs_health = _Health("logs", where)
-        self._observer = _Observer(counters)
+        self._observer = _Observer(counters, health)
         self._reader = PeriodicExportingMetricReader(
             _TrackedMetricExporter(metric_exporter, self.metrics_health),
             export_interval_millis=settings.interval_s * 1000,
@@ -597,7 +600,7 @@ class OtelSink:
             self._logs.put(record.events)
 
     def families(self) -> list[Family]:
-        """rnic_exporter_otlp_* for /metrics (the agent passes them to PrometheusSink.update)."""
+        """rnic_exporter_otlp_*: the sink's own health, collected through `SelfMetrics` by every sink."""
         failures, dropped = Family(catalog.OTLP_EXPORT_FAILURES), Family(catalog.OTLP_DROPPED)
         for health in (self.metrics_health, self.logs_health):
             failures.samples.append(((health.signal,), health.failures))

@@ -37,6 +37,7 @@ from rnic_exporter.sinks.exposition import (
     negotiate,
     series_line,
 )
+from rnic_exporter.sinks.registry import SelfMetrics
 from rnic_exporter.sinks.samples import (
     CounterSlot,
     ExporterStats,
@@ -61,7 +62,6 @@ class CounterView:
     groups: dict[tuple[str, str, int | None], CounterGroup]  # (device, kind, port)
     stats: ExporterStats
     generation: int  # changes with every pass (and every stale answer)
-    families: tuple[Family, ...] = ()  # the sinks' own health (OTLP failures): fresh for every scrape
 
 
 class CounterFeed(Protocol):
@@ -209,9 +209,15 @@ _DeviceItems = list[Fragment | CounterSlot]
 class PrometheusSink:
     """Holds the exposition of the last poll, with counters read per scrape when fed."""
 
-    def __init__(self, counters: CounterFeed | None = None, wait_s: float = DEFAULT_COUNTER_WAIT_S) -> None:
+    def __init__(
+        self,
+        counters: CounterFeed | None = None,
+        wait_s: float = DEFAULT_COUNTER_WAIT_S,
+        health: SelfMetrics | None = None,
+    ) -> None:
         self._counters = counters
         self.wait_s = wait_s
+        self._health = health or SelfMetrics()  # the exporter's own families, collected per exposition
         self._lock = threading.Lock()  # the published state and everything below: scrapes run on many threads
         self._assembler = Assembler()
         self._parts: dict[tuple[str, ...], _Rendered] = {}
@@ -351,13 +357,13 @@ class PrometheusSink:
                     fragments.append(kept[1])
         self._lines = lines
         self._model_counters = model
-        own_stats = view.stats if view is not None else stats  # the view's are as of this scrape
+        own_stats = self._health.stats(view.stats if view is not None else stats)  # the view's: as of this scrape
         if unread:  # series missing are not fresh ones: say so rather than serve a gap as current
             own_stats = replace(own_stats, counters_stale=True)
         tail: dict[tuple[str, ...], _Rendered] = {}
         fragments += [_part(self._tail, tail, *part) for part in snapshot_parts(snap, own_stats)]
         fragments += extra
-        for family in view.families if view is not None else ():
+        for family in self._health.collect():
             samples = tuple(family.samples)
             fragments.append(
                 _part(

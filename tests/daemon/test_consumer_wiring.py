@@ -79,10 +79,7 @@ def logs() -> Iterator[_Records]:
 
 def _agent(host: SimHost, watch: ConsumerWatch) -> Agent:
     config = ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False, ethtool=False)
-    agent = Agent(config)
-    agent.consumers = watch
-    agent.sinks.append(watch)
-    return agent
+    return Agent(config, consumers=watch)
 
 
 def _series(body: bytes, name: str) -> list[dict[str, str]]:

@@ -23,12 +23,13 @@ import pytest
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.config.file import reader_settings
-from rnic_exporter.daemon.agent import Agent, ServeConfig
+from rnic_exporter.daemon.agent import Agent, Announcer, ServeConfig
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.counters import BACKOFF_MAX_S
 from rnic_exporter.sources.read_thread import Gate, ReadRunner
 from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, HostReader, run_here
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.agents import Announcements
 from tests.support.exposition import samples
 from tests.support.faultfs import FaultyMount
 from tests.support.processes import free_port, http_get, stop_process
@@ -49,10 +50,11 @@ def scrape(agent: Agent) -> str:
     return body.decode()
 
 
-def make_agent(root: SysfsRoot, tmp_path: Path, **config: object) -> Agent:
+def make_agent(root: SysfsRoot, tmp_path: Path, announcer: Announcer | None = None, **config: object) -> Agent:
     return Agent(
         ServeConfig(sysfs=root.mount, state_dir=tmp_path / "state", ethtool=False, **config),  # type: ignore[arg-type]
         root=root,
+        announcer=announcer,
     )
 
 
@@ -100,8 +102,7 @@ def test_a_quiet_poll_reads_only_what_no_event_announces(sim_host: SimHost, tmp_
     sweep of its empty GID slots); a RoCE port's netdev, state, rate and GIDs wait for an
     announcement or the safety sweep. Nothing new is handed to the sinks."""
     root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
-    agent = make_agent(root, tmp_path)
-    agent.trust_events = lambda: True
+    agent = make_agent(root, tmp_path, announcer=Announcements(trusted=True))
     try:
         agent.poll_once(full_gid_tables=True)
         agent.poll_once()
@@ -157,7 +158,8 @@ def test_the_safety_sweep_reads_what_events_announce(sim_host: SimHost, tmp_path
 def test_without_trust_every_poll_reads_everything(sim_host: SimHost, tmp_path: Path) -> None:
     """The fallback (netlink off or failing): every attribute at the fast interval, and says so."""
     root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
-    agent = make_agent(root, tmp_path)
+    announcer = Announcements(trusted=False)
+    agent = make_agent(root, tmp_path, announcer=announcer)
     try:
         agent.poll_once(full_gid_tables=True)
         sim_host.set_port_up("mlx5_0", False)
@@ -165,7 +167,7 @@ def test_without_trust_every_poll_reads_everything(sim_host: SimHost, tmp_path: 
         port = agent.last.port("mlx5_0", 1) if agent.last else None
         assert port is not None and not port.is_up
         assert all(d.fallback for d in agent.reader.freshness())
-        agent.trust_events = lambda: True
+        announcer.trust = True
         agent.poll_once()
         assert not any(d.fallback for d in agent.reader.freshness())
     finally:
