@@ -25,8 +25,8 @@ from rnic_exporter.config.bounds import (
     POLL_INTERVAL,
     NumberParam,
 )
+from rnic_exporter.config.otlp import otlp_options
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.sinks.otel_settings import otlp_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -392,7 +392,7 @@ def _nccl_gid_index_given(flag: int | None = None) -> bool:
 
 
 def serve_options(f: F) -> F:
-    from rnic_exporter.daemon.agent import DEFAULT_LISTEN
+    from rnic_exporter.config.serve import DEFAULT_LISTEN
     from rnic_exporter.daemon.logsetup import FORMATTERS, LEVELS
 
     options = [
@@ -503,7 +503,7 @@ def _serve_config(
     counters: Any = None,
 ) -> Any:
     from rnic_exporter.config.file import reader_settings
-    from rnic_exporter.daemon.agent import ServeConfig
+    from rnic_exporter.config.serve import ServeConfig
     from rnic_exporter.detect.settings import DetectionSettings
     from rnic_exporter.sources.address_risks import HostPaths
 
@@ -573,10 +573,10 @@ def serve(
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
     from dataclasses import replace
 
+    from rnic_exporter.config import otlp
     from rnic_exporter.config.file import ConsumerSettings
     from rnic_exporter.daemon import serve
     from rnic_exporter.daemon.logsetup import configure
-    from rnic_exporter.sinks import otel_settings
     from rnic_exporter.sources.counter_filter import CounterFilter
 
     configure(log_level, log_format)
@@ -596,7 +596,7 @@ def serve(
         )
         config = replace(
             config,
-            otlp=otel_settings.resolve(otlp_flags),
+            otlp=otlp.resolve(otlp_flags),
             web_max_connections=web_max_connections,
             web_max_requests=web_max_requests,
             counter_wait_s=counter_wait,

@@ -451,7 +451,7 @@ def _index_from_nccl_conf(
 
 
 class Configurable(Protocol):
-    """What `apply_file` overlays: the daemon's ServeConfig (kept in daemon/agent.py)."""
+    """What `apply_file` overlays: the daemon's ServeConfig (config/serve.py, which imports this module)."""
 
     __dataclass_fields__: ClassVar[dict[str, Any]]
 

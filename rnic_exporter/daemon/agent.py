@@ -16,38 +16,35 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Protocol
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import Event
-from rnic_exporter.config.file import (
-    ConsumerSettings,  # one resolver: check uses it too
-)
+from rnic_exporter.config.serve import DEFAULT_LISTEN, DEFAULT_PORT, ServeConfig
 from rnic_exporter.daemon.consumer_watch import ConsumerWatch
 from rnic_exporter.detect.conditions import AddressLike
 from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.inputs import Inputs, gather_inputs
-from rnic_exporter.detect.settings import DetectionSettings
-from rnic_exporter.detect.state import DEFAULT_STATE_DIR, StateStore
+from rnic_exporter.detect.state import StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import AdvertisedLink, ReadError, Snapshot
 from rnic_exporter.sinks.consumer_fields import log_fields as consumer_log_fields
 from rnic_exporter.sinks.detection import detection_families
-from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.process import ProcessFamilies
-from rnic_exporter.sinks.prometheus import DEFAULT_COUNTER_WAIT_S, CounterFeed, CounterView, PrometheusSink
+from rnic_exporter.sinks.prometheus import CounterFeed, CounterView, PrometheusSink
 from rnic_exporter.sinks.registry import SelfMetrics
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published
-from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
+from rnic_exporter.sources.address_risks import address_loss_risks
 from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.ethtool import EthtoolReader
-from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S, ReadRunner, SingleFlight
-from rnic_exporter.sources.reader import SAFETY_S, HostReader, Job, ReaderSettings
+from rnic_exporter.sources.read_thread import ReadRunner, SingleFlight
+from rnic_exporter.sources.reader import HostReader, Job
 from rnic_exporter.sources.sysfs import SysfsRoot
+
+__all__ = ["DEFAULT_LISTEN", "DEFAULT_PORT", "Agent", "Announcer", "EventSink", "ServeConfig", "SinkFactory"]
 
 log = logging.getLogger("rnic_exporter.agent")
 event_log = logging.getLogger("rnic_exporter.events")
@@ -90,44 +87,6 @@ class Announcer(Protocol):
     def trusted(self, rnic_netdevs: Mapping[str, str], devices: Callable[[], Iterable[str]]) -> bool | Collection[str]:
         """The RDMA devices whose announcements are trusted (True: all); the others are polled in full."""
         ...
-
-
-# Prometheus' exporter port range 9100-9999 is fully allocated and its guide asks unlisted
-# exporters to stay out of it; 19879 is outside it, below the ephemeral range, and no well-known
-# service's, so we run beside node_exporter (9100) and dcgm-exporter (9400).
-DEFAULT_PORT = 19879
-DEFAULT_LISTEN = f":{DEFAULT_PORT}"
-
-
-@dataclass(frozen=True, slots=True)
-class ServeConfig:
-    sysfs: Path = Path("/sys")
-    listen: tuple[str, ...] = (DEFAULT_LISTEN,)
-    telemetry_path: str = "/metrics"
-    web_config_file: Path | None = None
-    web_max_connections: int = 512
-    web_max_requests: int = 40
-    poll_interval_s: float = 5.0
-    # While netlink works, what an event announces is re-read on the event and this often anyway
-    # (--poll.safety-interval); each poll reads only what nothing announces (sources/reader.py).
-    safety_interval_s: float = SAFETY_S
-    reader: ReaderSettings = field(default_factory=ReaderSettings)
-    config_file: Path | None = None
-    state_dir: Path | None = DEFAULT_STATE_DIR  # None keeps the inventory in memory only
-    host_paths: HostPaths = field(default_factory=HostPaths)
-    detection: DetectionSettings = field(default_factory=DetectionSettings)
-    watch_netlink: bool = True
-    watch_udev: bool = True
-    ethtool: bool = True  # advertised link modes as a rated source (loads pyroute2's ethtool module)
-    otlp: OtlpSettings | None = None  # None: OTLP off, OpenTelemetry never imported
-    counter_wait_s: float = DEFAULT_COUNTER_WAIT_S  # --web.counter-wait
-    read_deadline_s: float = DEFAULT_DEADLINE_S
-    consumers: ConsumerSettings = field(default_factory=ConsumerSettings)  # --collector.consumers
-
-    @property
-    def detection_settings(self) -> DetectionSettings:
-        """Detection judges NCCL's pick with the NCCL settings the reader selects with."""
-        return replace(self.detection, nccl=self.reader.nccl)
 
 
 class Agent:

@@ -29,12 +29,12 @@ from typing import Any, Protocol
 from rnic_exporter import __version__
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
+from rnic_exporter.config.otlp import OtlpSettings
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.host import CounterGroup
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.consumer_fields import LOG_KEYS, otel_attributes
 from rnic_exporter.sinks.labels import label_value
-from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.registry import SelfMetrics
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published, counter_families, snapshot_families
 

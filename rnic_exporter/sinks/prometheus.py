@@ -27,6 +27,7 @@ from prometheus_client.exposition import gzip_accepted
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.metrics import MetricSpec
+from rnic_exporter.config.serve import DEFAULT_COUNTER_WAIT_S
 from rnic_exporter.errors import NotReadyError
 from rnic_exporter.model.host import CounterGroup, Snapshot
 from rnic_exporter.sinks.exposition import (
@@ -52,7 +53,6 @@ from rnic_exporter.sinks.samples import (
 # a few percent more.
 _GZIP_LEVEL = 1
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer, as gzip.compress writes
-DEFAULT_COUNTER_WAIT_S = 2.0  # above the read deadline: a scrape still gets the other devices' fresh counters
 
 
 @dataclass(frozen=True, slots=True)

@@ -290,7 +290,7 @@ def test_serve_names_the_job_and_pod_over_http_and_in_otlp(
 ) -> None:
     from dataclasses import replace
 
-    from rnic_exporter.sinks.otel_settings import OtlpSettings
+    from rnic_exporter.config.otlp import OtlpSettings
     from tests.sinks.test_otel import HttpReceiver, value_of
 
     port = free_port()

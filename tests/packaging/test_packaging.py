@@ -430,7 +430,7 @@ def test_collector_batches_and_limits_fit_together() -> None:
 
 
 def test_documented_otlp_endpoint_reaches_the_collector_receiver() -> None:
-    from rnic_exporter.sinks.otel_settings import resolve
+    from rnic_exporter.config.otlp import resolve
 
     (line,) = [ln for ln in OTEL.read_text().splitlines() if "rnic-exporter serve --otlp.endpoint=" in ln]
     url = line.split("--otlp.endpoint=", 1)[1].split()[0]

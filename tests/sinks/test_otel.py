@@ -33,10 +33,10 @@ from rnic_exporter import __version__
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import BY_NAME as EVENTS
 from rnic_exporter.catalog.events import OTEL_SEVERITY_NUMBER, Event
+from rnic_exporter.config.otlp import OtlpSettings, resolve
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks import otel_metrics
-from rnic_exporter.sinks.otel_settings import OtlpSettings, resolve
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published, snapshot_families
 from tests.support.tls import self_signed
 from tests.support.wait import wait_for
@@ -798,11 +798,11 @@ def _run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Comp
 _SERVE_ONE_POLL = """
     import sys, threading, tempfile, urllib.request, time
     from pathlib import Path
-    from rnic_exporter.daemon import agent
+    from rnic_exporter.daemon import agent, serve
     from rnic_exporter.sim import SimHost
-    from rnic_exporter.sinks import otel_settings
+    from rnic_exporter.config.otlp import resolve
     host = SimHost.build(Path(tempfile.mkdtemp()) / "sys", roce=2, gid_table_size=16)
-    otlp = otel_settings.resolve({"otlp_endpoint": sys.argv[1] if len(sys.argv) > 1 else None})
+    otlp = resolve({"otlp_endpoint": sys.argv[1] if len(sys.argv) > 1 else None})
     config = agent.ServeConfig(sysfs=host.root, listen=("127.0.0.1:0",), state_dir=None, poll_interval_s=0.1,
                                watch_netlink=False, watch_udev=False, otlp=otlp)
     stop = threading.Event()
@@ -813,7 +813,7 @@ _SERVE_ONE_POLL = """
         polled.append(snap)
         return snap
     agent.Agent.poll_once = poll_once
-    t = threading.Thread(target=agent.run, args=(config,), kwargs={"stop": stop})
+    t = threading.Thread(target=serve.run, args=(config,), kwargs={"stop": stop})
     t.start()
     deadline = time.monotonic() + 30
     while len(polled) < 2 and time.monotonic() < deadline:

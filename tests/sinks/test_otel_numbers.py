@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from rnic_exporter.config.otlp import OtlpSettings
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.otel_metrics import otlp_number
-from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.samples import ExporterStats, Published
 from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot

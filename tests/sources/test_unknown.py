@@ -74,8 +74,8 @@ def test_check_does_not_call_unknown_down(host: SimHost) -> None:
 
 
 def test_exposition_and_otlp_leave_unknown_out(host: SimHost, read_sim: Callable[[SimHost], Snapshot]) -> None:
+    from rnic_exporter.config.otlp import OtlpSettings
     from rnic_exporter.sinks.otel import OtelSink
-    from rnic_exporter.sinks.otel_settings import OtlpSettings
 
     snap = read_sim(host)
     got = samples(render_text(snap))
