@@ -6,7 +6,6 @@ Command bodies hold no logic: they turn flags into a config and call one functio
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from enum import IntEnum
@@ -378,19 +377,6 @@ class NcclIndexParam(click.ParamType[Any]):
         return value if isinstance(value, int) else gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
 
 
-def _nccl_gid_index_env() -> int | None:
-    """NCCL_IB_GID_INDEX as the jobs on this host would get it, read as NCCL reads it (never an error)."""
-    from rnic_exporter.config.nccl_env import gid_index_from_env
-
-    return gid_index_from_env(os.environ)
-
-
-def _nccl_gid_index_given(flag: int | None = None) -> bool:
-    """Whether the index is given above the config files: by the flag, or by NCCL_IB_GID_INDEX in the
-    environment, even empty (NCCL then auto-selects: its setenv(..., 0) keeps the empty value too)."""
-    return flag is not None or "NCCL_IB_GID_INDEX" in os.environ
-
-
 def serve_options(f: F) -> F:
     from rnic_exporter.config.serve import DEFAULT_LISTEN
     from rnic_exporter.daemon.logsetup import FORMATTERS, LEVELS
@@ -489,42 +475,6 @@ def serve_options(f: F) -> F:
     return f
 
 
-def _serve_config(
-    sysfs: str,
-    listen: tuple[str, ...],
-    telemetry_path: str,
-    web_config: Path | None,
-    config_file: Path | None,
-    poll_interval: float,
-    device_include: str | None,
-    device_exclude: str | None,
-    host: tuple[str, str, str] = ("/proc", "/", ""),
-    watch: tuple[bool, bool, bool] = (True, True, True),
-    counters: Any = None,
-) -> Any:
-    from rnic_exporter.config.file import reader_settings
-    from rnic_exporter.config.serve import ServeConfig
-    from rnic_exporter.detect.settings import DetectionSettings
-    from rnic_exporter.sources.address_risks import HostPaths
-
-    procfs, rootfs, state_dir = host
-    return ServeConfig(
-        sysfs=Path(sysfs),
-        listen=tuple(listen),
-        telemetry_path=telemetry_path,
-        web_config_file=web_config,
-        poll_interval_s=poll_interval,
-        reader=reader_settings(device_include, device_exclude, counters=counters),
-        config_file=config_file,
-        state_dir=Path(state_dir) if state_dir else None,
-        host_paths=HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
-        detection=DetectionSettings(nccl_gid_index=_nccl_gid_index_env()),
-        watch_netlink=watch[0],
-        watch_udev=watch[1],
-        ethtool=watch[2],
-    )
-
-
 def _explicit(ctx: click.Context) -> frozenset[str]:
     """Parameters the operator set (flag or environment): these beat the config file."""
     sources = (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
@@ -540,71 +490,15 @@ def _explicit(ctx: click.Context) -> frozenset[str]:
 @consumer_options
 @otlp_options
 @click.pass_context
-def serve(
-    ctx: click.Context,
-    /,
-    sysfs: str,
-    device_include: str | None,
-    device_exclude: str | None,
-    hw_counters: bool,
-    hw_counters_include: str | None,
-    hw_counters_exclude: str | None,
-    procfs: str,
-    rootfs: str,
-    state_dir: str,
-    listen: tuple[str, ...],
-    telemetry_path: str,
-    web_config: Path | None,
-    config_file: Path | None,
-    poll_interval: float,
-    safety_interval: float,
-    log_level: str,
-    log_format: str,
-    watch_netlink: bool,
-    watch_udev: bool,
-    ethtool: bool,
-    web_max_connections: int,
-    web_max_requests: int,
-    counter_wait: float,
-    consumers: bool,
-    consumers_interval: float,
-    **otlp_flags: Any,
-) -> None:
+def serve(ctx: click.Context, /, log_level: str, log_format: str, **flags: Any) -> None:
     """Run the exporter daemon: poll sysfs, serve Prometheus metrics (and OTLP with --otlp.endpoint)."""
-    from dataclasses import replace
-
-    from rnic_exporter.config import otlp
-    from rnic_exporter.config.file import ConsumerSettings
+    from rnic_exporter.config.serve import serve_config
     from rnic_exporter.daemon import serve
     from rnic_exporter.daemon.logsetup import configure
-    from rnic_exporter.sources.counter_filter import CounterFilter
 
     configure(log_level, log_format)
     try:
-        config = _serve_config(
-            sysfs,
-            listen,
-            telemetry_path,
-            web_config,
-            config_file,
-            poll_interval,
-            device_include,
-            device_exclude,
-            (procfs, rootfs, state_dir),
-            (watch_netlink, watch_udev, ethtool),
-            CounterFilter.build(hw_counters, hw_counters_include, hw_counters_exclude),
-        )
-        config = replace(
-            config,
-            otlp=otlp.resolve(otlp_flags),
-            web_max_connections=web_max_connections,
-            web_max_requests=web_max_requests,
-            counter_wait_s=counter_wait,
-            safety_interval_s=safety_interval,
-            consumers=ConsumerSettings(enabled=consumers, interval_s=consumers_interval),
-        )
-        explicit = _explicit(ctx) | ({"nccl_gid_index"} if _nccl_gid_index_given() else set())
-        raise SystemExit(serve.run(config, explicit))
+        raise SystemExit(serve.run(*serve_config(ctx.params, _explicit(ctx))))
     except ConfigError as exc:
         fail(str(exc))
 
@@ -679,28 +573,17 @@ def check(
     attributes. Each problem says what it means for a job and what to do. Use it in job prologues.
     """
     from rnic_exporter.commands.check import format_report, run_check
-    from rnic_exporter.config import file as config_module
-    from rnic_exporter.config.nccl_conf import read_nccl_conf
-    from rnic_exporter.detect.settings import DetectionSettings
+    from rnic_exporter.config.serve import check_config
     from rnic_exporter.sources.address_risks import HostPaths
 
     try:
-        # The flag beats NCCL_IB_GID_INDEX, which beats the config file's [nccl], which beats NCCL's
-        # own config files; serve resolves the same way.
-        index = nccl_gid_index if nccl_gid_index is not None else _nccl_gid_index_env()
-        given = {
-            "device_include": device_include,
-            "device_exclude": device_exclude,
-            "expected_devices": expected_devices,
-        }
-        explicit = {name for name, value in given.items() if value is not None}
-        resolved = config_module.resolve(
+        resolved = check_config(
             config_file,
+            Path(rootfs),
             device_include=device_include,
             device_exclude=device_exclude,
-            detection=DetectionSettings(nccl_gid_index=index, expected_devices=expected_devices),
-            explicit=explicit | ({"nccl_gid_index"} if _nccl_gid_index_given(nccl_gid_index) else set()),
-            nccl_conf=read_nccl_conf(rootfs=Path(rootfs)),
+            nccl_gid_index=nccl_gid_index,
+            expected_devices=expected_devices,
         )
         report = run_check(
             Path(sysfs),

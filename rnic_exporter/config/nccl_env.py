@@ -164,3 +164,9 @@ def nccl_settings(env: Mapping[str, str] | None = None) -> NcclSettings:
             "auto-selection never moves off index 0 for a version match"
         )
     return NcclSettings(family, address_range, roce_version, flid_index, tuple(notes))
+
+
+def gid_index_given(flag: int | None, environ: Mapping[str, str]) -> bool:
+    """Whether the index is given above the config files: by a flag, or by NCCL_IB_GID_INDEX in the
+    environment, even empty (NCCL then auto-selects: its setenv(..., 0) keeps the empty value too)."""
+    return flag is not None or "NCCL_IB_GID_INDEX" in environ

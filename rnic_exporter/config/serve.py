@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from rnic_exporter.config.file import ConsumerSettings
+from rnic_exporter.config import otlp
+from rnic_exporter.config.file import ConsumerSettings, Resolved, reader_settings, resolve
+from rnic_exporter.config.nccl_conf import read_nccl_conf
+from rnic_exporter.config.nccl_env import gid_index_from_env, gid_index_given
 from rnic_exporter.config.otlp import OtlpSettings
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import DEFAULT_STATE_DIR
 from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.counter_filter import CounterFilter
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S
 from rnic_exporter.sources.reader import SAFETY_S, ReaderSettings
 
@@ -51,3 +58,71 @@ class ServeConfig:
     def detection_settings(self) -> DetectionSettings:
         """Detection judges NCCL's pick with the NCCL settings the reader selects with."""
         return replace(self.detection, nccl=self.reader.nccl)
+
+
+def serve_config(
+    flags: Mapping[str, Any], explicit: Collection[str], environ: Mapping[str, str] | None = None
+) -> tuple[ServeConfig, frozenset[str]]:
+    """`serve`'s settings from its flags (keyed by click's parameter names) and the environment
+    (NCCL_IB_GID_INDEX, OTEL_*), and the names the operator gave: `explicit` (flags and their
+    variables) plus the NCCL index when the environment sets it. Those beat the config file, which
+    `daemon/serve.py` lays on top at start and on every SIGHUP (`file.apply_file`), so a reload starts
+    from these again."""
+    env = os.environ if environ is None else environ
+    state_dir = flags["state_dir"]
+    config = ServeConfig(
+        sysfs=Path(flags["sysfs"]),
+        listen=tuple(flags["listen"]),
+        telemetry_path=flags["telemetry_path"],
+        web_config_file=flags["web_config"],
+        web_max_connections=flags["web_max_connections"],
+        web_max_requests=flags["web_max_requests"],
+        poll_interval_s=flags["poll_interval"],
+        safety_interval_s=flags["safety_interval"],
+        reader=reader_settings(
+            flags["device_include"],
+            flags["device_exclude"],
+            counters=CounterFilter.build(
+                flags["hw_counters"], flags["hw_counters_include"], flags["hw_counters_exclude"]
+            ),
+        ),
+        config_file=flags["config_file"],
+        state_dir=Path(state_dir) if state_dir else None,
+        host_paths=HostPaths(procfs=Path(flags["procfs"]), rootfs=Path(flags["rootfs"])),
+        detection=DetectionSettings(nccl_gid_index=gid_index_from_env(env)),
+        watch_netlink=flags["watch_netlink"],
+        watch_udev=flags["watch_udev"],
+        ethtool=flags["ethtool"],
+        otlp=otlp.resolve(flags, env),
+        counter_wait_s=flags["counter_wait"],
+        consumers=ConsumerSettings(enabled=flags["consumers"], interval_s=flags["consumers_interval"]),
+    )
+    return config, frozenset(explicit) | ({"nccl_gid_index"} if gid_index_given(None, env) else frozenset())
+
+
+def check_config(
+    config_file: Path | None,
+    rootfs: Path,
+    *,
+    device_include: str | None = None,
+    device_exclude: str | None = None,
+    nccl_gid_index: int | None = None,
+    expected_devices: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Resolved:
+    """`check`'s settings, resolved as serve's are: the flag beats NCCL_IB_GID_INDEX, which beats the
+    config file's [nccl], which beats NCCL's own config files (/etc/nccl.conf under `rootfs`)."""
+    env = os.environ if environ is None else environ
+    given = {"device_include": device_include, "device_exclude": device_exclude, "expected_devices": expected_devices}
+    explicit = {name for name, value in given.items() if value is not None}
+    if gid_index_given(nccl_gid_index, env):
+        explicit.add("nccl_gid_index")
+    index = nccl_gid_index if nccl_gid_index is not None else gid_index_from_env(env)
+    return resolve(
+        config_file,
+        device_include=device_include,
+        device_exclude=device_exclude,
+        detection=DetectionSettings(nccl_gid_index=index, expected_devices=expected_devices),
+        explicit=explicit,
+        nccl_conf=read_nccl_conf(rootfs=rootfs),
+    )
