@@ -639,9 +639,10 @@ def test_a_retry_without_time_left_keeps_the_collectors_answer_as_the_reason(lat
     """CI saw reason=ValueError ("Attempted to set total timeout to 0.0") and reason=timeout ("read
     timeout=0") while the collector answered 503: the SDK's backoff wait woke at or just before the
     export's deadline, and it sent a try with no time left."""
-    from rnic_exporter.sinks.otel import _exporters, _Health, _install_reasons
+    from rnic_exporter.sinks.otel import _exporters
+    from rnic_exporter.sinks.otel_failures import Health, install_reasons
 
-    _install_reasons()
+    install_reasons()
     with HttpReceiver() as rcv:
         rcv.mode = "503"
         metrics, _logs = _exporters(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", timeout_s=3.0))
@@ -649,7 +650,7 @@ def test_a_retry_without_time_left_keeps_the_collectors_answer_as_the_reason(lat
         client._jitter = 0.0  # a backoff of exactly 1 s: it fits the 3 s budget unless the 503 took 2 s
         client._shutdown_event = LateWakingEvent(late_s)
         sent = record_tries(client)
-        health = _Health("metrics", rcv.url)
+        health = Health("metrics", rcv.url)
         results: list[Any] = []
 
         def export() -> Any:
@@ -683,7 +684,8 @@ def test_a_grpc_retry_without_time_left_keeps_the_collectors_answer_as_the_reaso
     import grpc
     from opentelemetry.sdk.metrics.export import MetricExportResult, MetricsData
 
-    from rnic_exporter.sinks.otel import _REASONS, _exporters, _Health, _install_reasons
+    from rnic_exporter.sinks.otel import _exporters
+    from rnic_exporter.sinks.otel_failures import REASONS, Health, install_reasons
 
     calls: list[float | None] = []
 
@@ -692,7 +694,7 @@ def test_a_grpc_retry_without_time_left_keeps_the_collectors_answer_as_the_reaso
             calls.append(context.time_remaining())
             context.abort(grpc.StatusCode.UNAVAILABLE, "collector overloaded")
 
-    _install_reasons()
+    install_reasons()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Refusing(), server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
@@ -701,11 +703,11 @@ def test_a_grpc_retry_without_time_left_keeps_the_collectors_answer_as_the_reaso
         metrics, _logs = _exporters(OtlpSettings(endpoint=f"http://127.0.0.1:{port}", protocol="grpc", timeout_s=3.0))
         # The SDK's backoff (0.8-1.2 s) fits the 3 s budget; its wait then wakes past the deadline.
         metrics._shutdown_in_progress = LateWakingEvent(late_s=2.5)  # type: ignore[attr-defined]
-        health = _Health("metrics", "collector")
+        health = Health("metrics", "collector")
         assert not health.attempt(lambda: metrics.export(MetricsData(resource_metrics=[])), MetricExportResult.SUCCESS)
     finally:
         server.stop(grace=None)
-    attempt = _REASONS.current()
+    attempt = REASONS.current()
     assert attempt is not None and any("retrying" in m for m in attempt.messages), "no retry: nothing tested"
     assert len(calls) == 1  # the UNAVAILABLE; the retry with no time left never reached the collector
     assert health.failing == "unreachable" and health.failures == 1
