@@ -19,7 +19,7 @@ from __future__ import annotations
 import gzip
 import threading
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -42,9 +42,7 @@ from rnic_exporter.sinks.registry import SelfMetrics
 from rnic_exporter.sinks.samples import (
     CounterSlot,
     ExporterStats,
-    Family,
     Published,
-    counter_part,
     device_parts,
     snapshot_parts,
 )
@@ -207,11 +205,11 @@ _DeviceItems = list[Fragment | CounterSlot]
 
 
 class PrometheusSink:
-    """Holds the exposition of the last poll, with counters read per scrape when fed."""
+    """Holds the exposition of the last poll, with counters read per scrape from `counters`."""
 
     def __init__(
         self,
-        counters: CounterFeed | None = None,
+        counters: CounterFeed,
         wait_s: float = DEFAULT_COUNTER_WAIT_S,
         health: SelfMetrics | None = None,
     ) -> None:
@@ -226,7 +224,6 @@ class PrometheusSink:
         self._first_published = threading.Event()
         self._state_generation = 0
         self._lines: dict[tuple[str, str, int | None], tuple[CounterGroup, _CounterLines]] = {}
-        self._model_counters: dict[tuple[str, ...], _Rendered] = {}
         self._tail: dict[tuple[str, ...], _Rendered] = {}
         self._key: tuple[int, int] | None = None
         self._exposition: Exposition | None = None
@@ -281,10 +278,6 @@ class PrometheusSink:
             self._state_generation += 1
         self._first_published.set()
 
-    def update(self, snap: Snapshot, stats: ExporterStats, extra: Iterable[Family] = ()) -> None:
-        """`publish` of a snapshot whose objects carry their counters (tests, one-shot use)."""
-        self.publish(Published(snap, (), stats, tuple(extra)))
-
     # -- the scrapes' side ------------------------------------------------------------------
 
     def render(self, accept_header: str | None, accept_encoding: str | None) -> tuple[bytes, dict[str, str]]:
@@ -297,9 +290,9 @@ class PrometheusSink:
         gz = gzip_accepted(accept_encoding or "")
         if not self._first_published.wait(self.wait_s):
             raise NotReadyError(f"no poll has completed yet (waited {self.wait_s:g}s); retry in a moment")
-        view = self._counters(self.wait_s) if self._counters is not None else None
+        view = self._counters(self.wait_s)
         with self._lock:
-            key = (self._state_generation, view.generation if view is not None else 0)
+            key = (self._state_generation, view.generation)
             if key != self._key:
                 self._exposition = self._assemble(view)
                 self._gzipped = {}
@@ -328,21 +321,18 @@ class PrometheusSink:
             return b"# EOF\n" if openmetrics else b""
         return exposition.body(openmetrics)
 
-    def _assemble(self, view: CounterView | None) -> Exposition | None:
+    def _assemble(self, view: CounterView) -> Exposition | None:
         published = self._published
         if published is None:
             return None
-        snap, stats, order, extra = published
+        snap, _stats, order, extra = published  # the poll's stats: the view has them as of this scrape
         fragments: list[Any] = []
         lines: dict[tuple[str, str, int | None], tuple[CounterGroup, _CounterLines]] = {}
-        model: dict[tuple[str, ...], _Rendered] = {}
         unread = False  # a counter group of a published device that this view lacks
-        for dev, items in zip(snap.devices, order, strict=True):
+        for items in order:
             for item in items:
                 if not isinstance(item, CounterSlot):
                     fragments.append(item)
-                elif view is None:
-                    fragments.append(_part(self._model_counters, model, *counter_part(dev, item)))
                 else:
                     key = (item.device, item.kind, item.port)
                     group = view.groups.get(key)
@@ -356,8 +346,7 @@ class PrometheusSink:
                     lines[key] = kept
                     fragments.append(kept[1])
         self._lines = lines
-        self._model_counters = model
-        own_stats = self._health.stats(view.stats if view is not None else stats)  # the view's: as of this scrape
+        own_stats = self._health.stats(view.stats)  # as of this scrape, not of the poll
         if unread:  # series missing are not fresh ones: say so rather than serve a gap as current
             own_stats = replace(own_stats, counters_stale=True)
         tail: dict[tuple[str, ...], _Rendered] = {}

@@ -16,6 +16,7 @@ from rnic_exporter.errors import NotReadyError
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.prometheus import CounterView, PrometheusSink
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.agents import publish
 from tests.support.exposition import samples
 
 STALE: tuple[str, frozenset[tuple[str, str]]] = (catalog.COUNTERS_STALE.name, frozenset())
@@ -94,7 +95,7 @@ def test_counter_groups_missing_from_a_view_are_served_as_stale(host: SimHost) -
 
         sink = PrometheusSink(without_mlx5_1)
         assert agent.last is not None
-        sink.update(agent.last, agent.stats())
+        publish(sink, agent.last, agent.stats())
         page = sink.render(None, None)[0].decode()
         assert _counted_devices(page) == {"mlx5_0"} and samples(page)[STALE] == 1
     finally:

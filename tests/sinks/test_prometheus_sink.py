@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sinks.prometheus import PrometheusSink
 from rnic_exporter.sinks.samples import ExporterStats
 from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.agents import FedSink
 from tests.support.exposition import render_text
 from tests.support.processes import require_binary
 
@@ -136,8 +136,9 @@ def test_exposition_passes_promtool(tmp_path: Path) -> None:
 
 def test_sink_negotiates_format_and_gzip(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
-    sink = PrometheusSink()
-    sink.update(read(host.root, host), ExporterStats(polls=1))
+    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    sink = FedSink(reader)
+    sink.publish(reader.read(), ExporterStats(polls=1))
     body, headers = sink.render(None, None)
     assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
     om, om_headers = sink.render("application/openmetrics-text; version=1.0.0", None)
@@ -148,7 +149,7 @@ def test_sink_negotiates_format_and_gzip(tmp_path: Path) -> None:
     # The same bytes are served until the next poll: a scrape renders nothing new.
     assert sink.render(None, None)[0] is body
     host.set_speed("mlx5_0", 100)
-    sink.update(read(host.root, host), ExporterStats(polls=2))
+    sink.publish(reader.read(), ExporterStats(polls=2))
     new_body, _ = sink.render(None, None)
     assert value(new_body.decode(), catalog.PORT_ACTIVE_RATE.name, device="mlx5_0", port="1") == 12.5e9
 
@@ -213,7 +214,7 @@ def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: P
     host = SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=16)
     overlay = host.errno_overlay
     reader = HostReader(SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
-    sink = PrometheusSink()
+    sink = FedSink(reader)
     detection = catalog.BY_NAME[catalog.PORT_UP.name]  # any spec; the extra families stand in for detection
 
     def step(change: str) -> None:
@@ -255,7 +256,7 @@ def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: P
         snap = reader.read()
         stats = ExporterStats(polls=polls, read_errors_by_reason={"EIO": polls // 3} if polls > 3 else {})
         extra = [Family(detection, [(("mlx5_9", "1"), float(polls % 2))]), Family(catalog.DEVICES, [])]
-        sink.update(snap, stats, iter(extra))
+        sink.publish(snap, stats, iter(extra))
         want_text, want_om = Renderer().render(itertools.chain(snapshot_families(snap, stats), extra))
         assert sink.render(None, None)[0] == want_text, change
         assert sink.render("application/openmetrics-text; version=1.0.0", None)[0] == want_om, change
@@ -293,11 +294,12 @@ def test_negotiation_is_prometheus_clients(accept: str | None) -> None:
 
 def test_gzip_is_compressed_once_per_poll_for_whoever_asks(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
-    sink = PrometheusSink()
-    sink.update(read(host.root, host), ExporterStats(polls=1))
+    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    sink = FedSink(reader)
+    sink.publish(reader.read(), ExporterStats(polls=1))
     first, _ = sink.render(None, "gzip")
     assert sink.render(None, "gzip")[0] is first
-    sink.update(read(host.root, host), ExporterStats(polls=2))
+    sink.publish(reader.read(), ExporterStats(polls=2))
     second, _ = sink.render(None, "gzip")
     assert second is not first and gzip.decompress(second) == sink.render(None, None)[0]
     assert value(gzip.decompress(second).decode(), catalog.POLLS.name) == 2
@@ -307,13 +309,14 @@ def test_gzip_resumes_after_what_did_not_change_and_still_decompresses_to_the_bo
     """The compressor's state after the unchanged beginning is reused; whatever moved (the own series
     at the end, a port in the middle, back to quiet), each body decompresses to the plain one."""
     host = SimHost.build(tmp_path / "sys", roce=2, gid_table_size=8)
-    sink = PrometheusSink()
+    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    sink = FedSink(reader)
     for polls, change in enumerate([None, None, None, "down", None, None, "traffic", None], start=1):
         if change == "down":
             host.set_port_up("mlx5_1", False)
         elif change == "traffic":
             host.add_traffic(1.0)
-        sink.update(read(host.root, host), ExporterStats(polls=polls))
+        sink.publish(reader.read(), ExporterStats(polls=polls))
         for accept in (None, "application/openmetrics-text; version=1.0.0"):
             plain, _ = sink.render(accept, None)
             gz, headers = sink.render(accept, "gzip")

@@ -1,10 +1,15 @@
-"""Agents for tests: the collaborators the daemon wires in `daemon/serve.py`, stood in for without netlink."""
+"""Agents and sinks for tests, fed as `daemon/serve.py` feeds them: collaborators stood in for
+without netlink, a Prometheus sink published to and fed counter passes the agent's way."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
 
 from rnic_exporter.detect.conditions import AddressLike
+from rnic_exporter.model.host import Snapshot
+from rnic_exporter.sinks.prometheus import CounterView, PrometheusSink
+from rnic_exporter.sinks.samples import ExporterStats, Family, Published
+from rnic_exporter.sources.reader import HostReader, run_here
 
 
 class Announcements:
@@ -22,3 +27,48 @@ class Announcements:
 
     def trusted(self, rnic_netdevs: Mapping[str, str], devices: Callable[[], Iterable[str]]) -> bool | Collection[str]:
         return self.trust
+
+
+def publish(sink: PrometheusSink, snap: Snapshot, stats: ExporterStats, extra: Iterable[Family] = ()) -> None:
+    """Hand `sink` a poll's record the way the agent does (no events)."""
+    sink.publish(Published(snap, (), stats, tuple(extra)))
+
+
+class ReaderCounters:
+    """A `CounterFeed` over a reader on the calling thread: each call is one counter pass, as the
+    agent's `counter_view` runs on its counter threads. `stats` is what the view says of the exporter."""
+
+    def __init__(self, reader: HostReader, stats: ExporterStats | None = None) -> None:
+        self.reader = reader
+        self.stats = stats or ExporterStats()
+        self.passes = 0
+        self.due = True  # the next call reads; else it hands back the last pass (the agent reuses a young one)
+
+    def __call__(self, wait_s: float | None) -> CounterView:
+        if self.due:
+            run_here(self.reader.counter_jobs())
+            self.passes += 1
+            self.due = False
+        groups = {
+            (device, group.kind, group.port): group
+            for device, plan in self.reader.counter_plans()
+            if plan is not None
+            for group in plan.groups
+        }
+        return CounterView(groups, self.stats, self.passes)
+
+
+class FedSink:
+    """A PrometheusSink fed as the agent feeds it: each `publish` a poll's record, each scrape a
+    counter pass over the same reader."""
+
+    def __init__(self, reader: HostReader) -> None:
+        self.counters = ReaderCounters(reader)
+        self.sink = PrometheusSink(self.counters)
+
+    def publish(self, snap: Snapshot, stats: ExporterStats, extra: Iterable[Family] = ()) -> None:
+        self.counters.stats, self.counters.due = stats, True
+        publish(self.sink, snap, stats, extra)
+
+    def render(self, accept: str | None, encoding: str | None) -> tuple[bytes, dict[str, str]]:
+        return self.sink.render(accept, encoding)
