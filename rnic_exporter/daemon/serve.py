@@ -83,7 +83,7 @@ def run(
         health=health,
     )
     web = web_server(config, agent)
-    health.register(web.families, reload_ok=lambda: web.config_reload_ok)
+    health.register(web.families, reloads=web)
     tune_process()
     with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll

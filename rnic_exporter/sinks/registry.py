@@ -11,10 +11,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Protocol
 
 from rnic_exporter.sinks.samples import ExporterStats, Family
 
 FamilyProvider = Callable[[], Iterable[Family]]
+
+
+class Reloads(Protocol):
+    """A part with a config file of its own that it reloads (the web server's --web.config.file)."""
+
+    @property
+    def config_reload_ok(self) -> bool: ...
 
 
 class SelfMetrics:
@@ -23,20 +31,20 @@ class SelfMetrics:
     def __init__(self, *providers: FamilyProvider) -> None:
         self._lock = threading.Lock()  # registration at startup, collection on scrape threads
         self._providers: tuple[FamilyProvider, ...] = providers
-        self._reload_checks: tuple[Callable[[], bool], ...] = ()
+        self._reloads: tuple[Reloads, ...] = ()
 
-    def register(self, families: FamilyProvider, reload_ok: Callable[[], bool] | None = None) -> None:
-        """`reload_ok`: whether the provider's own config file last reloaded (the web config)."""
+    def register(self, families: FamilyProvider, reloads: Reloads | None = None) -> None:
+        """`reloads`: the part whose own config file's last reload counts too (the web server)."""
         with self._lock:
             self._providers += (families,)
-            if reload_ok is not None:
-                self._reload_checks += (reload_ok,)
+            if reloads is not None:
+                self._reloads += (reloads,)
 
     def collect(self) -> tuple[Family, ...]:
         return tuple(family for provider in self._providers for family in provider())
 
     def stats(self, stats: ExporterStats) -> ExporterStats:
         """`stats` with every registered reload verdict: one gauge says whether all files reloaded."""
-        if not stats.config_reload_ok or all(check() for check in self._reload_checks):
+        if not stats.config_reload_ok or all(part.config_reload_ok for part in self._reloads):
             return stats
         return replace(stats, config_reload_ok=False)
