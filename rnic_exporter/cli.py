@@ -16,7 +16,6 @@ import click
 
 from rnic_exporter import __version__
 from rnic_exporter.config.bounds import (
-    COUNTER_WAIT,
     DEMO_DEVICES,
     DEMO_STEP,
     DEVICES,
@@ -378,99 +377,14 @@ class NcclIndexParam(click.ParamType[Any]):
 
 
 def serve_options(f: F) -> F:
-    from rnic_exporter.config.serve import DEFAULT_LISTEN
+    from rnic_exporter.config.serve import serve_flags
     from rnic_exporter.daemon.logsetup import FORMATTERS, LEVELS
 
-    options = [
-        click.option(
-            "--web.listen-address",
-            "listen",
-            multiple=True,
-            default=[DEFAULT_LISTEN],
-            metavar="[HOST]:PORT",
-            help="Address to listen on; repeat for several. 19879 is outside "
-            "Prometheus' allocated exporter range 9100-9999.",
-        ),
-        click.option("--web.telemetry-path", "telemetry_path", default="/metrics", help="Path of the metrics."),
-        click.option(
-            "--web.counter-wait",
-            "counter_wait",
-            type=NumberParam(COUNTER_WAIT),
-            default=2.0,
-            help="Time (2s, 500ms, or seconds) a scrape waits for its counter read; then it serves the last values and "
-            "sets rnic_exporter_counters_stale (a hung firmware read must not hang the scrape).",
-        ),
-        click.option(
-            "--web.config.file",
-            "web_config",
-            default=None,
-            metavar="FILE",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="exporter-toolkit web config (TLS, basic auth), as node_exporter uses.",
-        ),
-        click.option(
-            "--web.max-connections",
-            "web_max_connections",
-            type=click.IntRange(min=1),
-            default=512,
-            help="Open HTTP connections at most; at the cap the one waiting longest without a "
-            "request is closed, and new clients wait in the listen backlog when none is.",
-        ),
-        click.option(
-            "--web.max-requests",
-            "web_max_requests",
-            type=click.IntRange(min=0),
-            default=40,
-            help="Concurrent scrapes at most (0: no limit); more get 503 at once.",
-        ),
-        click.option(
-            "--config",
-            "config_file",
-            default=None,
-            metavar="FILE",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="Config file (TOML, or YAML by .yml/.yaml). Flags beat the file; SIGHUP reloads it.",
-        ),
-        click.option(
-            "--poll.interval",
-            "poll_interval",
-            type=NumberParam(POLL_INTERVAL),
-            default=5.0,
-            help="Time between sysfs polls: a Prometheus duration (500ms, 5s, 1m) or seconds, 0.05 s to 1h. "
-            "Scrapes are served from the last poll.",
-        ),
-        click.option(
-            "--poll.safety-interval",
-            "safety_interval",
-            type=NumberParam(POLL_INTERVAL),
-            default=60.0,
-            help="While netlink works: how often what an event announces (a RoCE port's netdev, state, "
-            "rate and GIDs) is re-read anyway; every --poll.interval reads only what nothing announces "
-            "(InfiniBand port state and rate, PCIe link). Netlink off or failing: everything every "
-            "--poll.interval (rnic_exporter_poll_fallback).",
-        ),
+    log = (
         click.option("--log.level", "log_level", type=click.Choice(list(LEVELS)), default="info"),
         click.option("--log.format", "log_format", type=click.Choice(sorted(FORMATTERS)), default="logfmt"),
-        click.option(
-            "--watch.netlink/--no-watch.netlink",
-            "watch_netlink",
-            default=True,
-            help="Re-read at once on rtnetlink address and link events (and track addresses).",
-        ),
-        click.option(
-            "--watch.udev/--no-watch.udev",
-            "watch_udev",
-            default=True,
-            help="Re-read at once when udev reports RDMA, net or PCI devices added or removed.",
-        ),
-        click.option(
-            "--collector.ethtool/--no-collector.ethtool",
-            "ethtool",
-            default=True,
-            help="Use the link modes RoCE netdevs advertise (ethtool netlink) as their rated speed.",
-        ),
-    ]
-    for option in reversed(options):
+    )
+    for option in reversed(serve_flags(log)):
         f = option(f)
     return f
 

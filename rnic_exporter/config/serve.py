@@ -1,14 +1,18 @@
-"""The daemon's settings (`serve`): one frozen record, from flags, the config file and the environment."""
+"""The daemon's settings (`serve`): its flags, and one frozen record built from them and the environment
+(the config file goes on top in `daemon/serve.py`, at start and on each SIGHUP); `check`'s the same way."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import click
+
 from rnic_exporter.config import otlp
+from rnic_exporter.config.bounds import COUNTER_WAIT, POLL_INTERVAL, NumberParam
 from rnic_exporter.config.file import ConsumerSettings, Resolved, reader_settings, resolve
 from rnic_exporter.config.nccl_conf import read_nccl_conf
 from rnic_exporter.config.nccl_env import gid_index_from_env, gid_index_given
@@ -20,6 +24,7 @@ from rnic_exporter.sources.counter_filter import CounterFilter
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S
 from rnic_exporter.sources.reader import SAFETY_S, ReaderSettings
 
+Decorator = Callable[[Any], Any]  # a click option
 DEFAULT_COUNTER_WAIT_S = 2.0  # above the read deadline: a scrape still gets the other devices' fresh counters
 
 # Prometheus' exporter port range 9100-9999 is fully allocated and its guide asks unlisted
@@ -58,6 +63,99 @@ class ServeConfig:
     def detection_settings(self) -> DetectionSettings:
         """Detection judges NCCL's pick with the NCCL settings the reader selects with."""
         return replace(self.detection, nccl=self.reader.nccl)
+
+
+def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
+    """serve's own flags, in --help order, keyed as `serve_config` reads them; `log`: the logging
+    flags, placed among them."""
+    return [
+        click.option(
+            "--web.listen-address",
+            "listen",
+            multiple=True,
+            default=[DEFAULT_LISTEN],
+            metavar="[HOST]:PORT",
+            help="Address to listen on; repeat for several. 19879 is outside "
+            "Prometheus' allocated exporter range 9100-9999.",
+        ),
+        click.option("--web.telemetry-path", "telemetry_path", default="/metrics", help="Path of the metrics."),
+        click.option(
+            "--web.counter-wait",
+            "counter_wait",
+            type=NumberParam(COUNTER_WAIT),
+            default=2.0,
+            help="Time (2s, 500ms, or seconds) a scrape waits for its counter read; then it serves the last values and "
+            "sets rnic_exporter_counters_stale (a hung firmware read must not hang the scrape).",
+        ),
+        click.option(
+            "--web.config.file",
+            "web_config",
+            default=None,
+            metavar="FILE",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="exporter-toolkit web config (TLS, basic auth), as node_exporter uses.",
+        ),
+        click.option(
+            "--web.max-connections",
+            "web_max_connections",
+            type=click.IntRange(min=1),
+            default=512,
+            help="Open HTTP connections at most; at the cap the one waiting longest without a "
+            "request is closed, and new clients wait in the listen backlog when none is.",
+        ),
+        click.option(
+            "--web.max-requests",
+            "web_max_requests",
+            type=click.IntRange(min=0),
+            default=40,
+            help="Concurrent scrapes at most (0: no limit); more get 503 at once.",
+        ),
+        click.option(
+            "--config",
+            "config_file",
+            default=None,
+            metavar="FILE",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Config file (TOML, or YAML by .yml/.yaml). Flags beat the file; SIGHUP reloads it.",
+        ),
+        click.option(
+            "--poll.interval",
+            "poll_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=5.0,
+            help="Time between sysfs polls: a Prometheus duration (500ms, 5s, 1m) or seconds, 0.05 s to 1h. "
+            "Scrapes are served from the last poll.",
+        ),
+        click.option(
+            "--poll.safety-interval",
+            "safety_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=60.0,
+            help="While netlink works: how often what an event announces (a RoCE port's netdev, state, "
+            "rate and GIDs) is re-read anyway; every --poll.interval reads only what nothing announces "
+            "(InfiniBand port state and rate, PCIe link). Netlink off or failing: everything every "
+            "--poll.interval (rnic_exporter_poll_fallback).",
+        ),
+        *log,  # logging's, defined by the CLI: daemon/logsetup.py sits above config
+        click.option(
+            "--watch.netlink/--no-watch.netlink",
+            "watch_netlink",
+            default=True,
+            help="Re-read at once on rtnetlink address and link events (and track addresses).",
+        ),
+        click.option(
+            "--watch.udev/--no-watch.udev",
+            "watch_udev",
+            default=True,
+            help="Re-read at once when udev reports RDMA, net or PCI devices added or removed.",
+        ),
+        click.option(
+            "--collector.ethtool/--no-collector.ethtool",
+            "ethtool",
+            default=True,
+            help="Use the link modes RoCE netdevs advertise (ethtool netlink) as their rated speed.",
+        ),
+    ]
 
 
 def serve_config(
