@@ -1,4 +1,4 @@
-"""The daemon: owns time. Passes over sysfs state on its clock, publishes each change, serves HTTP.
+"""The agent: owns time. Passes over sysfs state on its clock and publishes each change to its sinks.
 
 Each poll is a state pass (`sources/reader.py`): when no device changed, it ends there, with no
 detection and no rendering. A change runs detection and hands every sink the same frozen record
@@ -6,7 +6,9 @@ detection and no rendering. A change runs detection and hands every sink the sam
 counter pass (`counter_view`). Reads run on sacrificial threads (`sources/read_thread.py`), so a
 hung read stalls only its own device, never the loop, the scrapes or a stop.
 
-Startup, the loop, signals and reload live in `daemon/serve.py`.
+It is built from its parts (sinks, the consumer watch, netlink's announcer, the registry of the
+exporter's own families) and nothing is set on it afterwards; `daemon/serve.py` builds it, serves
+HTTP, and runs startup, the loop, signals and reload.
 """
 
 from __future__ import annotations

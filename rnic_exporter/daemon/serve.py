@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from rnic_exporter import __version__
 from rnic_exporter.config.file import apply_file
-from rnic_exporter.daemon.agent import Agent, ServeConfig, SinkFactory
+from rnic_exporter.config.serve import ServeConfig
+from rnic_exporter.daemon.agent import Agent, SinkFactory
 from rnic_exporter.daemon.consumer_watch import ConsumerWatch, Scan
 from rnic_exporter.daemon.runtime import settle_garbage_collector, tune_process
 from rnic_exporter.daemon.schedule import PollSchedule
