@@ -6,36 +6,19 @@ not); this file does one device's part of it under its `Gate` lock.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import cast
 
-from rnic_exporter.model.host import (
-    CounterValue,
-    Device,
-    LinkRate,
-    Netdev,
-    NumberedState,
-    PcieLink,
-    Port,
-    ReadError,
-)
+from rnic_exporter.model.host import CounterValue, Device, Netdev, PcieLink, Port, ReadError
 from rnic_exporter.model.nccl import select_gid_index
-from rnic_exporter.sources import availability, netclass, pci
+from rnic_exporter.sources import availability, infiniband, netclass, pci
 from rnic_exporter.sources import gids as gid_source
 from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.discovery import PortShape, Shape, discover, settled
-from rnic_exporter.sources.infiniband import (
-    CLASS_DIR,
-    DEVICE_POLLED,
-    DEVICE_STATIC,
-    PORT_POLLED,
-    PORT_STATES,
-    PORT_WATCHED,
-)
-from rnic_exporter.sources.plan import RAW_ONLY, Attribute, ReadPlan, under
+from rnic_exporter.sources.infiniband import CLASS_DIR, DEVICE_STATIC, PORT_STATES, PortPolled
+from rnic_exporter.sources.plan import Attribute, Group, GroupKey, GroupKind, ReadPlan
 from rnic_exporter.sources.read_context import ReadContext
 from rnic_exporter.sources.read_thread import Gate
 from rnic_exporter.sources.sysfs import NOT_EXPOSED, Raw, ReadBatch, interpret
@@ -50,7 +33,6 @@ SWEEP_STAGGER = 12
 # Errnos a read gets when the device itself is being removed (see DeviceReader._gone).
 _GONE_ERRNOS = frozenset({"ENOENT", "ENODEV"})
 
-_GID_SLOT = Attribute("gid slot", RAW_ONLY)
 _DEV_PORT = Attribute("dev_port", netclass.parse_int, NOT_EXPOSED)
 
 
@@ -68,15 +50,13 @@ class DeviceReader:
         self.base = f"{CLASS_DIR}/{name}"
         self.shape: Shape | None = None
         self.gids: dict[int, gid_source.GidTable] = {}
-        self.plan: ReadPlan | None = None
+        self.plan: DevicePlan | None = None
         self.counter_plan: CounterPlan | None = None
         self.resettle = False  # settings changed: recompute the NCCL picks
-        self._faults: dict[str, list[ReadError]] = {}  # per group, found while planning (GID table reads too)
-        self._plan_faults: dict[str, list[ReadError]] = {}  # those of them that make planning repeat each pass
+        self._faults: dict[GroupKey, list[ReadError]] = {}  # per group, found while planning (GID table reads too)
+        self._plan_faults: dict[GroupKey, list[ReadError]] = {}  # those of them that make planning repeat each pass
         self._port_netdevs: dict[int, tuple[str, ...]] = {}
         self._netdev_idents: dict[str, tuple[int, int] | None] = {}
-        self._netdev_pci: dict[str, str | None] = {}
-        self._built: dict[str, object] = {}
         self._ports: dict[int, Port] = {}
         self.device: Device | None = None
         self._published: Device | None = None
@@ -114,13 +94,14 @@ class DeviceReader:
         return out
 
     def contribute(self, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink]) -> None:
-        shape = self.shape
-        if shape is not None and shape.pci_address is not None and "pcie" in self._built:
-            pcie.setdefault(shape.pci_address, cast(PcieLink, self._built["pcie"]))
-        for name in self._netdev_pci:
-            netdev = self._built.get(f"netdev:{name}")
-            if netdev is not None:
-                netdevs.setdefault(name, cast(Netdev, netdev))
+        shape, plan = self.shape, self.plan
+        if plan is None:
+            return
+        if shape is not None and shape.pci_address is not None and plan.pcie is not None and plan.pcie.built:
+            pcie.setdefault(shape.pci_address, plan.pcie.value)
+        for name, group in plan.netdevs.items():
+            if group.built:
+                netdevs.setdefault(name, group.value)
 
     # -- counters ---------------------------------------------------------------------------
 
@@ -301,10 +282,10 @@ class DeviceReader:
                 return True
         return False
 
-    def _gid_table_moved(self, plan: ReadPlan, port: int, sweep: bool) -> bool:
+    def _gid_table_moved(self, plan: DevicePlan, port: int, sweep: bool) -> bool:
         """A watched slot's bytes changed, or the sweep found an empty slot filled."""
         table = self.gids[port]
-        group = plan.group(f"gids:{port}")
+        group = plan.gids[port]
         if plan.raws[group.start : group.end] != table.watched_raws:
             return True
         return sweep and gid_source.sweep(self.fds, table, GID_SWEEP_SLOTS)
@@ -344,48 +325,31 @@ class DeviceReader:
 
     # -- plan -------------------------------------------------------------------------------
 
-    def _build_plan(self, shape: Shape) -> ReadPlan:
+    def _build_plan(self, shape: Shape) -> DevicePlan:
         """Every state attribute, grouped by the object it makes, in error-report order; and the
         few of them a pass that trusts events watches."""
-        plan = ReadPlan(self.name)
-        faults: dict[str, list[ReadError]] = {}
+        plan = DevicePlan(self.name)
+        faults: dict[GroupKey, list[ReadError]] = {}
         if shape.function_dir is not None and shape.pci_address is not None and shape.link_files[0]:
-            slots = under(shape.function_dir, pci.LINK_POLLED, "device/")
-            if shape.link_files[1]:
-                slots += under(os.path.dirname(shape.function_dir), pci.UPSTREAM_POLLED, "device/../")
-            up = len(slots)
-            slots += under(shape.function_dir, shape.aer_files, "device/")
-            address, aer_names = shape.pci_address, [a.file for a in shape.aer_files]
-            plan.add_group(
-                "pcie",
-                slots,
-                port=None,
-                watched=(*pci.LINK_WATCHED, *shape.aer_files),  # errors count between events too
-                build=lambda values: pci.pcie_link(
-                    address, values[:4], values[4:up] or (None, None), list(zip(aer_names, values[up:], strict=True))
-                ),
-            )
+            spec = pci.link_group(shape.pci_address, shape.function_dir, shape.link_files[1], shape.aer_files)
+            plan.pcie = plan.add_group(GroupKey.pcie(), spec, port=None)
         known, self._netdev_idents = self._netdev_idents, {}
-        self._netdev_pci = {}
         for port in shape.ports:
-            port_dir = f"{self.base}/ports/{port.number}"
-            table = self.gids[port.number]
-            gid_slots: list[tuple[str, str, Attribute]] = []
-            for index in table.watched:
-                gid_slots.extend((rel, rel, _GID_SLOT) for rel in gid_source.slot_rels(port_dir, index))
-            plan.add_group(f"gids:{port.number}", gid_slots, port=port.number)
-            faults[f"gids:{port.number}"] = list(table.errors)
             n = port.number
-            plan.add_group(f"port:{n}", under(port_dir, PORT_POLLED), port=n, watched=PORT_WATCHED)
-            self._port_netdevs[port.number] = self._choose_netdevs(shape, port.number, table, faults)
-            for name in self._port_netdevs[port.number]:
+            port_dir = f"{self.base}/ports/{n}"
+            table = self.gids[n]
+            key = GroupKey.gids(n)
+            plan.gids[n] = plan.add_group(key, gid_source.watch_group(port_dir, table), port=n)
+            faults[key] = list(table.errors)
+            plan.ports[n] = plan.add_group(GroupKey.of_port(n), infiniband.port_group(port_dir), port=n)
+            self._port_netdevs[n] = self._choose_netdevs(shape, n, table, faults)
+            for name in self._port_netdevs[n]:
                 if name not in self._netdev_idents:
-                    self._plan_netdev(plan, name, port.number, faults, known.get(name))
-        plan.add_group("device", under(self.base, DEVICE_POLLED), port=None)
+                    self._plan_netdev(plan, name, n, faults, known.get(name))
+        plan.node_desc = plan.add_group(GroupKey.device(), infiniband.device_group(self.base), port=None)
         self.plan = plan
-        self._plan_faults = {key: found for key, found in faults.items() if found and not key.startswith("gids:")}
+        self._plan_faults = {key: found for key, found in faults.items() if found and key.kind is not GroupKind.GIDS}
         self._faults = faults
-        self._built = {}
         self._ports = {}
         self._plan_watch(plan, shape)
         return plan
@@ -403,11 +367,11 @@ class DeviceReader:
         states: list[int] = []
         fast_gids: list[int] = []
         for group in plan.groups:
-            kind, _, number = group.key.partition(":")
-            if kind == "netdev" or (kind in ("port", "gids") and int(number) in announced):
+            kind, number = group.key.kind, group.key.port
+            if kind is GroupKind.NETDEV or (kind in _PORT_KINDS and number in announced):
                 continue
-            if kind == "gids":
-                fast_gids.append(int(number))
+            if kind is GroupKind.GIDS and number is not None:
+                fast_gids.append(number)
                 states.extend(range(len(index), len(index) + group.end - group.start))
                 index.extend(range(group.start, group.end))
                 continue
@@ -421,7 +385,12 @@ class DeviceReader:
         self._watch = ReadBatch([plan.rels[i] for i in index])
 
     def _plan_netdev(
-        self, plan: ReadPlan, name: str, port: int, faults: dict[str, list[ReadError]], known: tuple[int, int] | None
+        self,
+        plan: DevicePlan,
+        name: str,
+        port: int,
+        faults: dict[GroupKey, list[ReadError]],
+        known: tuple[int, int] | None,
     ) -> None:
         rel = f"{netclass.CLASS_DIR}/{name}"
         self._netdev_idents[name] = ident = self.root.identity(rel)
@@ -430,20 +399,13 @@ class DeviceReader:
         if ident is None:
             return  # the port names a netdev that does not exist (any more): no netdev series
         pci_address, reason = netclass.netdev_pci_address(self.root, name)
-        self._netdev_pci[name] = pci_address
-        key = f"netdev:{name}"
+        key = GroupKey.of_netdev(name)
         if reason is not None:
             faults.setdefault(key, []).append(ReadError(self.name, port, f"net/{name}/device", reason))
-        plan.add_group(
-            key,
-            under(rel, netclass.NETDEV_POLLED, f"net/{name}/"),
-            port=port,
-            watched=netclass.NETDEV_WATCHED,
-            build=lambda values: netclass.netdev_from_values(name, values, pci_address),
-        )
+        plan.netdevs[name] = plan.add_group(key, netclass.netdev_group(name, pci_address), port=port)
 
     def _choose_netdevs(
-        self, shape: Shape, port: int, table: gid_source.GidTable, faults: dict[str, list[ReadError]]
+        self, shape: Shape, port: int, table: gid_source.GidTable, faults: dict[GroupKey, list[ReadError]]
     ) -> tuple[str, ...]:
         """The port's netdevs: GID ndevs (what ibdev2netdev uses), else `device/net` by `dev_port`."""
         seen: list[str] = []
@@ -457,38 +419,35 @@ class DeviceReader:
             rel = f"{netclass.CLASS_DIR}/{name}/dev_port"
             dev_port, reason = interpret(self.root.read_many([rel])[0], _DEV_PORT.parse, _DEV_PORT.quiet)
             if reason is not None:
-                faults.setdefault(f"port:{port}", []).append(ReadError(self.name, port, f"net/{name}/dev_port", reason))
+                faults.setdefault(GroupKey.of_port(port), []).append(
+                    ReadError(self.name, port, f"net/{name}/dev_port", reason)
+                )
             if dev_port is None or dev_port == port - 1:
                 matching.append(name)
         return tuple(matching)
 
     # -- objects ----------------------------------------------------------------------------
 
-    def _assemble(self, shape: Shape, plan: ReadPlan, changed: set[str], fresh_gids: set[int]) -> None:
+    def _assemble(self, shape: Shape, plan: DevicePlan, changed: set[GroupKey], fresh_gids: set[int]) -> None:
         """Rebuild what changed; everything else keeps its object (the sinks compare identities)."""
-        built = self._built
-        fresh_plan = not built
-        for group in plan.groups:
-            key = group.key
-            if key in built and key not in changed:
-                continue
-            built[key] = group.build(plan.group_values(group))
-        stale = {key.partition(":")[2] for key in changed}
+        fresh_plan = not plan.node_desc.built  # a plan's groups are built together, the first time
+        plan.rebuild(changed)
+        stale = {key.port for key in changed if key.kind in _PORT_KINDS}
         ports = []
         for port in shape.ports:
             n = port.number
             previous = self._ports.get(n)
-            if previous is None or str(n) in stale or n in fresh_gids:
-                state, phys_state, rate, lid = cast(list[object], built[f"port:{n}"])
+            if previous is None or n in stale or n in fresh_gids:
+                polled = plan.ports[n].value
                 table = self.gids[n]
                 previous = self._ports[n] = Port(
                     device=self.name,
                     number=n,
                     link_layer=port.link_layer,
-                    state=cast(NumberedState | None, state),
-                    phys_state=cast(NumberedState | None, phys_state),
-                    rate=cast(LinkRate | None, rate),
-                    lid=cast(int | None, lid),
+                    state=polled.state,
+                    phys_state=polled.phys_state,
+                    rate=polled.rate,
+                    lid=polled.lid,
                     gids=table.entries,
                     gid_table_size=table.size,
                     netdevs=self._port_netdevs[n],
@@ -496,17 +455,16 @@ class DeviceReader:
                 )
             ports.append(previous)
         static = shape.static
-        (node_desc,) = cast(list[object], built["device"])
         self.device = Device(
             name=self.name,
-            node_guid=cast(str | None, static["node_guid"]),
-            sys_image_guid=cast(str | None, static["sys_image_guid"]),
-            fw_ver=cast(str | None, static["fw_ver"]),
-            hca_type=cast(str | None, static["hca_type"]),
-            board_id=cast(str | None, static["board_id"]),
-            hw_rev=cast(str | None, static["hw_rev"]),
-            node_type=cast(NumberedState | None, static["node_type"]),
-            node_desc=cast(str | None, node_desc),
+            node_guid=static.node_guid,
+            sys_image_guid=static.sys_image_guid,
+            fw_ver=static.fw_ver,
+            hca_type=static.hca_type,
+            board_id=static.board_id,
+            hw_rev=static.hw_rev,
+            node_type=static.node_type,
+            node_desc=plan.node_desc.value,
             pci_address=shape.pci_address,
             ports=tuple(ports),
             netdevs=shape.dev_netdevs,
@@ -523,3 +481,20 @@ class DeviceReader:
         )
         judged = self.first_reads.judge(errors, first, present=self._present(errors))
         self.errors, self.unsupported = judged.failed, judged.unsupported
+
+
+class DevicePlan(ReadPlan):
+    """A device's read plan, with its groups by what each makes (replaced together)."""
+
+    node_desc: Group[str | None]  # added last (error-report order): set once planned
+
+    def __init__(self, device: str) -> None:
+        super().__init__(device)
+        self.pcie: Group[PcieLink] | None = None
+        self.gids: dict[int, Group[None]] = {}
+        self.ports: dict[int, Group[PortPolled]] = {}
+        self.netdevs: dict[str, Group[Netdev]] = {}
+
+
+# The kinds of group that are of one port (`GroupKey.port`).
+_PORT_KINDS = frozenset({GroupKind.PORT, GroupKind.GIDS})

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from rnic_exporter.model.host import ReadError
 from rnic_exporter.sources import availability, pci
-from rnic_exporter.sources.infiniband import DEVICE_STATIC, parse_link_layer
-from rnic_exporter.sources.plan import Attribute
+from rnic_exporter.sources.infiniband import DEVICE_STATIC, DeviceStatic, parse_link_layer
+from rnic_exporter.sources.plan import Attribute, Values
 from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot, errno_reason, interpret
 
 _BDF = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -33,12 +33,12 @@ class PortShape:
 class Shape:
     """What does not change while the device stays registered (or is re-learned while unreadable)."""
 
-    static: dict[str, object]
+    static: DeviceStatic
     pci_address: str | None
     function_dir: str | None
     link_files: tuple[bool, bool]
     dev_netdevs: tuple[str, ...]
-    aer_files: tuple[Attribute, ...]
+    aer_files: tuple[Attribute[int], ...]
     ports: list[PortShape]
     hw_names: list[str]
     errors: list[ReadError] = field(default_factory=list)
@@ -57,15 +57,16 @@ def settled(shape: Shape) -> bool:
 def discover(root: SysfsRoot, name: str, base: str) -> Shape:
     """The shape of the device `name` whose class directory is `base` (relative to the mount)."""
     log = ErrorLog(root)
-    static: dict[str, object] = {}
+    values: list[object] = []
     raws = root.read_many([f"{base}/{attr.file}" for attr in DEVICE_STATIC])
     for attr, raw in zip(DEVICE_STATIC, raws, strict=True):
-        static[attr.file], reason = interpret(raw, attr.parse, attr.quiet)
+        value, reason = interpret(raw, attr.parse, attr.quiet)
+        values.append(value)
         if reason is not None:
             log.add(name, None, attr.file, reason)
     pci_address, function_dir = _pci_function(root, name, base, log)
     link_files = (False, False)
-    aer_files: tuple[Attribute, ...] = ()
+    aer_files: tuple[Attribute[int], ...] = ()
     dev_netdevs: tuple[str, ...] = ()
     if function_dir is not None:
         link_files = pci.link_files(root, function_dir)
@@ -83,7 +84,7 @@ def discover(root: SysfsRoot, name: str, base: str) -> Shape:
         )
         ports.append(PortShape(number, link_layer, counters, _hw_names(log, name, port_dir, number)))
     return Shape(
-        static=static,
+        static=DeviceStatic.of(Values.of(DEVICE_STATIC, values)),
         pci_address=pci_address,
         function_dir=function_dir,
         link_files=link_files,

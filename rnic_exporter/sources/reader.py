@@ -21,10 +21,10 @@ Two ways to pass over the state (`state_pass`):
     `listdir` and a `stat` per device, is still made every pass);
   - nothing announces an InfiniBand port's state, physical state and rate, its GID table, or the
     PCIe link's current speed and width.
-  A fast pass (every `--poll.interval`) reads only what nothing announces (`_plan_watch`: on an
-  all-RoCE host, per device the PCIe link's speed and width and its AER counts) and compares the
-  bytes, and sweeps
-  `GID_SWEEP_SLOTS` empty slots of each InfiniBand GID table. Nothing moved: the pass ends there.
+  A fast pass (every `--poll.interval`) reads only what nothing announces
+  (`DeviceReader._plan_watch`: on an all-RoCE host, per device the PCIe link's speed and width and
+  its AER counts) and compares the bytes, and sweeps `GID_SWEEP_SLOTS` empty slots of each
+  InfiniBand GID table. Nothing moved: the pass ends there.
   Something moved: the device's full state is re-read and its objects rebuilt, with its whole GID
   tables when a port's state or GID files moved. The announcer (netlink, udev) forces a full
   read with whole GID tables of the devices it names. The safety sweep catches a change no
@@ -52,9 +52,8 @@ import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import cast
 
-from rnic_exporter.model.host import Device, DeviceFreshness, Netdev, PcieLink, ReadError, Snapshot
+from rnic_exporter.model.host import DeviceFreshness, Netdev, PcieLink, ReadError, Snapshot
 from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.device_reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, DeviceReader
 from rnic_exporter.sources.infiniband import CLASS_DIR
@@ -177,7 +176,7 @@ class HostReader:
         changed = [r.name for r in readers if r.changed]
         self._recheck = bool(changed) or bool(listing_errors) or any(r.device is None for r in readers)
         last = self._last
-        present = tuple(r for r in readers if r.device is not None)
+        present = tuple(device for r in readers if (device := r.device) is not None)
         unread = tuple(r.name for r in readers if r.device is None)
         if (
             last is not None
@@ -187,7 +186,7 @@ class HostReader:
             and unread == last.listed_unread
             and self._filtered_out == last.filtered_out
             and len(present) == len(last.devices)
-            and all(r.device is d for r, d in zip(present, last.devices, strict=True))
+            and all(d is before for d, before in zip(present, last.devices, strict=True))
         ):
             return StatePass(last, (), self._counted(readers), time.monotonic() - started)
         netdevs: dict[str, Netdev] = {}
@@ -200,7 +199,7 @@ class HostReader:
             errors.extend(reader.errors)
             unsupported.extend(reader.unsupported)
         snap = self._last = Snapshot(
-            devices=tuple(cast(Device, r.device) for r in present),
+            devices=present,
             netdevs=netdevs,
             pcie=pcie,
             errors=tuple(errors),
