@@ -186,15 +186,8 @@ class DeviceStatic:
 
     @classmethod
     def of(cls, values: Values) -> DeviceStatic:
-        return cls(
-            node_guid=values[NODE_GUID],
-            sys_image_guid=values[SYS_IMAGE_GUID],
-            fw_ver=values[FW_VER],
-            hca_type=values[HCA_TYPE],
-            board_id=values[BOARD_ID],
-            hw_rev=values[HW_REV],
-            node_type=values[NODE_TYPE],
-        )
+        v = values  # each field is its file's attribute, in field order
+        return cls(v[NODE_GUID], v[SYS_IMAGE_GUID], v[FW_VER], v[HCA_TYPE], v[BOARD_ID], v[HW_REV], v[NODE_TYPE])
 
 
 @dataclass(frozen=True, slots=True)
