@@ -7,15 +7,13 @@ not); this file does one device's part of it under its `Gate` lock.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
-from typing import cast
+from collections.abc import Callable, Sequence
 
-from rnic_exporter.model.host import CounterValue, Device, Netdev, PcieLink, Port, ReadError
+from rnic_exporter.model.host import Device, Netdev, PcieLink, Port, ReadError
 from rnic_exporter.model.nccl import select_gid_index
 from rnic_exporter.sources import availability, infiniband, netclass, pci
 from rnic_exporter.sources import gids as gid_source
-from rnic_exporter.sources.counters import CounterPlan
+from rnic_exporter.sources.device_counters import DeviceCounters, Registration
 from rnic_exporter.sources.discovery import PortShape, Shape, discover, settled
 from rnic_exporter.sources.infiniband import CLASS_DIR, DEVICE_STATIC, PORT_STATES, PortPolled
 from rnic_exporter.sources.plan import Attribute, Group, GroupKey, GroupKind, ReadPlan
@@ -30,8 +28,6 @@ GID_SWEEP_SLOTS = 16
 # fast pass rarely holds more than one.
 SWEEP_STAGGER = 12
 
-# Errnos a read gets when the device itself is being removed (see DeviceReader._gone).
-_GONE_ERRNOS = frozenset({"ENOENT", "ENODEV"})
 
 _DEV_PORT = Attribute("dev_port", netclass.parse_int, NOT_EXPOSED)
 
@@ -51,7 +47,8 @@ class DeviceReader:
         self.shape: Shape | None = None
         self.gids: dict[int, gid_source.GidTable] = {}
         self.plan: DevicePlan | None = None
-        self.counter_plan: CounterPlan | None = None
+        self._registration = Registration(self.root, self.base, ident)
+        self.counters = DeviceCounters(name, self._registration, self.fds, context)
         self.resettle = False  # settings changed: recompute the NCCL picks
         self._faults: dict[GroupKey, list[ReadError]] = {}  # per group, found while planning (GID table reads too)
         self._plan_faults: dict[GroupKey, list[ReadError]] = {}  # those of them that make planning repeat each pass
@@ -62,12 +59,7 @@ class DeviceReader:
         self._published: Device | None = None
         self.errors: tuple[ReadError, ...] = ()  # of the state, failed (sources/availability.py)
         self.unsupported: tuple[ReadError, ...] = ()  # of the state, never provided by the driver
-        self.counter_failed: tuple[ReadError, ...] = ()
-        self.counter_unsupported: tuple[ReadError, ...] = ()
-        self.counter_gone = False  # the last counter pass found the device unregistered under it
         self.first_reads = availability.FirstReads()  # the state's
-        self._counter_reads = availability.FirstReads()
-        self._counter_plan_read = False
         self.changed = False
         self.state_at: float | None = None
         self._watch = ReadBatch([])
@@ -79,18 +71,12 @@ class DeviceReader:
         self._fast_gid_ports: list[int] = []  # ports whose GID table nothing announces (InfiniBand)
         self.trusted = False  # the last pass trusted announcements for it (else: all polled fast)
         self._read_errors: list[ReadError] = []
-        self._counter_errors: list[ReadError] = []
-        self._merged: tuple[Device, tuple[int, ...], Device] | None = None
 
     def forget(self) -> None:
         self.fds.close()
 
     def take_read_errors(self) -> list[ReadError]:
         out, self._read_errors = self._read_errors, []
-        return out
-
-    def take_counter_errors(self) -> list[ReadError]:
-        out, self._counter_errors = self._counter_errors, []
         return out
 
     def contribute(self, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink]) -> None:
@@ -103,63 +89,9 @@ class DeviceReader:
             if group.built:
                 netdevs.setdefault(name, group.value)
 
-    # -- counters ---------------------------------------------------------------------------
-
-    def counter_job(self) -> None:
-        plan = self.counter_plan
-        if plan is None:
-            return
-        refresh_errors = plan.refresh(self.fds)
-        # The device went away under held descriptors (`rdma link delete`, a NIC off the bus: the
-        # kernel answers ENODEV): its failed reads stay in a one-shot read's snapshot (what was and was
-        # not read), but the daemon's counter view leaves them out (`counter_judgements`): the next
-        # state pass sees the device gone, which is the news, not a warning per counter file (the
-        # kernel lab logged 15 of them before "disappeared").
-        self.counter_gone = self._gone(refresh_errors)
-        first = () if self._counter_plan_read else [plan.slot_label(i) for i in range(len(plan.rels))]
-        self._counter_plan_read = True
-        judged = self._counter_reads.judge(plan.errors, first, present=not self.counter_gone)
-        self.counter_failed, self.counter_unsupported = judged.failed, judged.unsupported
-        if not self.counter_gone:
-            # rnic_exporter_read_errors_total counts failures: a file the driver never provided (a
-            # restricted function's `N/A (no PMA)`, EINVAL since the first read) is not one.
-            lacking = {(e.port, e.attribute) for e in judged.unsupported}
-            self._counter_errors.extend(e for e in refresh_errors if (e.port, e.attribute) not in lacking)
-
-    def _gone(self, errors: Sequence[ReadError]) -> bool:
-        """ENOENT (a path looked up afresh) or ENODEV (a held descriptor of a removed kernfs node) may
-        mean the device is going away under us; one stat says whether its registration is gone."""
-        return any(e.kind in _GONE_ERRNOS for e in errors) and self._unregistered()
-
     def _present(self, errors: Sequence[ReadError]) -> bool:
         """A device going away explains every missing file: then nothing it lacks is "unsupported"."""
-        return not self._gone(errors)
-
-    def with_counters(self, device: Device) -> Device:
-        """`device` with its counters (one-shot reads); the same object while nothing changed."""
-        plan = self.counter_plan
-        if plan is None:
-            return device
-        versions = tuple(g.version for g in plan.groups)
-        merged = self._merged
-        if merged is not None and merged[0] is device and merged[1] == versions:
-            return merged[2]
-        ports = []
-        for port in device.ports:
-            counters, hw = plan.group("counters", port.number), plan.group("hw", port.number)
-            ports.append(
-                replace(
-                    port,
-                    counters=cast(Mapping[str, CounterValue], counters.as_mapping()) if counters else {},
-                    hw_counters=cast(Mapping[str, int], hw.as_mapping()) if hw else {},
-                )
-            )
-        hw_device = plan.group("hw", None)
-        out = replace(
-            device, ports=tuple(ports), hw_counters=cast(Mapping[str, int], hw_device.as_mapping()) if hw_device else {}
-        )
-        self._merged = (device, versions, out)
-        return out
+        return not self._registration.leaving(errors)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -167,7 +99,7 @@ class DeviceReader:
         def job() -> None:
             self.state(full_gids, trust_events)
             if counters:
-                self.counter_job()
+                self.counters.job()
 
         return job
 
@@ -210,7 +142,7 @@ class DeviceReader:
         shape = self.shape
         if shape is None or not settled(shape) or self._dev_netdevs_changed(shape):
             shape = discover(self.root, self.name, self.base)
-            if self._unregistered():
+            if self._registration.gone():
                 # Unregistered (or re-registered) while being learned: what was read is the husk of
                 # a leaving device (no `device` link reads as "no PCI parent", every file ENOENT).
                 # Publishing it would page a ghost; the next listing retires this registration.
@@ -219,8 +151,7 @@ class DeviceReader:
                 return
             self.shape = shape
             self.plan = None
-            self.counter_plan = self._counter_plan(shape)
-            self._counter_plan_read = False
+            self.counters.replan(shape)
         resettle, self.resettle = self.resettle, False
         fresh_gids: set[int] = set()
         for port in shape.ports:
@@ -243,7 +174,7 @@ class DeviceReader:
             plan = self._build_plan(shape)
             changed = plan.refresh(self.fds)
         self._watch_raws = [plan.raws[i] for i in self._watch_index]
-        if (changed or fresh_gids) and self._unregistered():
+        if (changed or fresh_gids) and self._registration.gone():
             # Unregistered while being read (one stat, paid only when something changed): the files
             # read after it left answer ENOENT, and an empty GID listing would read as "every
             # address left". Keep what was last published; the next listing retires the device.
@@ -259,10 +190,6 @@ class DeviceReader:
             # what was last published; a device never read whole waits (its errors still count).
             self.device = self._published
         self._published = self.device
-
-    def _unregistered(self) -> bool:
-        """This registration is gone (or replaced) since the reader was made: one stat."""
-        return self.root.identity(self.base) != self.ident
 
     def _dev_netdevs_changed(self, shape: Shape) -> bool:
         """IPoIB and representor netdevs come and go without the RDMA device re-registering."""
@@ -311,17 +238,6 @@ class DeviceReader:
             return False
         self.gids[port.number] = table
         return True
-
-    def _counter_plan(self, shape: Shape) -> CounterPlan:
-        groups: list[tuple[str, int | None, str, Sequence[str]]] = [
-            ("hw", None, f"{self.base}/hw_counters", shape.hw_names)
-        ]
-        for port in shape.ports:
-            port_dir = f"{self.base}/ports/{port.number}"
-            groups.append(("counters", port.number, f"{port_dir}/counters", port.counter_names))
-            groups.append(("hw", port.number, f"{port_dir}/hw_counters", port.hw_names))
-        counters = self.context.settings.counters
-        return CounterPlan(self.name, groups, self.context.clock, None if counters.everything else counters.wants)
 
     # -- plan -------------------------------------------------------------------------------
 

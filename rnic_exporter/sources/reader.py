@@ -132,12 +132,12 @@ class HostReader:
         `full_gid_tables` forces a whole-table GID read on every port (True) or on the ports of the
         named devices."""
         snap = self.state_pass(full_gid_tables=full_gid_tables, trust_events=False, counters=True).snapshot
-        devices = tuple(self._devices[d.name].with_counters(d) for d in snap.devices)
+        devices = tuple(self._devices[d.name].counters.with_counters(d) for d in snap.devices)
         errors = [e for e in snap.errors if e.device == "-"]  # the listing itself failed
         unsupported = []
         for reader in self._order:
-            errors += [*reader.errors, *reader.counter_failed]
-            unsupported += [*reader.unsupported, *reader.counter_unsupported]
+            errors += [*reader.errors, *reader.counters.failed]
+            unsupported += [*reader.unsupported, *reader.counters.unsupported]
         return replace(snap, devices=devices, errors=tuple(errors), unsupported=tuple(unsupported))
 
     # -- passes -----------------------------------------------------------------------------
@@ -226,21 +226,21 @@ class HostReader:
 
     def counter_jobs(self) -> list[Job]:
         """One job per device that has a counter plan; each returns its failed reads via `take_counter_errors`."""
-        return [(r.gate, r.counter_job) for r in self._order]
+        return [(r.gate, r.counters.job) for r in self._order]
 
     def take_counter_errors(self) -> tuple[ReadError, ...]:
         out: list[ReadError] = []
         for reader in self._order:
-            out.extend(reader.take_counter_errors())
+            out.extend(reader.counters.take_errors())
         return tuple(out)
 
     def counter_judgements(self) -> list[tuple[tuple[ReadError, ...], tuple[ReadError, ...]]]:
         """Per device still registered: (failed, unsupported) counter files of its last counter pass."""
-        return [(r.counter_failed, r.counter_unsupported) for r in self._order if not r.counter_gone]
+        return [(r.counters.failed, r.counters.unsupported) for r in self._order if not r.counters.gone]
 
     def counter_plans(self) -> list[tuple[str, CounterPlan | None]]:
         """(device, its counter plan) in exposition order."""
-        return [(r.name, r.counter_plan) for r in self._order]
+        return [(r.name, r.counters.plan) for r in self._order]
 
     def held_rels(self) -> list[str]:
         """Every file a descriptor is held for (the benchmark's floor of bare preads)."""
@@ -249,7 +249,7 @@ class HostReader:
     def freshness(self) -> tuple[DeviceFreshness, ...]:
         out = []
         for r in self._order:
-            plan = r.counter_plan
+            plan = r.counters.plan
             out.append(
                 DeviceFreshness(
                     r.name,
