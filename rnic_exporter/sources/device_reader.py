@@ -46,7 +46,8 @@ class DeviceReader:
         self.base = f"{CLASS_DIR}/{name}"
         self.shape: Shape | None = None
         self.gids: dict[int, gid_source.GidTable] = {}
-        self.plan: DevicePlan | None = None
+        self.plan: DevicePlan | None = None  # None: plan again on the next full read
+        self._built: DevicePlan | None = None  # the last plan made: its objects are what was published
         self._registration = Registration(self.root, self.base, ident)
         self.counters = DeviceCounters(name, self._registration, self.fds, context)
         self.resettle = False  # settings changed: recompute the NCCL picks
@@ -80,7 +81,7 @@ class DeviceReader:
         return out
 
     def contribute(self, netdevs: dict[str, Netdev], pcie: dict[str, PcieLink]) -> None:
-        shape, plan = self.shape, self.plan
+        shape, plan = self.shape, self._built
         if plan is None:
             return
         if shape is not None and shape.pci_address is not None and plan.pcie is not None and plan.pcie.built:
@@ -263,7 +264,7 @@ class DeviceReader:
                 if name not in self._netdev_idents:
                     self._plan_netdev(plan, name, n, faults, known.get(name))
         plan.node_desc = plan.add_group(GroupKey.device(), infiniband.device_group(self.base), port=None)
-        self.plan = plan
+        self.plan = self._built = plan
         self._plan_faults = {key: found for key, found in faults.items() if found and key.kind is not GroupKind.GIDS}
         self._faults = faults
         self._ports = {}
