@@ -9,9 +9,11 @@ every byte behind it is unchanged.** A `Device`, `Port`, `Netdev`, `PcieLink`, a
 tuple or counter mapping is the very same object from one pass to the next while nothing it was
 built from changed, and a new object whenever something did (even when the new one compares
 equal). A consumer may therefore keep what it derived from an object keyed by its identity
-(`is`), and `Snapshot` itself is the previous pass's object when no device changed. Counters are
-the exception by design: they are read per consumer into `CounterGroup`s of plain ints, whose
-`version` changes whenever their values do.
+(`is`), and `Snapshot` itself is the previous pass's object when no device changed (the reading
+layer keeps it in `sources/plan.py`: a group's object is built again only when the bytes of one
+of its files changed, and in `sources/device_reader.py` for the ports and devices holding them).
+Counters are the exception by design: they are read per consumer into `CounterGroup`s of plain
+ints, whose `version` changes whenever their values do.
 """
 
 from __future__ import annotations

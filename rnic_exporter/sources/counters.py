@@ -190,7 +190,9 @@ class CounterPlan:
             return False
         saturated = list(map(operator.eq, values, group.ceilings))  # a None ceiling is never equal
         for k, scale in self._scaled[g]:
-            values[k] = cast(int, values[k]) * scale
+            value = values[k]
+            if value is not None:  # never None here (each file gave digits): the check types it
+                values[k] = value * scale
         group.values, group.saturated = values, saturated
         group.changed = tuple(itertools.compress(range(len(new)), map(operator.ne, new, old)))
         group.reshaped = False

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from rnic_exporter.model.host import ZERO_GID, GidEntry, ReadError
+from rnic_exporter.sources.plan import RAW_ONLY, Attribute, GroupSpec, Values
 from rnic_exporter.sources.sysfs import ErrorLog, MalformedValueError, Raw, Tree, interpret
 
 _GID = re.compile(r"^[0-9a-f]{4}(?::[0-9a-f]{4}){7}$")
@@ -150,6 +151,19 @@ def read_gid_table(root: Tree, port_dir: str, device: str, port: int, previous: 
         empty=[rel for i, rel in zip(indices, gid_rels, strict=True) if i not in watched_set],
         unreadable=tuple(unreadable),
     )
+
+
+# A watched slot's file: compared byte for byte, never parsed (a change re-reads the whole table).
+_GID_SLOT = Attribute("gid slot", RAW_ONLY)
+
+
+def _nothing(values: Values) -> None:
+    return None
+
+
+def watch_group(port_dir: str, table: GidTable) -> GroupSpec[None]:
+    """The files of the table's watched slots, for a read plan to compare: they build nothing."""
+    return GroupSpec([(rel, rel, _GID_SLOT) for index in table.watched for rel in slot_rels(port_dir, index)], _nothing)
 
 
 def sweep(root: Tree, table: GidTable, slots: int) -> bool:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from rnic_exporter.model.host import LinkRate, NumberedState
-from rnic_exporter.sources.plan import Attribute
+from rnic_exporter.sources.plan import Attribute, GroupSpec, Values, under
 from rnic_exporter.sources.sysfs import NOT_EXPOSED, EmptyValueError, MalformedValueError
 
 CLASS_DIR = "class/infiniband"
@@ -154,25 +155,71 @@ _EXTENDED_ONLY = frozenset(
 
 
 # Read once per device registration (sysfs.c guarantees the first three and node_type).
-DEVICE_STATIC = (
-    Attribute("node_guid", parse_guid),
-    Attribute("sys_image_guid", parse_guid),
-    Attribute("fw_ver", parse_string),
-    Attribute("hca_type", parse_string, NOT_EXPOSED),
-    Attribute("board_id", parse_string, NOT_EXPOSED),
-    Attribute("hw_rev", parse_string, NOT_EXPOSED),
-    Attribute("node_type", parse_numbered_state),
-)
-DEVICE_POLLED = (Attribute("node_desc", parse_string, NOT_EXPOSED),)  # writable: re-read every poll
-PORT_POLLED = (
-    Attribute("state", parse_numbered_state),
-    Attribute("phys_state", parse_numbered_state),
-    Attribute("rate", parse_rate),
-    Attribute("lid", parse_lid, NOT_EXPOSED),
-)
+NODE_GUID = Attribute("node_guid", parse_guid)
+SYS_IMAGE_GUID = Attribute("sys_image_guid", parse_guid)
+FW_VER = Attribute("fw_ver", parse_string)
+HCA_TYPE = Attribute("hca_type", parse_string, NOT_EXPOSED)
+BOARD_ID = Attribute("board_id", parse_string, NOT_EXPOSED)
+HW_REV = Attribute("hw_rev", parse_string, NOT_EXPOSED)
+NODE_TYPE = Attribute("node_type", parse_numbered_state)
+DEVICE_STATIC = (NODE_GUID, SYS_IMAGE_GUID, FW_VER, HCA_TYPE, BOARD_ID, HW_REV, NODE_TYPE)
+NODE_DESC = Attribute("node_desc", parse_string, NOT_EXPOSED)
+DEVICE_POLLED = (NODE_DESC,)  # writable: re-read every poll
+STATE = Attribute("state", parse_numbered_state)
+PHYS_STATE = Attribute("phys_state", parse_numbered_state)
+RATE = Attribute("rate", parse_rate)
+LID = Attribute("lid", parse_lid, NOT_EXPOSED)
+PORT_POLLED = (STATE, PHYS_STATE, RATE, LID)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatic:
+    """A device's `DEVICE_STATIC` files, each field named after its file; None: unreadable."""
+
+    node_guid: str | None
+    sys_image_guid: str | None
+    fw_ver: str | None
+    hca_type: str | None
+    board_id: str | None
+    hw_rev: str | None
+    node_type: NumberedState | None
+
+    @classmethod
+    def of(cls, values: Values) -> DeviceStatic:
+        v = values  # each field is its file's attribute, in field order
+        return cls(v[NODE_GUID], v[SYS_IMAGE_GUID], v[FW_VER], v[HCA_TYPE], v[BOARD_ID], v[HW_REV], v[NODE_TYPE])
+
+
+@dataclass(frozen=True, slots=True)
+class PortPolled:
+    """A port's `PORT_POLLED` files, each field named after its file; None: unreadable."""
+
+    state: NumberedState | None
+    phys_state: NumberedState | None
+    rate: LinkRate | None
+    lid: int | None
+
+    @classmethod
+    def of(cls, values: Values) -> PortPolled:
+        return cls(state=values[STATE], phys_state=values[PHYS_STATE], rate=values[RATE], lid=values[LID])
+
+
+def port_group(port_dir: str) -> GroupSpec[PortPolled]:
+    return GroupSpec(under(port_dir, PORT_POLLED), PortPolled.of, watched=PORT_WATCHED)
+
+
+def _node_desc(values: Values) -> str | None:
+    return values[NODE_DESC]
+
+
+def device_group(base: str) -> GroupSpec[str | None]:
+    """The device's polled files: `node_desc`."""
+    return GroupSpec(under(base, DEVICE_POLLED), _node_desc)
+
+
 # What detection judges (up, flapping, below rated): read on every state pass; the rest of
 # PORT_POLLED only when one of these moved, on an announcement, or in rotation.
-PORT_WATCHED = PORT_POLLED[:3]
+PORT_WATCHED = (STATE, PHYS_STATE, RATE)
 # A change of these reads the port's whole GID table (a flap is when addresses, and GIDs, move).
 PORT_STATES = frozenset({"state", "phys_state"})
 # counters/ and hw_counters/ files are read per consumer (a scrape, an OTLP export), never by the

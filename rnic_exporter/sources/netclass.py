@@ -6,10 +6,9 @@ import errno
 import os
 import re
 from collections.abc import Sequence
-from typing import cast
 
 from rnic_exporter.model.host import Netdev
-from rnic_exporter.sources.plan import Attribute
+from rnic_exporter.sources.plan import Attribute, GroupSpec, Values, under
 from rnic_exporter.sources.sysfs import NOT_EXPOSED, MalformedValueError, Tree, errno_reason
 
 CLASS_DIR = "class/net"
@@ -59,36 +58,58 @@ def parse_mac(text: str) -> str:
     return value
 
 
+IFINDEX = Attribute("ifindex", parse_int)
+ADDRESS = Attribute("address", parse_mac)
+MTU = Attribute("mtu", parse_int)
+SPEED = Attribute("speed", parse_int, _ADMIN_DOWN)
+OPERSTATE = Attribute("operstate", parse_operstate)
+CARRIER = Attribute("carrier", parse_bool01, _ADMIN_DOWN)
+CARRIER_CHANGES = Attribute("carrier_changes", parse_int, NOT_EXPOSED)
+CARRIER_UP_COUNT = Attribute("carrier_up_count", parse_int, NOT_EXPOSED)
+CARRIER_DOWN_COUNT = Attribute("carrier_down_count", parse_int, NOT_EXPOSED)
 NETDEV_POLLED = (
-    Attribute("ifindex", parse_int),
-    Attribute("address", parse_mac),
-    Attribute("mtu", parse_int),
-    Attribute("speed", parse_int, _ADMIN_DOWN),
-    Attribute("operstate", parse_operstate),
-    Attribute("carrier", parse_bool01, _ADMIN_DOWN),
-    Attribute("carrier_changes", parse_int, NOT_EXPOSED),
-    Attribute("carrier_up_count", parse_int, NOT_EXPOSED),
-    Attribute("carrier_down_count", parse_int, NOT_EXPOSED),
+    IFINDEX,
+    ADDRESS,
+    MTU,
+    SPEED,
+    OPERSTATE,
+    CARRIER,
+    CARRIER_CHANGES,
+    CARRIER_UP_COUNT,
+    CARRIER_DOWN_COUNT,
 )
 # What detection judges, read on every state pass: speed, operstate, carrier.
-NETDEV_WATCHED = NETDEV_POLLED[3:6]
+NETDEV_WATCHED = (SPEED, OPERSTATE, CARRIER)
+
+
+def netdev(name: str, values: Values, pci_address: str | None) -> Netdev:
+    """A `Netdev` from the values of `NETDEV_POLLED`."""
+    return Netdev(
+        name=name,
+        ifindex=values[IFINDEX],
+        address=values[ADDRESS],
+        mtu=values[MTU],
+        speed_mbps=values[SPEED],
+        operstate=values[OPERSTATE],
+        carrier=values[CARRIER],
+        carrier_changes=values[CARRIER_CHANGES],
+        carrier_up_count=values[CARRIER_UP_COUNT],
+        carrier_down_count=values[CARRIER_DOWN_COUNT],
+        pci_address=pci_address,
+    )
 
 
 def netdev_from_values(name: str, values: Sequence[object], pci_address: str | None) -> Netdev:
-    """A `Netdev` from the values of `NETDEV_POLLED`, in that order."""
-    ifindex, address, mtu, speed, operstate, carrier, changes, ups, downs = values
-    return Netdev(
-        name=name,
-        ifindex=cast(int | None, ifindex),
-        address=cast(str | None, address),
-        mtu=cast(int | None, mtu),
-        speed_mbps=cast(int | None, speed),
-        operstate=cast(str | None, operstate),
-        carrier=cast(bool | None, carrier),
-        carrier_changes=cast(int | None, changes),
-        carrier_up_count=cast(int | None, ups),
-        carrier_down_count=cast(int | None, downs),
-        pci_address=pci_address,
+    """A `Netdev` from the values of `NETDEV_POLLED`, in that order (a one-shot read)."""
+    return netdev(name, Values.of(NETDEV_POLLED, values), pci_address)
+
+
+def netdev_group(name: str, pci_address: str | None) -> GroupSpec[Netdev]:
+    """The netdev's files, labelled `net/<name>/<file>` (errors are filed under the RDMA port)."""
+    return GroupSpec(
+        under(f"{CLASS_DIR}/{name}", NETDEV_POLLED, f"net/{name}/"),
+        lambda values: netdev(name, values, pci_address),
+        watched=NETDEV_WATCHED,
     )
 
 

@@ -25,14 +25,13 @@ import errno
 import ipaddress
 import logging
 import socket
-import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
 from rnic_exporter.sources import pyroute2_parts
+from rnic_exporter.sources.watcher import RetryingWatcher
 
 log = logging.getLogger("rnic_exporter.netlink")
 
@@ -203,7 +202,7 @@ class _State:
         return changes
 
 
-class NetlinkWatcher:
+class NetlinkWatcher(RetryingWatcher):
     """Keeps the links and addresses of the current netns, and says when they change.
 
     `on_change(ifname, kind)` and `on_event(NetlinkEvent)` run in the watcher's thread, once per
@@ -211,6 +210,10 @@ class NetlinkWatcher:
     after a re-dump, whatever differs from the state before it is reported). A slow callback
     delays the watcher (and can overrun its buffer); an exception in one is logged and ignored.
     """
+
+    name = "netlink"
+    meanwhile = "addresses and links may be stale meanwhile"
+    lost = "the kernel dropped events; re-reading all links and addresses"
 
     def __init__(
         self,
@@ -221,62 +224,16 @@ class NetlinkWatcher:
         retry_max_s: float = 30.0,
         rcvbuf: int = 1 << 20,
     ) -> None:
+        # `start` returns once the first dump finished (or the first attempt failed).
+        super().__init__(log, retry_initial_s=retry_initial_s, retry_max_s=retry_max_s)
         self._on_change = on_change
         self._on_event = on_event
-        self._retry_initial_s = retry_initial_s
-        self._retry_max_s = retry_max_s
         self._rcvbuf = rcvbuf
-        self._delay = retry_initial_s
-        self._lock = threading.Lock()
         self._state = _State()
-        self._ready = threading.Event()  # the first dump finished, or the first attempt failed
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._closed = False
-        self._logged_problem: str | None = None
-        self._last_overrun_log = float("-inf")
-        self.errors = 0  # netlink failures, overruns included
-        self.overruns = 0  # ENOBUFS: the kernel dropped events, a re-dump followed
-        self.healthy = False
 
     # -- public ------------------------------------------------------------------------------
-
-    def start(self, timeout: float = 5.0) -> None:
-        """Open, bind and dump in the watcher's thread; return once the state is filled in.
-
-        Returns after `timeout` at the latest, also when netlink fails (see `healthy`, `errors`):
-        the watcher keeps retrying in the background.
-        """
-        if self._thread is not None:
-            raise RuntimeError("NetlinkWatcher.start() called twice")
-        self._thread = threading.Thread(target=self._thread_main, name="netlink-watcher", daemon=True)
-        self._thread.start()
-        self._ready.wait(timeout)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Stop the thread and close the socket; prompt even while `get()` waits for a message."""
-        with self._lock:
-            self._closed = True
-            loop, task = self._loop, self._task
-        self._stop.set()
-        if loop is not None and task is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed in between: nothing to cancel
-                loop.call_soon_threadsafe(task.cancel)
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-            if thread.is_alive():
-                log.warning("netlink watcher thread did not stop within %.1fs", timeout)
-        self.healthy = False
-
-    def __enter__(self) -> NetlinkWatcher:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def addresses(self) -> Mapping[str, tuple[IpAddress, ...]]:
         """Addresses per interface name, kernel order; a consistent copy."""
@@ -294,6 +251,17 @@ class NetlinkWatcher:
 
     # -- the watcher thread ------------------------------------------------------------------
 
+    def _interrupt(self) -> None:
+        """Cancel the task awaiting `get()`: the socket closes with it."""
+        with self._lock:
+            loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed in between: nothing to cancel
+                loop.call_soon_threadsafe(task.cancel)
+
+    def _describe(self, exc: BaseException) -> str:
+        return _describe(exc)
+
     def _thread_main(self) -> None:
         while not self._stop.is_set():
             try:
@@ -302,8 +270,8 @@ class NetlinkWatcher:
                 self._stop.wait(self._failed(exc))
                 continue
             try:
-                with self._lock:
-                    if self._closed:
+                with self._lock:  # `close` sets `_stop`, then takes the lock to cancel the task
+                    if self._stop.is_set():
                         return
                     self._loop, self._task = loop, loop.create_task(self._run())
                 asyncio.set_event_loop(loop)
@@ -321,7 +289,7 @@ class NetlinkWatcher:
             return
 
     async def _run(self) -> None:
-        while not self._closed:
+        while not self._stop.is_set():
             try:
                 await self._session()
             except asyncio.CancelledError:
@@ -334,23 +302,6 @@ class NetlinkWatcher:
             except Exception as exc:
                 await asyncio.sleep(self._failed(exc))
 
-    def _failed(self, exc: BaseException) -> float:
-        """Count and log a failure; returns the seconds to wait before the next attempt."""
-        delay = self._delay
-        self._delay = min(delay * 2, self._retry_max_s)
-        self.errors += 1
-        self.healthy = False
-        what = _describe(exc)
-        if what != self._logged_problem:  # once per state change: identical retries stay quiet
-            log.warning(
-                "netlink failed (%s); retrying with backoff from %gs, addresses and links may be stale meanwhile",
-                what,
-                delay,
-            )
-        self._logged_problem = what
-        self._ready.set()
-        return delay
-
     async def _session(self) -> None:
         ipr = pyroute2_parts.module("iproute.linux").AsyncIPRoute(rcvbuf=self._rcvbuf)  # not all of pyroute2
         try:
@@ -362,14 +313,6 @@ class NetlinkWatcher:
                     self._handle(msg)
         finally:
             ipr.close()
-
-    def _up(self) -> None:
-        if self._logged_problem is not None:
-            log.info("netlink watcher recovered after %d error(s)", self.errors)
-            self._logged_problem = None
-        self.healthy = True
-        self._delay = self._retry_initial_s
-        self._ready.set()
 
     async def _dump(self, ipr: Any) -> None:
         links = [link for msg in [m async for m in await ipr.get_links()] if (link := parse_link(msg))]
@@ -408,18 +351,6 @@ class NetlinkWatcher:
                     self._on_change(change.ifname, change.kind)
             except Exception:
                 log.exception("netlink change callback failed for %s %s", change.ifname, change.kind)
-
-    def _overrun(self) -> None:
-        self.errors += 1
-        self.overruns += 1
-        now = time.monotonic()
-        if now - self._last_overrun_log >= 60.0:  # a storm would otherwise log every re-dump
-            self._last_overrun_log = now
-            log.warning(
-                "netlink receive buffer overran (ENOBUFS, %d so far): the kernel dropped events; "
-                "re-reading all links and addresses",
-                self.overruns,
-            )
 
 
 def _describe(exc: BaseException) -> str:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import cast
 
 from rnic_exporter.model.host import PcieLink
-from rnic_exporter.sources.plan import Attribute
+from rnic_exporter.sources.plan import Attribute, GroupSpec, Values, under
 from rnic_exporter.sources.sysfs import MalformedValueError, SysfsRoot
 
 # Current kernels print `16.0 GT/s PCIe`; up to about 5.6 `16 GT/s` and `Unknown speed`.
@@ -39,19 +38,18 @@ def parse_link_width(text: str) -> int | None:
     return None if width in (0, _BOGUS_WIDTH) else width
 
 
-LINK_POLLED = (
-    Attribute("current_link_speed", parse_link_speed),
-    Attribute("max_link_speed", parse_link_speed),
-    Attribute("current_link_width", parse_link_width),
-    Attribute("max_link_width", parse_link_width),
-)
+CURRENT_LINK_SPEED = Attribute("current_link_speed", parse_link_speed)
+MAX_LINK_SPEED = Attribute("max_link_speed", parse_link_speed)
+CURRENT_LINK_WIDTH = Attribute("current_link_width", parse_link_width)
+MAX_LINK_WIDTH = Attribute("max_link_width", parse_link_width)
+LINK_POLLED = (CURRENT_LINK_SPEED, MAX_LINK_SPEED, CURRENT_LINK_WIDTH, MAX_LINK_WIDTH)
 # What detection judges (downtrained), read on every state pass.
-LINK_WATCHED = (LINK_POLLED[0], LINK_POLLED[2])
-# The upstream port's capability: a x16 card in a x8 slot is not "downtrained".
-UPSTREAM_POLLED = (
-    Attribute("max_link_speed", parse_link_speed),
-    Attribute("max_link_width", parse_link_width),
-)
+LINK_WATCHED = (CURRENT_LINK_SPEED, CURRENT_LINK_WIDTH)
+# The upstream port's capability: a x16 card in a x8 slot is not "downtrained". The same files
+# as the function's, other attributes: a group's values are looked up by attribute.
+UPSTREAM_MAX_LINK_SPEED = Attribute("max_link_speed", parse_link_speed)
+UPSTREAM_MAX_LINK_WIDTH = Attribute("max_link_width", parse_link_width)
+UPSTREAM_POLLED = (UPSTREAM_MAX_LINK_SPEED, UPSTREAM_MAX_LINK_WIDTH)
 
 
 # drivers/pci/pcie/aer.c (aer_stats_dev_attr): one `NAME COUNT` line per named error bit (and
@@ -79,7 +77,7 @@ def _aer_parser(severity: str) -> Callable[[str], int]:
 AER_POLLED = tuple(Attribute(name, _aer_parser(severity)) for name, severity in AER_SEVERITIES.items())
 
 
-def aer_files(root: SysfsRoot, function_dir: str) -> tuple[Attribute, ...]:
+def aer_files(root: SysfsRoot, function_dir: str) -> tuple[Attribute[int], ...]:
     """The AER counter files the function has: none where the kernel lacks them (< 4.17) or AER is
     off (no capability, pcie_ports=compat, firmware-first): no value, not an error."""
     return tuple(a for a in AER_POLLED if root.exists(f"{function_dir}/{a.file}"))
@@ -94,23 +92,29 @@ def link_files(root: SysfsRoot, function_dir: str) -> tuple[bool, bool]:
     )
 
 
-def pcie_link(
-    pci_address: str,
-    values: Sequence[object],
-    upstream: Sequence[object] = (None, None),
-    aer: Sequence[tuple[str, object]] = (),
-) -> PcieLink:
-    """A `PcieLink` from the values of `LINK_POLLED` and `UPSTREAM_POLLED`, in that order, and the
-    AER files read (file name, total)."""
-    current_speed, max_speed, current_width, max_width = values
-    upstream_speed, upstream_width = upstream
+def pcie_link(pci_address: str, values: Values, aer: Sequence[Attribute[int]] = ()) -> PcieLink:
+    """A `PcieLink` from the values of `LINK_POLLED`, `UPSTREAM_POLLED` (None where the upstream
+    port has no link files) and the AER files `aer` read."""
     return PcieLink(
         pci_address=pci_address,
-        current_speed_gts=cast(float | None, current_speed),
-        max_speed_gts=cast(float | None, max_speed),
-        current_width=cast(int | None, current_width),
-        max_width=cast(int | None, max_width),
-        upstream_max_speed_gts=cast(float | None, upstream_speed),
-        upstream_max_width=cast(int | None, upstream_width),
-        aer_errors=tuple((AER_SEVERITIES[name], value) for name, value in aer if isinstance(value, int)),
+        current_speed_gts=values[CURRENT_LINK_SPEED],
+        max_speed_gts=values[MAX_LINK_SPEED],
+        current_width=values[CURRENT_LINK_WIDTH],
+        max_width=values[MAX_LINK_WIDTH],
+        upstream_max_speed_gts=values.get(UPSTREAM_MAX_LINK_SPEED),
+        upstream_max_width=values.get(UPSTREAM_MAX_LINK_WIDTH),
+        aer_errors=tuple((AER_SEVERITIES[attr.file], count) for attr in aer if isinstance(count := values[attr], int)),
     )
+
+
+def link_group(
+    pci_address: str, function_dir: str, upstream: bool, aer: Sequence[Attribute[int]]
+) -> GroupSpec[PcieLink]:
+    """The function's link files, its upstream port's (when it has them: `link_files`), and its AER
+    files, labelled `device/...` as the device's `device` link reaches them; AER counts are watched
+    too (errors count between events)."""
+    slots = under(function_dir, LINK_POLLED, "device/")
+    if upstream:
+        slots += under(os.path.dirname(function_dir), UPSTREAM_POLLED, "device/../")
+    slots += under(function_dir, aer, "device/")
+    return GroupSpec(slots, lambda values: pcie_link(pci_address, values, aer), watched=(*LINK_WATCHED, *aer))

@@ -171,19 +171,20 @@ def test_a_device_removed_between_its_state_files_and_its_gid_table(
 ) -> None:
     """The same race one step later: the port state was read (it went down), then the device left
     before its GID table was listed."""
-    from rnic_exporter.sources import reader as snapshot
+    from rnic_exporter.sources.device_reader import DeviceReader
+    from rnic_exporter.sources.discovery import PortShape
 
     reader = reader_of(sim_host, dict(sim_host.errno_overlay))
     before = reader.read(full_gid_tables=True).port("mlx5_1", 1)
     assert before is not None and len(before.gids) == 4
-    original = snapshot._DeviceReader._read_gid_table
+    original = DeviceReader._read_gid_table
 
-    def vanishing(self: snapshot._DeviceReader, port: snapshot._PortShape) -> bool:
+    def vanishing(self: DeviceReader, port: PortShape) -> bool:
         if self.name == "mlx5_1" and "mlx5_1" not in sim_host.removed:
             sim_host.remove_device("mlx5_1")
         return original(self, port)
 
-    monkeypatch.setattr(snapshot._DeviceReader, "_read_gid_table", vanishing)
+    monkeypatch.setattr(DeviceReader, "_read_gid_table", vanishing)
     sim_host.set_port_up("mlx5_1", False)  # announced (carrier): the pass reads the whole table
     racing = reader.state_pass(trust_events=True, full_gid_tables={"mlx5_1"}).snapshot
     port = racing.port("mlx5_1", 1)
