@@ -433,6 +433,8 @@ def run(
     state_lock = StateLock.acquire(config.state_dir)  # a second daemon on the directory: exit 2 here
     stop = stop or threading.Event()
     agent = Agent(config, stop=stop)
+    if state_lock.problem is not None:  # held, but its file not written (a full disk): counted
+        agent.detector.state_errors["unwritable"] += 1
     if config.otlp is not None:  # before serving: a missing extra is a one-line error, exit 2
         from rnic_exporter.sinks.otel import OtelSink
 

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -365,6 +366,7 @@ class StateLock:
 
     def __init__(self, fd: int | None) -> None:
         self._fd = fd
+        self.problem: str | None = None  # the lock is held but its file could not be written
 
     @classmethod
     def acquire(cls, directory: Path | None) -> StateLock:
@@ -373,10 +375,19 @@ class StateLock:
         path = directory / LOCK_FILE
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:  # a read-only state dir: saving will fail and be counted; reading goes on
+            # Never through a link (whoever can write the directory could point it at any file, and
+            # the pid line below would overwrite it), never blocking on a FIFO put in its place.
+            fd = os.open(path, _LOCK_FLAGS, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ConfigError(_not_ours(path, "a symbolic link")) from None
+            # A read-only state dir: saving will fail and be counted; reading goes on.
             log.warning("state directory not locked", extra={"fields": {"path": str(path), "err": exc.strerror}})
             return cls(None)
+        refused = _foreign(fd)
+        if refused is not None:
+            os.close(fd)
+            raise ConfigError(_not_ours(path, refused))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -389,9 +400,18 @@ class StateLock:
                 ) from None
             log.warning("state directory not locked", extra={"fields": {"path": str(path), "err": exc.strerror}})
             return cls(None)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        return cls(fd)
+        lock = cls(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as exc:
+            # A full disk (ENOSPC) or quota: the flock is held all the same, only the holder's name
+            # is missing; the state is optional for serving, so this is logged and counted, not fatal.
+            lock.problem = f"cannot write {path}: {exc.strerror or exc}"
+            log.warning(
+                "state lock held without its holder line", extra={"fields": {"path": str(path), "err": lock.problem}}
+            )
+        return lock
 
     @property
     def held(self) -> bool:
@@ -404,6 +424,26 @@ class StateLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def _foreign(fd: int) -> str | None:
+    """Why the opened lock file is not one this exporter may truncate, None when it is: a regular
+    file of our user with no other name (a hard link would make the truncation reach its target)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"owned by uid {info.st_uid}, not this exporter's {os.geteuid()}"
+    if info.st_nlink != 1:
+        return f"a file with {info.st_nlink} names (a hard link)"
+    return None
+
+
+def _not_ours(path: Path, why: str) -> str:
+    return (
+        f"refusing to use {path}: it is {why}, not a lock file this exporter created; "
+        "remove it (and check who can write the state directory)"
+    )
 
 
 def _holder(fd: int) -> str:
