@@ -11,7 +11,16 @@ from rnic_exporter.detect.diff import diff
 from rnic_exporter.detect.flapping import FlapTracker
 from rnic_exporter.detect.inputs import Inputs
 from rnic_exporter.detect.settings import DetectionSettings
-from rnic_exporter.detect.state import Baseline, KnownAddress, KnownDevice, State, StateStore, device_key, port_key
+from rnic_exporter.detect.state import (
+    Baseline,
+    KnownAddress,
+    KnownDevice,
+    State,
+    StateStore,
+    device_key,
+    merge,
+    port_key,
+)
 from rnic_exporter.model.host import Snapshot
 
 log = logging.getLogger("rnic_exporter.detect")
@@ -43,7 +52,10 @@ class Detector:
         self.state: State = loaded.state
         if loaded.problem is not None:
             self.state_errors[loaded.reason or "corrupt"] += 1
-            log.warning("state file rebuilt", extra={"fields": {"err": loaded.problem}})
+            if store.withheld is not None:
+                log.error("state file unreadable; it is kept, not rewritten", extra={"fields": {"err": loaded.problem}})
+            else:
+                log.warning("state file rebuilt", extra={"fields": {"err": loaded.problem}})
 
     def reconfigure(self, settings: DetectionSettings) -> None:
         self.settings = settings
@@ -152,6 +164,9 @@ class Detector:
                 del state.addresses[pk]
 
     def _save(self) -> None:
+        if self.store.withheld is not None and not self._readable_again():
+            self.state_errors["unreadable"] += 1
+            return
         try:
             self.store.save(self.state)
             self._unsaved = False
@@ -162,3 +177,15 @@ class Detector:
                     "cannot write the state file; the inventory will not survive a restart",
                     extra={"fields": {"path": str(self.store.path), "err": exc.strerror or str(exc)}},
                 )
+
+    def _readable_again(self) -> bool:
+        """Whether the unreadable state file reads now; if so, what it holds is taken back, with
+        what was learned meanwhile added, and saving resumes."""
+        loaded = self.store.load()
+        if self.store.withheld is not None:
+            return False
+        self.state = merge(loaded.state, self.state)
+        if loaded.problem is not None:  # it reads, but is corrupt: moved aside, as at start-up
+            self.state_errors[loaded.reason or "corrupt"] += 1
+        log.warning("state file readable again; saving resumes", extra={"fields": {"path": str(self.store.path)}})
+        return True

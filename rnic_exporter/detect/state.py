@@ -284,12 +284,34 @@ def decode_state(raw: bytes) -> State:
         raise StateFileError(_one_line(exc), reason) from None
 
 
+class StateWithheldError(OSError):
+    """The state file exists but could not be read: saving would overwrite what it holds."""
+
+
+def merge(base: State, learned: State) -> State:
+    """`base` (a file read late) with what `learned` knows that it does not: devices and addresses it
+    lacks, and the better of two baselines. Used when an unreadable file reads again."""
+    devices = {**learned.devices, **base.devices}
+    baselines = dict(base.baselines)
+    for key, best in learned.baselines.items():
+        have = baselines.get(key)
+        if have is None or (best.rate_bytes_per_second, best.lanes) > (have.rate_bytes_per_second, have.lanes):
+            baselines[key] = best
+    addresses = {key: dict(seen) for key, seen in base.addresses.items()}
+    for key, seen in learned.addresses.items():
+        for address, known in seen.items():
+            addresses.setdefault(key, {}).setdefault(address, known)
+    return State(devices, baselines, addresses)
+
+
 class StateStore:
     """Loads and saves the state file in `directory`; `None` keeps state in memory only."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self._last_written: str | None = None
+        # Why saving is held back: the file exists but could not be read (see load); None otherwise.
+        self.withheld: str | None = None
 
     @property
     def path(self) -> Path | None:
@@ -301,12 +323,19 @@ class StateStore:
             return LoadResult(State())
         try:
             raw = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # no such file (ENOTDIR: nor can there be)
+            self.withheld = None
             return LoadResult(State())
         except OSError as exc:
+            # A read error is not "no file": the inventory and baselines are still in it (EACCES, EIO,
+            # a directory in its place), so it is not written over until it reads again.
+            self.withheld = f"cannot read {path}: {exc.strerror or type(exc).__name__}"
             return LoadResult(
-                State(), f"cannot read {path}: {exc.strerror}; starting with an empty inventory", "unreadable"
+                State(),
+                f"{self.withheld}; serving with an empty inventory and not writing the file until it reads",
+                "unreadable",
             )
+        self.withheld = None
         try:
             state = decode_state(raw)
         except StateFileError as exc:
@@ -326,6 +355,8 @@ class StateStore:
         path = self.path
         if path is None:
             return
+        if self.withheld is not None:
+            raise StateWithheldError(self.withheld)
         # One line, no indent: only then does json use its C encoder. The indenting one is pure
         # Python whose closures form a reference cycle on every call; saved on most polls of a
         # churning host, those outlived the young generations and held ~4 MB an hour until a full
@@ -353,6 +384,9 @@ class StateStore:
         finally:
             os.close(dir_fd)
         self._last_written = text
+
+
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
 
 
 class StateLock:
