@@ -16,7 +16,7 @@ from typing import Protocol
 
 from rnic_exporter.detect.expected import bound_expected
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
-from rnic_exporter.detect.state import State, device_key, port_key
+from rnic_exporter.detect.state import State, device_key, port_key, same_device
 from rnic_exporter.model.host import ROCE_V2, AdvertisedLink, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
 from rnic_exporter.model.nccl import PICK_PROBLEMS, NcclPick, NcclSettings, judge_pick, uses_roce
 
@@ -327,7 +327,8 @@ def judge(
     configured = settings.configured_gid_index
     for dev in snap.devices:
         key = device_key(dev)
-        devices[key] = DeviceView(key, dev.name, dev.pci_address, True, key in state.devices)
+        inventoried = key in state.devices or any(same_device(k, dev) for k in state.devices.values())
+        devices[key] = DeviceView(key, dev.name, dev.pci_address, True, inventoried)
         expectation = settings.expectation_for(dev)
         pcie = judge_pcie(snap.pcie.get(dev.pci_address) if dev.pci_address else None, expectation)
         for port in dev.ports:
@@ -346,11 +347,14 @@ def judge(
                 settings.nccl,
             )
     for key, known in state.devices.items():
-        if key not in devices:
-            # Listed under its name but not read yet (a first read hung): registered, not gone.
-            # The stuck-read metric says what is wrong; "disappeared" would page the wrong runbook.
-            listed = known.name in snap.listed_unread
-            devices[key] = DeviceView(key, known.name, known.pci_address, listed, True)
+        if key in devices or any(same_device(known, dev) for dev in snap.devices):
+            continue  # present (under another key while its `device` link fails or failed)
+        if known.name in snap.filtered_out:
+            continue  # left out by the device filter: not monitored, not gone
+        # Listed under its name but not read yet (a first read hung): registered, not gone.
+        # The stuck-read metric says what is wrong; "disappeared" would page the wrong runbook.
+        listed = known.name in snap.listed_unread
+        devices[key] = DeviceView(key, known.name, known.pci_address, listed, True)
     return HostConditions(snap.taken_at, ports, devices, settings.expected_devices)
 
 

@@ -20,6 +20,7 @@ from rnic_exporter.detect.state import (
     device_key,
     merge,
     port_key,
+    same_device,
 )
 from rnic_exporter.model.host import Snapshot
 
@@ -114,6 +115,16 @@ class Detector:
         state = self.state
         for dev in snap.devices:
             key = device_key(dev)
+            for alias in [k for k, d in state.devices.items() if k != key and same_device(d, dev)]:
+                if dev.pci_address is None:
+                    key = alias  # its `device` link fails now: it stays the entry under its PCI address
+                    continue
+                # An entry made under its node GUID while the link failed: the device, healed, is
+                # known under its PCI address from now on (the GUID entry would page "disappeared").
+                phantom = state.devices.pop(alias)
+                if key not in state.devices:
+                    phantom.pci_address = dev.pci_address
+                    state.devices[key] = phantom
             known = state.devices.get(key)
             if known is None:
                 state.devices[key] = KnownDevice(
@@ -133,6 +144,12 @@ class Detector:
                         best.lanes,
                     ):
                         state.baselines[pk] = Baseline(port.rate.bytes_per_second, port.rate.lanes)
+        for key in [k for k, d in state.devices.items() if d.name in snap.filtered_out]:
+            # Left out by the device filter (a reload or restart with device_exclude): an operator's
+            # choice, not a lost NIC. Out of the inventory, so it is never "disappeared" (also once
+            # removed while filtered out); its ports' baselines stay for when it is monitored again.
+            log.info("device left out by the filter; dropped from the inventory", extra={"fields": {"device": key}})
+            del state.devices[key]
         for view in cur.ports.values():
             if view.addresses is None or view.netdev is None:
                 continue

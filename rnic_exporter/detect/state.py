@@ -50,6 +50,19 @@ def device_key(device: Device) -> str:
     return f"name:{device.name}"
 
 
+def same_device(known: KnownDevice, device: Device) -> bool:
+    """Whether an inventory entry under another key than `device_key(device)` is that device all
+    the same: the same node GUID, where one of the two has no PCI address because its `device` link
+    failed to read (at discovery, or now). A card moved to another slot has both and stays two."""
+    guid = device.node_guid
+    return (
+        bool(guid)
+        and guid != _ZERO_GUID
+        and known.node_guid == guid
+        and (known.pci_address is None or device.pci_address is None)
+    )
+
+
 def _rekeyed(key: str, known: KnownDevice) -> str:
     """A state file written before soft devices were keyed by node GUID kept them as `name:<name>`:
     the same device read now must not look new (and the old entry missing)."""
