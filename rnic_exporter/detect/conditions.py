@@ -345,6 +345,7 @@ def judge(
                 risks or {},
                 flapping or {},
                 settings.nccl,
+                settings.address_forget_after_s,
             )
     for key, known in state.devices.items():
         if key in devices or any(same_device(known, dev) for dev in snap.devices):
@@ -371,6 +372,7 @@ def _port_view(
     risks: Mapping[str, frozenset[str]],
     flapping: Mapping[tuple[str, int], bool],
     nccl: NcclSettings,
+    forget_after_s: float,
 ) -> PortView:
     pk = port_key(dev.name, port.number)
     netdev = port.netdev
@@ -381,12 +383,6 @@ def _port_view(
         if j is not None
     )
     indices = v2_ipv4_indices(port)
-    remembered = state.addresses.get(pk, {})
-    moved = {
-        a: (known.v2_index, indices[a])
-        for a, known in remembered.items()
-        if known.v2_index is not None and a in indices and indices[a] != known.v2_index
-    }
     transient: frozenset[str] = frozenset()
     if addresses is not None and netdev is not None and netdev in addresses:
         current: Mapping[str, str] | None = {a.address: a.family for a in addresses[netdev]}
@@ -396,6 +392,18 @@ def _port_view(
         current, source = gid_table_addresses(port), "gid_table"
     else:
         current, source = None, ""
+    # An address missing for longer than the forget period is no longer expected: the state forgets
+    # it at the end of this poll, and a file read after days off must not page for it at start-up.
+    remembered = {
+        a: known
+        for a, known in state.addresses.get(pk, {}).items()
+        if snap.taken_at - known.last_seen <= forget_after_s or (current is not None and a in current)
+    }
+    moved = {
+        a: (known.v2_index, indices[a])
+        for a, known in remembered.items()
+        if known.v2_index is not None and a in indices and indices[a] != known.v2_index
+    }
     # Expected: what the netdev carried before (remembered) and what it carries now (remembered
     # from this poll on), so the gauge exists from the first poll.
     # Bounded, and only what NCCL and the GID table care about (detect/expected.py).
