@@ -37,6 +37,12 @@ DEFAULT_STATE_DIR = Path("/var/lib/rnic-exporter")
 
 _ZERO_GUID = "0000:0000:0000:0000"
 
+# The most a state file of this exporter holds: an entry is ~100 bytes and a port keeps at most 32
+# expected addresses (detect/expected.py), so 4 MiB is some 40,000 entries, more than a thousand
+# devices need. A bigger file is not one this exporter wrote: decoding it would cost ~8 bytes of
+# memory per byte and seconds before the first scrape (a valid 50 MB file: 30 s and 445 MB).
+MAX_STATE_BYTES = 4 << 20
+
 
 def device_key(device: Device) -> str:
     """What stays when a device is renamed: its PCI address when it has one (names are not stable:
@@ -335,7 +341,9 @@ class StateStore:
         if path is None:
             return LoadResult(State())
         try:
-            raw = path.read_bytes()
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                raw = file.read(MAX_STATE_BYTES + 1)  # never more than the bound into memory
         except (FileNotFoundError, NotADirectoryError):  # no such file (ENOTDIR: nor can there be)
             self.withheld = None
             return LoadResult(State())
@@ -349,6 +357,10 @@ class StateStore:
                 "unreadable",
             )
         self.withheld = None
+        if len(raw) > MAX_STATE_BYTES:
+            size_text = f"{max(size, len(raw))} bytes"
+            why = f"over the {MAX_STATE_BYTES >> 20} MiB a state file of this exporter holds"
+            return self._rebuild(path, f"{path}: {size_text}, {why}", "corrupt")
         try:
             state = decode_state(raw)
         except StateFileError as exc:
@@ -377,6 +389,8 @@ class StateStore:
         text = json.dumps(state.to_json(), sort_keys=True) + "\n"
         if text == self._last_written:
             return
+        if len(text) > MAX_STATE_BYTES:  # never write what load would refuse
+            raise OSError(errno.EFBIG, f"the state is {len(text)} bytes, over {MAX_STATE_BYTES >> 20} MiB")
         path.parent.mkdir(parents=True, exist_ok=True)
         # A name of its own (O_EXCL, random): two containers are both PID 1, so a pid is not unique.
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
