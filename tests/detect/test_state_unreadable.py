@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,15 +29,15 @@ def test_an_unreadable_state_file_is_not_overwritten(sim_host: SimHost, tmp_path
     path = tmp_path / "state" / STATE_FILE
     before = path.read_bytes()
     store = StateStore(tmp_path / "state")
-    real_read = Path.read_bytes
+    real_open = Path.open
 
-    def failing(self: Path) -> bytes:
-        if self == path:
+    def failing(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if self == path:  # as root, a mode of 000 does not stop reads: the error is injected
             raise OSError(code, os.strerror(code))
-        return real_read(self)
+        return real_open(self, *args, **kwargs)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(Path, "read_bytes", failing)
+    mp.setattr(Path, "open", failing)
     try:
         detector = Detector(DetectionSettings(), store)
         assert detector.state_errors["unreadable"] == 1
