@@ -353,7 +353,7 @@ class StateStore:
             self.withheld = f"cannot read {path}: {exc.strerror or type(exc).__name__}"
             return LoadResult(
                 State(),
-                f"{self.withheld}; serving with an empty inventory and not writing the file until it reads",
+                f"{self.withheld}; judged without its inventory, and not written over until it reads again",
                 "unreadable",
             )
         self.withheld = None
