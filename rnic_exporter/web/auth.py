@@ -3,7 +3,9 @@
 bcrypt is slow on purpose (cost 10 is ~70 ms of one core), so every check that reaches it is a
 resource an unauthenticated client can spend. What bounds that here:
 - successful checks are cached per user (an HMAC under a key that exists only in this process,
-  never the plaintext), so a scraper pays bcrypt once per config;
+  never the plaintext), so a scraper pays bcrypt once, and a reloaded config keeps the success of
+  each user whose hash it did not change (a certificate rotation rewrites the file: the scraper
+  must not queue behind a flood again), while a changed hash drops it at once;
 - failed checks are cached for a short while per exact credential, so a client repeating one
   wrong password costs one check per `failure_ttl`, not one per request;
 - at most one check per distinct credential runs at a time (single flight): the others wait for
@@ -68,8 +70,8 @@ class _Flight:
 class BasicAuth:
     """Checks basic-auth credentials against bcrypt hashes; one instance per loaded web config.
 
-    A new config builds a new BasicAuth, which drops the caches, so a rotated password stops
-    working at once.
+    A new config builds a new BasicAuth, which drops the failure cache and the success of every
+    user whose hash changed, so a rotated password stops working at once.
     """
 
     def __init__(
@@ -78,14 +80,17 @@ class BasicAuth:
         *,
         failure_ttl: float = FAILURE_TTL,
         max_cached_failures: int = MAX_CACHED_FAILURES,
+        previous: BasicAuth | None = None,
     ) -> None:
         self._users = dict(users)
         self._decoys = tuple(self._users[name] for name in sorted(self._users))
-        self._hmac_key = secrets.token_bytes(32)
+        # The previous config's key, so its successes still match; only those of users whose hash
+        # is the same are kept (a success is a password matching that hash).
+        self._hmac_key: bytes = secrets.token_bytes(32) if previous is None else previous._hmac_key
         self._failure_ttl = failure_ttl
         self._max_failures = max_cached_failures
         self._lock = threading.Lock()
-        self._successes: dict[str, bytes] = {}
+        self._successes: dict[str, bytes] = {} if previous is None else previous._kept_successes(self._users)
         self._failures: OrderedDict[bytes, float] = OrderedDict()
         self._flights: dict[bytes, _Flight] = {}
         # client address (group) -> its checks in arrival order; in turn order (served goes last)
@@ -101,6 +106,10 @@ class BasicAuth:
         """Distinct credentials queued for bcrypt or being checked."""
         with self._lock:
             return len(self._flights)
+
+    def _kept_successes(self, users: Mapping[str, bytes]) -> dict[str, bytes]:
+        with self._lock:
+            return {user: digest for user, digest in self._successes.items() if users.get(user) == self._users[user]}
 
     # -- the non-blocking interface the server uses ----------------------------------------
 

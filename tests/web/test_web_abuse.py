@@ -486,3 +486,30 @@ def test_a_request_that_waited_for_bcrypt_still_gets_its_whole_write_deadline(
         checkpw.gate.set()
         waiting.join(DEADLINE)
     assert replies == [401]
+
+
+def test_a_reloaded_config_keeps_the_success_of_users_whose_hash_it_did_not_change(
+    serve: ServerFactory, tmp_path: Path, checkpw: RecordingCheckpw
+) -> None:
+    """A rewritten web config (a certificate rotation, a header) must not send the scraper back to
+    bcrypt, where a flood may be queued; a changed hash still drops the user's success at once."""
+    alice, bob = bcrypt.hashpw(b"a", bcrypt.gensalt(rounds=4)), bcrypt.hashpw(b"b", bcrypt.gensalt(rounds=4))
+    users = f"basic_auth_users:\n  alice: '{alice.decode()}'\n  bob: '{bob.decode()}'\n"
+    path = write_config(tmp_path, users)
+    server = serve(path, reload_interval=0.0)
+    assert request(server, headers=basic("alice", "a")).status == 200
+    assert request(server, headers=basic("bob", "b")).status == 200
+    assert len(checkpw.passwords) == 2
+    new_bob = bcrypt.hashpw(b"b2", bcrypt.gensalt(rounds=4))
+    path.write_text(
+        f"basic_auth_users:\n  alice: '{alice.decode()}'\n  bob: '{new_bob.decode()}'\n"
+        "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n"
+    )
+    wait_for(
+        lambda: request(server, headers=basic("alice", "a")).headers.get("X-Content-Type-Options") == "nosniff",
+        timeout=DEADLINE,
+        what="the rewritten config to be applied",
+    )
+    assert len(checkpw.passwords) == 2  # alice's hash is unchanged: no bcrypt
+    assert request(server, headers=basic("bob", "b")).status == 401  # bob's changed: his old password is out
+    assert request(server, headers=basic("bob", "b2")).status == 200
