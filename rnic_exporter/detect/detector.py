@@ -113,9 +113,16 @@ class Detector:
     def _learn_into(self, snap: Snapshot, cur: HostConditions) -> None:
         now = snap.taken_at
         state = self.state
+        # Aliases exist only where a side lacks a PCI address: on most hosts none, and no search.
+        pciless = any(d.pci_address is None for d in state.devices.values())
         for dev in snap.devices:
             key = device_key(dev)
-            for alias in [k for k, d in state.devices.items() if k != key and same_device(d, dev)]:
+            aliases = (
+                [k for k, d in state.devices.items() if k != key and same_device(d, dev)]
+                if pciless or dev.pci_address is None
+                else []
+            )
+            for alias in aliases:
                 if dev.pci_address is None:
                     key = alias  # its `device` link fails now: it stays the entry under its PCI address
                     continue
