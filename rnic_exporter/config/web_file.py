@@ -267,6 +267,8 @@ class _Parser:
         text = self.string(value, key)
         if not text:
             self.fail(key, "must not be empty")
+        if "\0" in text:  # no file name holds one; open() would raise ValueError, not OSError
+            self.fail(key, f"contains a NUL byte at offset {text.index(chr(0))}; no file name can")
         path = Path(text) if Path(text).is_absolute() else self.source.parent / text
         try:
             with path.open("rb"):

@@ -104,11 +104,13 @@ class Agent:
         consumers: ConsumerWatch | None = None,
         announcer: Announcer | None = None,
         health: SelfMetrics | None = None,
+        state_lock_unwritten: bool = False,
     ) -> None:
         """`root` rather than a built reader: the reader's settings are the config's, and a reload
         changes both. `sinks` are built on the agent's counter feed; `consumers` (--collector.consumers)
         names each event's users and is a sink too. `health` collects the exporter's own families for
-        every sink; the agent adds its sinks' to it."""
+        every sink; the agent adds its sinks' to it. `state_lock_unwritten`: the lock is held but its
+        holder line could not be written (a full disk): counted as a state write error, not fatal."""
         self.config = config
         self.reader = HostReader(root or SysfsRoot(config.sysfs, hold_fds=True), config.reader)
         self.reader.safety_s = config.safety_interval_s
@@ -137,6 +139,8 @@ class Agent:
         self.config_reload_ok = True  # the config file's last reload (SIGHUP)
         self.detection_families: tuple[Family, ...] = ()  # the last detection's, shared by every sink
         self.detector = Detector(config.detection_settings, StateStore(config.state_dir))
+        if state_lock_unwritten:
+            self.detector.state_errors["unwritable"] += 1
         self.ethtool = EthtoolReader()
         self._advertised: dict[str, AdvertisedLink | None] = {}  # netdev -> best advertised mode, cached
         self._risk_cache: dict[tuple[str, int | None, bool], tuple[float, frozenset[str]]] = {}

@@ -82,6 +82,7 @@ def run(
         consumers=start_consumer_watch(config, scan) if config.consumers.enabled else None,
         announcer=netlink,
         health=health,
+        state_lock_unwritten=state_lock.problem is not None,
     )
     web = web_server(config, agent)
     health.register(web.families, reloads=web)

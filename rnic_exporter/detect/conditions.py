@@ -16,7 +16,7 @@ from typing import Protocol
 
 from rnic_exporter.detect.expected import bound_expected
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
-from rnic_exporter.detect.state import State, device_key, port_key
+from rnic_exporter.detect.state import State, device_key, port_key, same_device
 from rnic_exporter.model.host import ROCE_V2, AdvertisedLink, Device, GidEntry, PcieLink, Port, ReadError, Snapshot
 from rnic_exporter.model.nccl import PICK_PROBLEMS, NcclPick, NcclSettings, judge_pick, uses_roce
 
@@ -327,7 +327,8 @@ def judge(
     configured = settings.configured_gid_index
     for dev in snap.devices:
         key = device_key(dev)
-        devices[key] = DeviceView(key, dev.name, dev.pci_address, True, key in state.devices)
+        inventoried = key in state.devices or any(same_device(k, dev) for k in state.devices.values())
+        devices[key] = DeviceView(key, dev.name, dev.pci_address, True, inventoried)
         expectation = settings.expectation_for(dev)
         pcie = judge_pcie(snap.pcie.get(dev.pci_address) if dev.pci_address else None, expectation)
         for port in dev.ports:
@@ -344,13 +345,17 @@ def judge(
                 risks or {},
                 flapping or {},
                 settings.nccl,
+                settings.address_forget_after_s,
             )
     for key, known in state.devices.items():
-        if key not in devices:
-            # Listed under its name but not read yet (a first read hung): registered, not gone.
-            # The stuck-read metric says what is wrong; "disappeared" would page the wrong runbook.
-            listed = known.name in snap.listed_unread
-            devices[key] = DeviceView(key, known.name, known.pci_address, listed, True)
+        if key in devices or any(same_device(known, dev) for dev in snap.devices):
+            continue  # present (under another key while its `device` link fails or failed)
+        if known.name in snap.filtered_out:
+            continue  # left out by the device filter: not monitored, not gone
+        # Listed under its name but not read yet (a first read hung): registered, not gone.
+        # The stuck-read metric says what is wrong; "disappeared" would page the wrong runbook.
+        listed = known.name in snap.listed_unread
+        devices[key] = DeviceView(key, known.name, known.pci_address, listed, True)
     return HostConditions(snap.taken_at, ports, devices, settings.expected_devices)
 
 
@@ -367,6 +372,7 @@ def _port_view(
     risks: Mapping[str, frozenset[str]],
     flapping: Mapping[tuple[str, int], bool],
     nccl: NcclSettings,
+    forget_after_s: float,
 ) -> PortView:
     pk = port_key(dev.name, port.number)
     netdev = port.netdev
@@ -377,12 +383,6 @@ def _port_view(
         if j is not None
     )
     indices = v2_ipv4_indices(port)
-    remembered = state.addresses.get(pk, {})
-    moved = {
-        a: (known.v2_index, indices[a])
-        for a, known in remembered.items()
-        if known.v2_index is not None and a in indices and indices[a] != known.v2_index
-    }
     transient: frozenset[str] = frozenset()
     if addresses is not None and netdev is not None and netdev in addresses:
         current: Mapping[str, str] | None = {a.address: a.family for a in addresses[netdev]}
@@ -392,6 +392,18 @@ def _port_view(
         current, source = gid_table_addresses(port), "gid_table"
     else:
         current, source = None, ""
+    # An address missing for longer than the forget period is no longer expected: the state forgets
+    # it at the end of this poll, and a file read after days off must not page for it at start-up.
+    remembered = {
+        a: known
+        for a, known in state.addresses.get(pk, {}).items()
+        if snap.taken_at - known.last_seen <= forget_after_s or (current is not None and a in current)
+    }
+    moved = {
+        a: (known.v2_index, indices[a])
+        for a, known in remembered.items()
+        if known.v2_index is not None and a in indices and indices[a] != known.v2_index
+    }
     # Expected: what the netdev carried before (remembered) and what it carries now (remembered
     # from this poll on), so the gauge exists from the first poll.
     # Bounded, and only what NCCL and the GID table care about (detect/expected.py).

@@ -11,7 +11,17 @@ from rnic_exporter.detect.diff import diff
 from rnic_exporter.detect.flapping import FlapTracker
 from rnic_exporter.detect.inputs import Inputs
 from rnic_exporter.detect.settings import DetectionSettings
-from rnic_exporter.detect.state import Baseline, KnownAddress, KnownDevice, State, StateStore, device_key, port_key
+from rnic_exporter.detect.state import (
+    Baseline,
+    KnownAddress,
+    KnownDevice,
+    State,
+    StateStore,
+    device_key,
+    merge,
+    port_key,
+    same_device,
+)
 from rnic_exporter.model.host import Snapshot
 
 log = logging.getLogger("rnic_exporter.detect")
@@ -43,7 +53,10 @@ class Detector:
         self.state: State = loaded.state
         if loaded.problem is not None:
             self.state_errors[loaded.reason or "corrupt"] += 1
-            log.warning("state file rebuilt", extra={"fields": {"err": loaded.problem}})
+            if store.withheld is not None:
+                log.error("state file unreadable; it is kept, not rewritten", extra={"fields": {"err": loaded.problem}})
+            else:
+                log.warning("state file rebuilt", extra={"fields": {"err": loaded.problem}})
 
     def reconfigure(self, settings: DetectionSettings) -> None:
         self.settings = settings
@@ -100,8 +113,25 @@ class Detector:
     def _learn_into(self, snap: Snapshot, cur: HostConditions) -> None:
         now = snap.taken_at
         state = self.state
+        # Aliases exist only where a side lacks a PCI address: on most hosts none, and no search.
+        pciless = any(d.pci_address is None for d in state.devices.values())
         for dev in snap.devices:
             key = device_key(dev)
+            aliases = (
+                [k for k, d in state.devices.items() if k != key and same_device(d, dev)]
+                if pciless or dev.pci_address is None
+                else []
+            )
+            for alias in aliases:
+                if dev.pci_address is None:
+                    key = alias  # its `device` link fails now: it stays the entry under its PCI address
+                    continue
+                # An entry made under its node GUID while the link failed: the device, healed, is
+                # known under its PCI address from now on (the GUID entry would page "disappeared").
+                phantom = state.devices.pop(alias)
+                if key not in state.devices:
+                    phantom.pci_address = dev.pci_address
+                    state.devices[key] = phantom
             known = state.devices.get(key)
             if known is None:
                 state.devices[key] = KnownDevice(
@@ -121,6 +151,12 @@ class Detector:
                         best.lanes,
                     ):
                         state.baselines[pk] = Baseline(port.rate.bytes_per_second, port.rate.lanes)
+        for key in [k for k, d in state.devices.items() if d.name in snap.filtered_out]:
+            # Left out by the device filter (a reload or restart with device_exclude): an operator's
+            # choice, not a lost NIC. Out of the inventory, so it is never "disappeared" (also once
+            # removed while filtered out); its ports' baselines stay for when it is monitored again.
+            log.info("device left out by the filter; dropped from the inventory", extra={"fields": {"device": key}})
+            del state.devices[key]
         for view in cur.ports.values():
             if view.addresses is None or view.netdev is None:
                 continue
@@ -152,6 +188,9 @@ class Detector:
                 del state.addresses[pk]
 
     def _save(self) -> None:
+        if self.store.withheld is not None and not self._readable_again():
+            self.state_errors["unreadable"] += 1
+            return
         try:
             self.store.save(self.state)
             self._unsaved = False
@@ -162,3 +201,15 @@ class Detector:
                     "cannot write the state file; the inventory will not survive a restart",
                     extra={"fields": {"path": str(self.store.path), "err": exc.strerror or str(exc)}},
                 )
+
+    def _readable_again(self) -> bool:
+        """Whether the unreadable state file reads now; if so, what it holds is taken back, with
+        what was learned meanwhile added, and saving resumes."""
+        loaded = self.store.load()
+        if self.store.withheld is not None:
+            return False
+        self.state = merge(loaded.state, self.state)
+        if loaded.problem is not None:  # it reads, but is corrupt: moved aside, as at start-up
+            self.state_errors[loaded.reason or "corrupt"] += 1
+        log.warning("state file readable again; saving resumes", extra={"fields": {"path": str(self.store.path)}})
+        return True

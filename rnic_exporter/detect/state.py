@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +37,12 @@ DEFAULT_STATE_DIR = Path("/var/lib/rnic-exporter")
 
 _ZERO_GUID = "0000:0000:0000:0000"
 
+# The most a state file of this exporter holds: an entry is ~100 bytes and a port keeps at most 32
+# expected addresses (detect/expected.py), so 4 MiB is some 40,000 entries, more than a thousand
+# devices need. A bigger file is not one this exporter wrote: decoding it would cost ~8 bytes of
+# memory per byte and seconds before the first scrape (a valid 50 MB file: 30 s and 445 MB).
+MAX_STATE_BYTES = 4 << 20
+
 
 def device_key(device: Device) -> str:
     """What stays when a device is renamed: its PCI address when it has one (names are not stable:
@@ -47,6 +54,19 @@ def device_key(device: Device) -> str:
     if device.node_guid and device.node_guid != _ZERO_GUID:
         return f"guid:{device.node_guid}"
     return f"name:{device.name}"
+
+
+def same_device(known: KnownDevice, device: Device) -> bool:
+    """Whether an inventory entry under another key than `device_key(device)` is that device all
+    the same: the same node GUID, where one of the two has no PCI address because its `device` link
+    failed to read (at discovery, or now). A card moved to another slot has both and stays two."""
+    guid = device.node_guid
+    return (
+        bool(guid)
+        and guid != _ZERO_GUID
+        and known.node_guid == guid
+        and (known.pci_address is None or device.pci_address is None)
+    )
 
 
 def _rekeyed(key: str, known: KnownDevice) -> str:
@@ -283,12 +303,34 @@ def decode_state(raw: bytes) -> State:
         raise StateFileError(_one_line(exc), reason) from None
 
 
+class StateWithheldError(OSError):
+    """The state file exists but could not be read: saving would overwrite what it holds."""
+
+
+def merge(base: State, learned: State) -> State:
+    """`base` (a file read late) with what `learned` knows that it does not: devices and addresses it
+    lacks, and the better of two baselines. Used when an unreadable file reads again."""
+    devices = {**learned.devices, **base.devices}
+    baselines = dict(base.baselines)
+    for key, best in learned.baselines.items():
+        have = baselines.get(key)
+        if have is None or (best.rate_bytes_per_second, best.lanes) > (have.rate_bytes_per_second, have.lanes):
+            baselines[key] = best
+    addresses = {key: dict(seen) for key, seen in base.addresses.items()}
+    for key, seen in learned.addresses.items():
+        for address, known in seen.items():
+            addresses.setdefault(key, {}).setdefault(address, known)
+    return State(devices, baselines, addresses)
+
+
 class StateStore:
     """Loads and saves the state file in `directory`; `None` keeps state in memory only."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self._last_written: str | None = None
+        # Why saving is held back: the file exists but could not be read (see load); None otherwise.
+        self.withheld: str | None = None
 
     @property
     def path(self) -> Path | None:
@@ -299,13 +341,26 @@ class StateStore:
         if path is None:
             return LoadResult(State())
         try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
+            with path.open("rb") as file:
+                size = os.fstat(file.fileno()).st_size
+                raw = file.read(MAX_STATE_BYTES + 1)  # never more than the bound into memory
+        except (FileNotFoundError, NotADirectoryError):  # no such file (ENOTDIR: nor can there be)
+            self.withheld = None
             return LoadResult(State())
         except OSError as exc:
+            # A read error is not "no file": the inventory and baselines are still in it (EACCES, EIO,
+            # a directory in its place), so it is not written over until it reads again.
+            self.withheld = f"cannot read {path}: {exc.strerror or type(exc).__name__}"
             return LoadResult(
-                State(), f"cannot read {path}: {exc.strerror}; starting with an empty inventory", "unreadable"
+                State(),
+                f"{self.withheld}; judged without its inventory, and not written over until it reads again",
+                "unreadable",
             )
+        self.withheld = None
+        if len(raw) > MAX_STATE_BYTES:
+            size_text = f"{max(size, len(raw))} bytes"
+            why = f"over the {MAX_STATE_BYTES >> 20} MiB a state file of this exporter holds"
+            return self._rebuild(path, f"{path}: {size_text}, {why}", "corrupt")
         try:
             state = decode_state(raw)
         except StateFileError as exc:
@@ -325,6 +380,8 @@ class StateStore:
         path = self.path
         if path is None:
             return
+        if self.withheld is not None:
+            raise StateWithheldError(self.withheld)
         # One line, no indent: only then does json use its C encoder. The indenting one is pure
         # Python whose closures form a reference cycle on every call; saved on most polls of a
         # churning host, those outlived the young generations and held ~4 MB an hour until a full
@@ -332,6 +389,8 @@ class StateStore:
         text = json.dumps(state.to_json(), sort_keys=True) + "\n"
         if text == self._last_written:
             return
+        if len(text) > MAX_STATE_BYTES:  # never write what load would refuse
+            raise OSError(errno.EFBIG, f"the state is {len(text)} bytes, over {MAX_STATE_BYTES >> 20} MiB")
         path.parent.mkdir(parents=True, exist_ok=True)
         # A name of its own (O_EXCL, random): two containers are both PID 1, so a pid is not unique.
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -354,6 +413,9 @@ class StateStore:
         self._last_written = text
 
 
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+
+
 class StateLock:
     """An exclusive `flock` on `<dir>/state.lock`, held by the one daemon that owns the directory.
 
@@ -365,6 +427,7 @@ class StateLock:
 
     def __init__(self, fd: int | None) -> None:
         self._fd = fd
+        self.problem: str | None = None  # the lock is held but its file could not be written
 
     @classmethod
     def acquire(cls, directory: Path | None) -> StateLock:
@@ -373,10 +436,19 @@ class StateLock:
         path = directory / LOCK_FILE
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:  # a read-only state dir: saving will fail and be counted; reading goes on
+            # Never through a link (whoever can write the directory could point it at any file, and
+            # the pid line below would overwrite it), never blocking on a FIFO put in its place.
+            fd = os.open(path, _LOCK_FLAGS, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise ConfigError(_not_ours(path, "a symbolic link")) from None
+            # A read-only state dir: saving will fail and be counted; reading goes on.
             log.warning("state directory not locked", extra={"fields": {"path": str(path), "err": exc.strerror}})
             return cls(None)
+        refused = _foreign(fd)
+        if refused is not None:
+            os.close(fd)
+            raise ConfigError(_not_ours(path, refused))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -389,9 +461,18 @@ class StateLock:
                 ) from None
             log.warning("state directory not locked", extra={"fields": {"path": str(path), "err": exc.strerror}})
             return cls(None)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        return cls(fd)
+        lock = cls(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as exc:
+            # A full disk (ENOSPC) or quota: the flock is held all the same, only the holder's name
+            # is missing; the state is optional for serving, so this is logged and counted, not fatal.
+            lock.problem = f"cannot write {path}: {exc.strerror or exc}"
+            log.warning(
+                "state lock held without its holder line", extra={"fields": {"path": str(path), "err": lock.problem}}
+            )
+        return lock
 
     @property
     def held(self) -> bool:
@@ -404,6 +485,26 @@ class StateLock:
 
     def __del__(self) -> None:
         self.release()
+
+
+def _foreign(fd: int) -> str | None:
+    """Why the opened lock file is not one this exporter may truncate, None when it is: a regular
+    file of our user with no other name (a hard link would make the truncation reach its target)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if info.st_uid != os.geteuid():
+        return f"owned by uid {info.st_uid}, not this exporter's {os.geteuid()}"
+    if info.st_nlink != 1:
+        return f"a file with {info.st_nlink} names (a hard link)"
+    return None
+
+
+def _not_ours(path: Path, why: str) -> str:
+    return (
+        f"refusing to use {path}: it is {why}, not a lock file this exporter created; "
+        "remove it (and check who can write the state directory)"
+    )
 
 
 def _holder(fd: int) -> str:

@@ -3,14 +3,20 @@
 bcrypt is slow on purpose (cost 10 is ~70 ms of one core), so every check that reaches it is a
 resource an unauthenticated client can spend. What bounds that here:
 - successful checks are cached per user (an HMAC under a key that exists only in this process,
-  never the plaintext), so a scraper pays bcrypt once per config;
+  never the plaintext), so a scraper pays bcrypt once, and a reloaded config keeps the success of
+  each user whose hash it did not change (a certificate rotation rewrites the file: the scraper
+  must not queue behind a flood again), while a changed hash drops it at once;
 - failed checks are cached for a short while per exact credential, so a client repeating one
   wrong password costs one check per `failure_ttl`, not one per request;
 - at most one check per distinct credential runs at a time (single flight): the others wait for
   its verdict;
-- checks run one at a time on one thread, in arrival order (a FIFO, not a lock whose waiters
-  race), and callers are called back instead of blocking, so no request-serving thread ever waits
-  for bcrypt and a correct user waits at most for the checks queued before it.
+- checks run one at a time on one thread, and callers are called back instead of blocking, so no
+  request-serving thread ever waits for bcrypt;
+- the queue is fair between client addresses (IPv6 by /64, what one host is given): each address
+  has its own FIFO and the thread takes one check from each in turn. Distinct wrong passwords miss
+  the failure cache, so one FIFO for all let 300 guessing clients put a legitimate first scrape
+  19 s behind (Prometheus gives up at 10 s); now Prometheus, on an address of its own, waits for
+  one check per address with guesses queued, not for every guess queued.
 An unknown user name is checked against the hash of a configured user picked by a keyed hash of
 the name, so it takes the same code path at a cost that real users have, and the answer time
 does not tell which names exist (several costs are spread over unknown names as over real users).
@@ -22,6 +28,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -63,8 +70,8 @@ class _Flight:
 class BasicAuth:
     """Checks basic-auth credentials against bcrypt hashes; one instance per loaded web config.
 
-    A new config builds a new BasicAuth, which drops the caches, so a rotated password stops
-    working at once.
+    A new config builds a new BasicAuth, which drops the failure cache and the success of every
+    user whose hash changed, so a rotated password stops working at once.
     """
 
     def __init__(
@@ -73,22 +80,36 @@ class BasicAuth:
         *,
         failure_ttl: float = FAILURE_TTL,
         max_cached_failures: int = MAX_CACHED_FAILURES,
+        previous: BasicAuth | None = None,
     ) -> None:
         self._users = dict(users)
         self._decoys = tuple(self._users[name] for name in sorted(self._users))
-        self._hmac_key = secrets.token_bytes(32)
+        # The previous config's key, so its successes still match; only those of users whose hash
+        # is the same are kept (a success is a password matching that hash).
+        self._hmac_key: bytes = secrets.token_bytes(32) if previous is None else previous._hmac_key
         self._failure_ttl = failure_ttl
         self._max_failures = max_cached_failures
         self._lock = threading.Lock()
-        self._successes: dict[str, bytes] = {}
+        self._successes: dict[str, bytes] = {} if previous is None else previous._kept_successes(self._users)
         self._failures: OrderedDict[bytes, float] = OrderedDict()
         self._flights: dict[bytes, _Flight] = {}
-        self._queue: deque[bytes] = deque()
+        # client address (group) -> its checks in arrival order; in turn order (served goes last)
+        self._queues: OrderedDict[str, deque[bytes]] = OrderedDict()
         self._draining = False
 
     @property
     def enabled(self) -> bool:
         return bool(self._users)
+
+    @property
+    def pending(self) -> int:
+        """Distinct credentials queued for bcrypt or being checked."""
+        with self._lock:
+            return len(self._flights)
+
+    def _kept_successes(self, users: Mapping[str, bytes]) -> dict[str, bytes]:
+        with self._lock:
+            return {user: digest for user, digest in self._successes.items() if users.get(user) == self._users[user]}
 
     # -- the non-blocking interface the server uses ----------------------------------------
 
@@ -101,15 +122,20 @@ class BasicAuth:
             return False
         return self._lookup(*credentials)
 
-    def submit(self, credential: Credential, verdict: Verdict) -> None:
-        """Queue a bcrypt check; `verdict` is called with the outcome on the checking thread."""
+    def submit(self, credential: Credential, verdict: Verdict, source: str = "") -> None:
+        """Queue a bcrypt check for a client at address `source`; `verdict` is called with the
+        outcome on the checking thread."""
         with self._lock:
             flight = self._flights.get(credential.digest)
             if flight is not None:  # the same credential is queued or being checked: share it
                 flight.waiters.append(verdict)
                 return
             self._flights[credential.digest] = _Flight(credential, [verdict])
-            self._queue.append(credential.digest)
+            group = source_group(source)
+            queue = self._queues.get(group)
+            if queue is None:
+                queue = self._queues[group] = deque()
+            queue.append(credential.digest)
             if self._draining:
                 return
             self._draining = True
@@ -164,10 +190,15 @@ class BasicAuth:
         _lower_priority()
         while True:
             with self._lock:
-                if not self._queue:
+                if not self._queues:
                     self._draining = False
                     return
-                flight = self._flights[self._queue.popleft()]
+                group, queue = next(iter(self._queues.items()))
+                flight = self._flights[queue.popleft()]
+                if queue:
+                    self._queues.move_to_end(group)  # its next check after one of every other address
+                else:
+                    del self._queues[group]
             credential = flight.credential
             ok = _bcrypt_matches(credential.secret, credential.target) and credential.known
             with self._lock:
@@ -182,13 +213,33 @@ class BasicAuth:
                 waiters = flight.waiters
             _notify(waiters, ok)
 
-    def _fail_queued(self) -> None:
+    def cancel(self) -> None:
+        """Deny every queued check (the server is stopping: their connections are closing); the
+        one being checked ends the thread's work."""
         with self._lock:
-            flights = [self._flights.pop(digest) for digest in self._queue]
-            self._queue.clear()
-            self._draining = False
+            flights = [self._flights.pop(digest) for queue in self._queues.values() for digest in queue]
+            self._queues.clear()
         for flight in flights:
             _notify(flight.waiters, False)
+
+    def _fail_queued(self) -> None:
+        self.cancel()
+        with self._lock:
+            self._draining = False
+
+
+def source_group(address: str) -> str:
+    """The queue a client's checks share: its IPv4 address, or its IPv6 /64 (one host's subnet,
+    whose other addresses it can use at will); an IPv4-mapped IPv6 address is its IPv4 one."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 # Nice increment of the bcrypt thread: a flood of guesses then takes only the CPU that serving

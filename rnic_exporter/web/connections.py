@@ -260,7 +260,7 @@ class Reactor:
                 return
             if at_cap and victim is None:
                 hog = max(self._by_host.items(), key=lambda item: item[1])
-                if self._by_host.get(_host(address), 0) < hog[1] // 2:
+                if self._by_host.get(client_host(address), 0) < hog[1] // 2:
                     victim = self._victim(hog[0])  # a clearly less served address takes the hog's place
                 if victim is None:
                     close_socket(sock)  # before any TLS work: the backlog drains at the speed of a close
@@ -282,7 +282,7 @@ class Reactor:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         conn = Connection(sock, address)
         self._open.add(conn)
-        host = _host(address)
+        host = client_host(address)
         self._by_host[host] = self._by_host.get(host, 0) + 1
         self._guarded(self._start, conn)
 
@@ -307,7 +307,7 @@ class Reactor:
         With `host`: that address's longest-waiting unanswered connection, whatever its age.
         """
         if host is not None:
-            return next((conn for conn in self._unproven if _host(conn.address) == host), None)
+            return next((conn for conn in self._unproven if client_host(conn.address) == host), None)
         # A proven connection (a scraper between scrapes) goes only when no unproven one waits,
         # however young: its client would reconnect through the backlog, behind the flood.
         waiting = self._unproven or self._proven
@@ -481,7 +481,7 @@ class Reactor:
     def _forget_open(self, conn: Connection) -> None:
         if conn in self._open:
             self._open.discard(conn)
-            host = _host(conn.address)
+            host = client_host(conn.address)
             left = self._by_host.get(host, 1) - 1
             if left > 0:
                 self._by_host[host] = left
@@ -489,7 +489,7 @@ class Reactor:
                 self._by_host.pop(host, None)
 
 
-def _host(address: Any) -> str:
+def client_host(address: Any) -> str:
     """The client's address without its port (IPv4 or IPv6 socket addresses)."""
     return str(address[0]) if isinstance(address, tuple) and address else str(address)
 

@@ -55,8 +55,9 @@ class Security:
     auth: BasicAuth
 
     @classmethod
-    def build(cls, config: WebConfig) -> Security:
-        return cls(config, build_ssl_context(config), BasicAuth(config.basic_auth_users))
+    def build(cls, config: WebConfig, previous: BasicAuth | None = None) -> Security:
+        """`previous`: the running config's checker, whose successes for unchanged users carry over."""
+        return cls(config, build_ssl_context(config), BasicAuth(config.basic_auth_users, previous=previous))
 
 
 def fingerprint(paths: Sequence[Path]) -> Fingerprints:
@@ -160,7 +161,7 @@ class WebConfigWatcher:
             return
         self._candidate = None
         try:
-            security, applied = self._load(allow_empty=False, watched=seen)
+            security, applied = self._load(allow_empty=False, watched=seen, previous=self.security.auth)
             reason = weakening(self.security.config, security.config)
             if reason is not None:
                 raise ConfigError(f"web config {self.path}: {reason}")
@@ -187,7 +188,7 @@ class WebConfigWatcher:
             self._last_error = message
 
     def _load(
-        self, *, allow_empty: bool, watched: Fingerprints | Sequence[Path]
+        self, *, allow_empty: bool, watched: Fingerprints | Sequence[Path], previous: BasicAuth | None = None
     ) -> tuple[Security, Fingerprints | None]:
         """Load from one read of the file; the fingerprints to remember, None if a file moved meanwhile."""
         assert self.path is not None
@@ -198,7 +199,7 @@ class WebConfigWatcher:
         before = watched if isinstance(watched, dict) else fingerprint(watched)
         if self.path in before and before[self.path] != hashlib.sha256(raw).digest():
             raise _MovingError
-        security = Security.build(parse_web_config(self.path, raw, allow_empty=allow_empty))
+        security = Security.build(parse_web_config(self.path, raw, allow_empty=allow_empty), previous)
         after = fingerprint(security.config.files)
         # What we parsed is the config file as `raw`; the TLS files were read by OpenSSL by name.
         consistent = after.get(self.path) == hashlib.sha256(raw).digest() and all(

@@ -37,7 +37,7 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.errors import ConfigError, NotReadyError
 from rnic_exporter.sinks.samples import Family
 from rnic_exporter.web.auth import Credential
-from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, close_socket
+from rnic_exporter.web.connections import EVICT_AFTER, Connection, Reactor, client_host, close_socket
 from rnic_exporter.web.listen import bind, format_host_port, parse_listen_address
 from rnic_exporter.web.reload import Security, WebConfigWatcher
 from rnic_exporter.web.tls import client_sans_allowed
@@ -256,6 +256,7 @@ class WebServer:
             return
         self._stopping.set()
         self._reactor.stop(_SHUTDOWN_GRACE)
+        self.watcher.current().auth.cancel()  # a flood's queued guesses are not checked after the end
         for conn in self._reactor.busy():
             # The base-class shutdown acts on the descriptor even for an SSLSocket whose TLS
             # object a worker is using; it wakes that worker's blocking write.
@@ -354,7 +355,9 @@ class WebServer:
             return
         if isinstance(verdict, Credential):
             # bcrypt runs on its own thread, one check at a time; this worker moves on meanwhile.
-            handler.security.auth.submit(verdict, lambda ok: self._workers.submit(lambda: self._respond(handler, ok)))
+            handler.security.auth.submit(
+                verdict, lambda ok: self._workers.submit(lambda: self._respond(handler, ok)), client_host(conn.address)
+            )
         else:
             self._respond(handler, verdict)
 

@@ -432,7 +432,7 @@ def test_problems_explain_each_condition(sim_host: SimHost, tmp_path: Path) -> N
     sim_host.remove_address("mlx5_1", "10.0.1.1")
     state = StateStore(tmp_path / "state").load().state
     cur = judge(
-        read_full(sim_host),
+        replace(read_full(sim_host), taken_at=1_000_010.0),  # on Run's clock: the address was lost 5 s ago
         state,
         DetectionSettings(nccl_gid_index=2, expected_devices=4),
         risks={"ens1f0np0": frozenset({"networkmanager"})},

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from rnic_exporter.cli import main
 from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import (
+    MAX_STATE_BYTES,
     STATE_FILE,
     Baseline,
     KnownAddress,
@@ -187,3 +189,36 @@ def test_a_second_daemon_on_one_state_dir_exits_2_in_one_line(tmp_path: Path) ->
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1, second.stderr
         assert f"pid {first.pid} on " in lines[0] and str(state) in lines[0]
+
+
+def _valid_file_of(size: int) -> bytes:
+    """A valid state file of about `size` bytes: one port remembering ever more addresses."""
+    data = _good()
+    per_port = {
+        f"10.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}": {"netdev": "ens1f0np0", "last_seen": 1.7e9}
+        for n in range(size // 55)
+    }
+    data["addresses"]["mlx5_0/1"] = per_port
+    return json.dumps(data).encode()
+
+
+def test_a_valid_file_over_the_bound_is_moved_aside_without_being_decoded(tmp_path: Path) -> None:
+    """Issue 33 item 7: a valid 50 MB file took 30 s and 445 MB before /metrics answered; no file
+    this exporter writes comes near the bound, so a bigger one is refused at a glance."""
+    content = _valid_file_of(2 * MAX_STATE_BYTES)
+    assert len(content) > MAX_STATE_BYTES
+    store = _store(tmp_path, content)
+    started = time.monotonic()
+    loaded = store.load()
+    assert time.monotonic() - started < 0.5
+    assert loaded.reason == "corrupt" and loaded.problem is not None
+    assert f"{len(content)} bytes, over the 4 MiB" in loaded.problem
+    assert loaded.state.to_json() == State().to_json()
+    aside = [p for p in tmp_path.joinpath("state").iterdir() if p.name.startswith(f"{STATE_FILE}.corrupt-")]
+    assert len(aside) == 1 and aside[0].stat().st_size == len(content)
+
+
+def test_a_valid_file_under_the_bound_loads(tmp_path: Path) -> None:
+    content = _valid_file_of(MAX_STATE_BYTES // 2)
+    loaded = _store(tmp_path, content).load()
+    assert loaded.problem is None and len(loaded.state.addresses["mlx5_0/1"]) > 30_000

@@ -8,6 +8,8 @@ import re
 import shutil
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 
 from rnic_exporter.config.web_file import load_web_config
 from rnic_exporter.errors import ConfigError
+from rnic_exporter.sim import SimHost
 from rnic_exporter.web.auth import BasicAuth, parse_basic_authorization
 from rnic_exporter.web.server import WebServer, parse_listen_address
 from rnic_exporter.web.tls import build_ssl_context
@@ -400,6 +403,22 @@ def test_shutdown_closes_keep_alive_connections_promptly(serve: ServerFactory) -
         ("rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit", "not implemented"),
         ("basic_auth_users:\n  alice: x\n  alice: y\n", "duplicate key", "alice"),
         ("basic_auth_users: {alice: [\n", "not valid YAML", "web.yml"),
+        # A NUL byte in a file's path: open() raises ValueError, which escaped as a traceback.
+        (
+            'tls_server_config:\n  cert_file: "server\\0.crt"\n  key_file: server.key\n',
+            "tls_server_config.cert_file",
+            "NUL byte at offset 6",
+        ),
+        (
+            'tls_server_config:\n  cert_file: server.crt\n  key_file: "\\0"\n',
+            "tls_server_config.key_file",
+            "NUL byte",
+        ),
+        (
+            tls_config(extra_tls='  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: "ca\\0"\n'),
+            "tls_server_config.client_ca_file",
+            "NUL byte",
+        ),
     ],
 )
 def test_config_errors_name_file_key_and_reason(confdir: Path, text: str, key_path: str, reason: str) -> None:
@@ -549,3 +568,19 @@ def test_reload_that_would_turn_tls_off_is_refused(
         server.reload_web_config()
     assert any("restart" in record.getMessage() for record in caplog.records)
     assert request(server, context=client_context(certs)).status == 200
+
+
+def test_a_nul_byte_in_a_tls_file_path_stops_serve_with_one_line(tmp_path: Path) -> None:
+    config = write_config(tmp_path, 'tls_server_config:\n  cert_file: "server\\0.crt"\n  key_file: server.key\n')
+    sysfs = SimHost.build(tmp_path / "sys", roce=1, infiniband=0, gid_table_size=8).root
+    state = tmp_path / "state"
+    serve = ["serve", "--path.sysfs", str(sysfs), "--state.dir", str(state), "--web.config.file", str(config)]
+    result = subprocess.run(
+        [sys.executable, "-m", "rnic_exporter", *serve, "--web.listen-address", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "NUL byte" in lines[0] and "Traceback" not in result.stderr, result.stderr
