@@ -193,6 +193,8 @@ def _port_problems(view: PortView, nccl: NcclSettings, index_source: str = "") -
     if pick is not None and not pick.usable:
         how = _index(pick.index, index_source) if pick.configured else "NCCL's auto-selection"
         out.append(_unusable_pick(view, pick.problem or NO_GID, how, pick.configured, pick.content, nccl))
+    if pick is not None and pick.usable and pick.differs_from_auto is not None:
+        out.append(_family_differs(view, pick.index, pick.content, pick.differs_from_auto, index_source))
     for address, present in sorted(view.expected.items()):
         if not present:
             out.append(
@@ -262,6 +264,24 @@ def _unusable_pick(
         "NCCL connections across nodes over this port fail (the job hangs at init or times out)",
         fix,
         problem,
+    )
+
+
+def _family_differs(view: PortView, index: int | None, content: str, auto: str, index_source: str) -> Problem:
+    """A pin of another family than NCCL's own choice, where nobody stated the family: the incident
+    of a pin on an IPv6 GID where the fabric routes IPv4 RoCE v2, or of a pin copied from an IPv6
+    fabric. A warning, not critical: an IPv6 fabric pinning its ULA GID is right."""
+    return Problem(
+        "nccl_gid_family_differs",
+        "warning",
+        view.where,
+        f"{_index(index, index_source)} uses another address family ({content}) than NCCL's own choice "
+        f"on this port ({auto}), and no NCCL_IB_ADDR_FAMILY or NCCL_IB_ADDR_RANGE says which the fabric routes",
+        "cross-node connections over this port work only if the fabric routes the pinned GID's family; "
+        "if it does not, jobs hang at init",
+        "state the family the fabric routes (NCCL_IB_ADDR_FAMILY, or the config's [nccl] ib_addr_family) so "
+        "check can judge the pin, or point NCCL_IB_GID_INDEX at NCCL's choice, or unset it",
+        "family_differs",
     )
 
 
