@@ -8,7 +8,7 @@ What a driver does not provide is no problem at all: `check` lists it among its 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rnic_exporter.catalog.events import Severity
@@ -38,6 +38,11 @@ class Problem:
     meaning: str
     fix: str
     reason: str = ""  # the cause in one stable token (errno name, link_local...); "" = the code says it all
+    # Where, for scripts (`where` is the same for people): None where it does not apply (a host-wide
+    # problem has no device, a device's none of the others).
+    device: str | None = None
+    port: int | None = None
+    netdev: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -75,6 +80,7 @@ def find_problems(
                     "jobs scheduled on this node with all RNICs will fail or run without this one",
                     "look for PCIe or firmware errors (dmesg, lspci -vv); reseat or replace the NIC; "
                     "delete the state file only if the device was removed on purpose",
+                    device=dev.name,
                 )
             )
     if cur.expected_devices is not None and cur.present_devices < cur.expected_devices:
@@ -89,13 +95,18 @@ def find_problems(
             )
         )
     for view in sorted(cur.ports.values(), key=lambda v: v.key):
-        out.extend(_port_problems(view, nccl or NcclSettings(), index_source))
+        located = (
+            replace(p, device=view.device, port=view.port, netdev=view.netdev)
+            for p in _port_problems(view, nccl or NcclSettings(), index_source)
+        )
+        out.extend(located)
     # A port whose GID table could not be read has that one problem, not one per file as well.
     told = {v.key for v in cur.ports.values() if v.gid_table_unreadable is not None}
     for err in errors:
         if err.port is not None and (err.device, err.port) in told and err.attribute.startswith(NCCL_GID_FILES):
             continue
         where = err.device if err.port is None else f"{err.device} port {err.port}"
+        err_view = cur.ports.get((err.device, err.port)) if err.port is not None else None
         out.append(
             Problem(
                 "attribute_unreadable",
@@ -105,6 +116,9 @@ def find_problems(
                 "this value is not monitored until it can be read again",
                 "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
                 err.kind,
+                err.device,
+                err.port,
+                err_view.netdev if err_view is not None else None,
             )
         )
     out.sort(key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code))
@@ -306,6 +320,7 @@ def aer_problems(snap: Snapshot) -> list[Problem]:
                     "the link was reset under any job using the NIC; it can happen again mid-job",
                     f"drain the node; look at dmesg (AER) and /sys/bus/pci/devices/{dev.pci_address}/aer_dev_fatal, "
                     "reseat or replace the card or riser, then reboot",
+                    device=dev.name,
                 )
             )
         if nonfatal:
@@ -319,6 +334,7 @@ def aer_problems(snap: Snapshot) -> list[Problem]:
                     "PCIe transactions were lost and recovered; jobs can see timeouts, and these precede fatal errors",
                     f"look at dmesg (AER) and /sys/bus/pci/devices/{dev.pci_address}/aer_dev_nonfatal; "
                     "reseat the card and update its firmware if they recur",
+                    device=dev.name,
                 )
             )
     return out
