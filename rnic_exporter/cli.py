@@ -366,6 +366,9 @@ def consumer_options(f: F) -> F:
     return consumers_flag(f)
 
 
+_C_INTEGER = re.compile(r"\s*[+-]?(?:0[xX][0-9a-fA-F]+|[0-9]+)\s*")
+
+
 class NcclIndexParam(click.ParamType[Any]):
     """--nccl-gid-index: read as NCCL reads NCCL_IB_GID_INDEX (010 is 8, 0x3 is 3, -2 is auto), so
     every value a job could run with is accepted."""
@@ -375,7 +378,12 @@ class NcclIndexParam(click.ParamType[Any]):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
         from rnic_exporter.config.nccl_env import gid_index_from_env
 
-        return value if isinstance(value, int) else gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
+        if isinstance(value, int):
+            return value
+        # NCCL would read "abc" as 0: a pin nobody meant. Empty is auto-selection, as in the environment.
+        if value != "" and not _C_INTEGER.fullmatch(str(value)):
+            self.fail(f"{value!r} is not an integer (decimal, 0x hex or 0 octal; -1 = auto-selection)", param, ctx)
+        return gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
 
 
 def _nccl_gid_index_env() -> int | None:
@@ -710,6 +718,8 @@ def check(
             HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
             use_netlink=not no_netlink,
             users=_consumer_scan(consumers, sysfs, procfs, rootfs),
+            state_dir_given=click.get_current_context().get_parameter_source("state_dir")
+            is not click.core.ParameterSource.DEFAULT,
         )
     except ConfigError as exc:
         fail(str(exc))

@@ -60,14 +60,25 @@ _FIX_ADDRESS = (
     "configure the address with a method that keeps it on link loss (ifupdown's networking service, "
     "or systemd-networkd with KeepConfiguration=), then restart jobs that use this port"
 )
+# Refused by permissions, not failed by the driver: who reads is the cause, not the NIC.
+_PERMISSION = frozenset({"EACCES", "EPERM"})
+_PERMISSION_FIX = (
+    "a permission problem, not the driver: run check as root or as the exporter's own user (the unit's "
+    "User=, or the DaemonSet's securityContext), or make the file readable to the user check runs as"
+)
 _FIX_SPEED = "check the cable and transceiver (ethtool, ibstat); reseat or replace them, then confirm the rate"
 
 
 def find_problems(
-    cur: HostConditions, errors: tuple[ReadError, ...] = (), nccl: NcclSettings | None = None, index_source: str = ""
+    cur: HostConditions,
+    errors: tuple[ReadError, ...] = (),
+    nccl: NcclSettings | None = None,
+    index_source: str = "",
+    state_file: str = "",
 ) -> list[Problem]:
     """`index_source`: the file (and line) that set NCCL_IB_GID_INDEX, named beside its value so that
-    the fix goes where the value is (`DetectionSettings.nccl_gid_index_source`)."""
+    the fix goes where the value is (`DetectionSettings.nccl_gid_index_source`). `state_file`: the
+    inventory judged against, named where the fix is to delete it."""
     out: list[Problem] = []
     for dev in sorted(cur.devices.values(), key=lambda d: d.name):
         if not dev.present:
@@ -79,7 +90,8 @@ def find_problems(
                     "a device of the inventory is not present",
                     "jobs scheduled on this node with all RNICs will fail or run without this one",
                     "look for PCIe or firmware errors (dmesg, lspci -vv); reseat or replace the NIC; "
-                    "delete the state file only if the device was removed on purpose",
+                    f"delete the state file{f' ({state_file})' if state_file else ''} only if the device was "
+                    "removed on purpose",
                     device=dev.name,
                 )
             )
@@ -114,7 +126,9 @@ def find_problems(
                 where,
                 f"{err.attribute}: {err.reason}",
                 "this value is not monitored until it can be read again",
-                "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
+                _PERMISSION_FIX
+                if err.kind in _PERMISSION
+                else "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
                 err.kind,
                 err.device,
                 err.port,
@@ -177,6 +191,7 @@ def _port_problems(view: PortView, nccl: NcclSettings, index_source: str = "") -
         # Failed reads are a warning; a tree without gids/ at all (nothing failed: a partial capture,
         # a masked sysfs) cannot be checked either, but that is information, not a fault of the host.
         missing = view.gid_table_unreadable == GIDS_MISSING
+        denied = any(f"({name})" in view.gid_table_unreadable for name in _PERMISSION)
         out.append(
             Problem(
                 "gid_table_unreadable",
@@ -184,7 +199,9 @@ def _port_problems(view: PortView, nccl: NcclSettings, index_source: str = "") -
                 where,
                 f"the GID table could not be read: {view.gid_table_unreadable}",
                 "which GID NCCL would use on this port is unknown, so it cannot be checked",
-                "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
+                _PERMISSION_FIX
+                if denied
+                else "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
                 "compare with show_gids or `rdma link show`",
                 "gids_missing" if missing else "unreadable",
             )

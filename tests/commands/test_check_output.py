@@ -3,14 +3,21 @@ against, what it cannot read and why, and which NCCL it models."""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from rnic_exporter.cli import Exit, main
+from rnic_exporter.cli import Exit, NcclIndexParam, main
+from rnic_exporter.commands.check import run_check
+from rnic_exporter.daemon.agent import Agent, ServeConfig
+from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.reader import ReaderSettings
+from rnic_exporter.sources.sysfs import SysfsRoot
 
 
 @pytest.fixture
@@ -49,3 +56,77 @@ def test_json_problems_name_device_port_and_netdev_as_fields(host: SimHost) -> N
         ],
         key=str,
     )
+
+
+def test_another_sysfs_is_not_judged_against_this_hosts_inventory(
+    host: SimHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default --state.dir describes /sys: a captured or simulated tree judged against it reports
+    this host's devices as missing there (or hides the ones missing here). The variable counts as
+    given, as a flag does (the other tests' private state directory)."""
+    monkeypatch.delenv("RNIC_EXPORTER_CHECK_STATE_DIR")
+    code, out = invoke("check", "--path.sysfs", str(host.root), "--no-netlink")
+    assert code == Exit.OK, out
+    assert f"note: --path.sysfs {host.root} is not /sys: not judged against this host's inventory" in out
+    assert "give --state.dir" in out and "no inventory" not in out
+
+
+def test_the_state_file_judged_is_named_and_so_is_the_one_to_delete(host: SimHost, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    agent = Agent(
+        ServeConfig(
+            sysfs=host.root,
+            state_dir=state,
+            detection=DetectionSettings(),
+            reader=ReaderSettings(),
+            watch_netlink=False,
+            watch_udev=False,
+        ),
+        SysfsRoot(host.root, hold_fds=True),
+    )
+    try:
+        agent.poll_once(full_gid_tables=True)
+    finally:
+        agent.close()
+    state_file = state / "state.json"
+    code, out = invoke("check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", str(state))
+    assert code == Exit.OK and f"note: inventory: judged against the state file {state_file} (3 device(s))" in out
+    host.remove_device("mlx5_1")
+    code, out = invoke("check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", str(state), "--json")
+    assert code == Exit.PROBLEMS
+    [problem] = json.loads(out)["problems"]
+    assert problem["code"] == "device_missing" and f"delete the state file ({state_file}) only if" in problem["fix"]
+    code, out = invoke("check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", str(tmp_path / "none"))
+    assert f"no inventory (state file {tmp_path / 'none' / 'state.json'} not found)" in out
+
+
+@pytest.mark.parametrize("code", [errno.EACCES, errno.EPERM])
+def test_a_refused_read_is_a_permission_problem_not_a_driver_bug(host: SimHost, tmp_path: Path, code: int) -> None:
+    host.fail_with("class/infiniband/mlx5_2/ports/1/rate", code)  # an attribute
+    host.fail_with("class/infiniband/mlx5_0/ports/1/gids", code)  # a RoCE port's GID table
+    report = run_check(
+        host.root,
+        None,
+        DetectionSettings(),
+        ReaderSettings(),
+        HostPaths(rootfs=tmp_path / "none"),
+        use_netlink=False,
+        root=SysfsRoot(host.root, errno_overlay=host.errno_overlay),
+    )
+    found = {p.code: p.fix for p in report.problems}
+    assert set(found) == {"attribute_unreadable", "gid_table_unreadable"}, report.problems
+    for fix in found.values():
+        assert fix.startswith("a permission problem, not the driver: run check as root") and "driver bug" not in fix
+
+
+@pytest.mark.parametrize("text", ["abc", "3abc", " ", "1.5"])
+def test_a_nccl_gid_index_that_is_no_integer_is_a_usage_error(host: SimHost, text: str) -> None:
+    code, out = invoke(
+        "check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", "", "--nccl-gid-index", text
+    )
+    assert code == Exit.USAGE and "is not an integer" in out and "CRITICAL" not in out
+
+
+@pytest.mark.parametrize(("text", "index"), [("3", 3), ("0x3", 3), ("010", 8), ("-1", -1), (" 3 ", 3), ("", None)])
+def test_a_nccl_gid_index_is_read_as_nccl_reads_it(text: str, index: int | None) -> None:
+    assert NcclIndexParam().convert(text, None, None) == index
