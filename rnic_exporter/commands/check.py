@@ -20,6 +20,7 @@ from rnic_exporter.detect.state import StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.consumers import ConsumerScan, Workload
 from rnic_exporter.model.host import Snapshot
+from rnic_exporter.model.nccl import VERSIONS_NOTE
 from rnic_exporter.sinks.consumer_fields import as_json as consumers_json
 from rnic_exporter.sinks.consumer_fields import workload_names
 from rnic_exporter.sources.address_risks import HostPaths, host_risks
@@ -162,6 +163,8 @@ def run_check(
     if inventory_note is not None:
         notes[:] = [inventory_note, *(n for n in notes if not n.startswith("no inventory"))]
     notes.extend(f"NCCL: {note}" for note in settings.nccl.notes)
+    if any(view.nccl_pick is not None for view in cur.ports.values()):
+        notes.append(VERSIONS_NOTE)
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
     notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))

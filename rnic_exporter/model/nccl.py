@@ -168,6 +168,17 @@ def select_gid_index(
     return pick
 
 
+# Which NCCL the judgement models and what a GID change does to a running job on each (check prints
+# it where it judged a RoCE port; docs/check.md#nccl-versions has the long form). NCCL picks the
+# index when a connection is set up: an established connection keeps it.
+VERSIONS_NOTE = (
+    "NCCL: the GID judged is the one NCCL 2.26 to 2.31 would use now; a GID change under a running job: "
+    "up to 2.30 its connections keep the old index (the job fails or hangs), 2.31 re-reads the GID for new "
+    "connections only (on dual-port HCAs not yet: NVIDIA/nccl#2400), opt-in port failover (2.29+) moves "
+    "traffic only between fused NICs (docs/check.md#nccl-versions)"
+)
+
+
 # Why the GID NCCL would use cannot carry cross-node traffic (the `reason` of check's problem and
 # of the rnic.nccl.gid_unusable event).
 LINK_LOCAL = "link_local"  # fe80::/64: not routable; what NCCL keeps when the port has no IPv4 GID

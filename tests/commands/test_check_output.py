@@ -130,3 +130,15 @@ def test_a_nccl_gid_index_that_is_no_integer_is_a_usage_error(host: SimHost, tex
 @pytest.mark.parametrize(("text", "index"), [("3", 3), ("0x3", 3), ("010", 8), ("-1", -1), (" 3 ", 3), ("", None)])
 def test_a_nccl_gid_index_is_read_as_nccl_reads_it(text: str, index: int | None) -> None:
     assert NcclIndexParam().convert(text, None, None) == index
+
+
+def test_check_says_which_nccl_it_models_where_it_judged_a_roce_port(tmp_path: Path) -> None:
+    roce = SimHost.build(tmp_path / "roce", roce=1, infiniband=0, gid_table_size=16)
+    code, out = invoke("check", "--path.sysfs", str(roce.root), "--no-netlink", "--state.dir", "")
+    assert code == Exit.OK
+    [line] = [line for line in out.splitlines() if line.startswith("note: NCCL: ")]
+    assert "NCCL 2.26 to 2.31" in line and "up to 2.30" in line and "NVIDIA/nccl#2400" in line
+    assert "docs/check.md#nccl-versions" in line
+    infiniband = SimHost.build(tmp_path / "ib", roce=0, infiniband=1)
+    code, out = invoke("check", "--path.sysfs", str(infiniband.root), "--no-netlink", "--state.dir", "")
+    assert code == Exit.OK and "NCCL 2.26" not in out  # no RoCE port: NCCL's GID choice is not judged
