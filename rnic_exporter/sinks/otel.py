@@ -9,7 +9,7 @@ The poller only swaps a reference (`publish`); everything else runs on two backg
   with exponential backoff; beyond the bound the oldest event is dropped and counted.
 A collector that is down, hanging or refusing is logged once per change of state and counted in
 `rnic_exporter_otlp_export_failures_total` / `_dropped_total` (served on /metrics, see
-`families`). Only this module imports OpenTelemetry (`pip install rnic-exporter[otel]`).
+`families`). Only this module imports OpenTelemetry (the `otel` extra).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 from rnic_exporter import __version__
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
-from rnic_exporter.errors import ConfigError
+from rnic_exporter.errors import ConfigError, extra_hint
 from rnic_exporter.model.host import CounterGroup
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.consumer_fields import LOG_KEYS, otel_attributes
@@ -57,7 +57,7 @@ try:
     from opentelemetry.sdk.resources import OTELResourceDetector, Resource
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 except ImportError as exc:  # pragma: no cover - exercised through a subprocess that hides the package
-    raise ConfigError(f"OTLP export needs the otel extra: pip install 'rnic-exporter[otel]' ({exc})") from None
+    raise ConfigError(f"OTLP export needs the otel extra: {extra_hint('otel')} ({exc})") from None
 
 log = logging.getLogger("rnic_exporter.otel")
 
@@ -505,7 +505,7 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
             from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogs
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
         except ImportError:
-            raise ConfigError("--otlp.protocol grpc needs the grpc extra: pip install 'rnic-exporter[grpc]'") from None
+            raise ConfigError(f"--otlp.protocol grpc needs the grpc extra: {extra_hint('grpc')}") from None
         credentials = None
         if not settings.insecure:
 
@@ -528,7 +528,7 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogs
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
     except ImportError:
-        raise ConfigError("OTLP export needs the otel extra: pip install 'rnic-exporter[otel]'") from None
+        raise ConfigError(f"OTLP export needs the otel extra: {extra_hint('otel')}") from None
 
     def transport() -> Urllib3HTTPTransport:
         # urllib3 instead of the default requests session: requests alone costs ~6 MB of RSS, and
