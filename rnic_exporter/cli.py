@@ -723,6 +723,11 @@ def check(
         )
     except ConfigError as exc:
         fail(str(exc))
+    except Exception as exc:  # a bug is "could not judge" (2), never "problems found" (1): it must not drain
+        import traceback
+
+        traceback.print_exc()
+        fail(f"check could not judge the node: {type(exc).__name__}: {exc}")
     if as_json:
         _emit_json(report.to_json(fail_on))
     else:
