@@ -774,7 +774,7 @@ def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interv
         fail(str(exc))
 
 
-@main.command(hidden=True)
+@main.command()
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--roce", type=click.IntRange(0, 24), default=2, help="Simulated RoCE RNICs (netdevs ens<N>f0np0).")
 @click.option("--infiniband", type=click.IntRange(0, 24), default=0, help="Simulated InfiniBand RNICs.")

@@ -49,3 +49,16 @@ def test_no_hint_installs_rnic_exporter_from_a_package_index() -> None:
     for path, text in _texts().items():
         found = re.findall(r"pip install '?rnic-exporter\b|pipx install '?rnic-exporter\b", text)
         assert found == [], f"{path.relative_to(REPO)}: {found} (rnic-exporter is on no package index)"
+
+
+def test_every_command_is_listed_by_help_and_in_the_readme() -> None:
+    """`simulate` was hidden from --help and named nowhere in the docs."""
+    from click.testing import CliRunner
+
+    from rnic_exporter.cli import main
+
+    listed = CliRunner().invoke(main, ["--help"]).output.split("Commands:", 1)[1]
+    commands = _section(README.read_text(), "### Commands")
+    for name in main.commands:
+        assert re.search(rf"^\s+{name}\s", listed, flags=re.M), f"{name} is not in --help"
+        assert f"`rnic-exporter {name}" in commands, f"{name} is not in the README's command table"
