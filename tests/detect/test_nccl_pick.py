@@ -336,6 +336,9 @@ def test_check_and_gauge_judge_a_pin_of_another_family_alike(host: SimHost, tmp_
         "family_differs",
     )
     assert f"NCCL_IB_GID_INDEX={ula_v2} " in problem["what"] and f"index {ipv4_v2} holds v2 10." in problem["what"]
+    # NCCL's own choice is the index `gids` marks (and rnic_nccl_gid_index reports): one judgement.
+    code, out = invoke("gids", "--path.sysfs", str(host.root), "--device", "mlx5_0", "--json")
+    assert code == Exit.OK and json.loads(out)["ports"][0]["nccl_gid_index"] == ipv4_v2
     assert check_json(host, "--fail-on", "critical", env={"NCCL_IB_GID_INDEX": str(ula_v2)})[0] == Exit.OK
     env = {"NCCL_IB_GID_INDEX": str(ula_v2), "NCCL_IB_ADDR_FAMILY": "AF_INET"}
     code, report = check_json(host, env=env)
