@@ -370,8 +370,9 @@ _C_INTEGER = re.compile(r"\s*[+-]?(?:0[xX][0-9a-fA-F]+|[0-9]+)\s*")
 
 
 class NcclIndexParam(click.ParamType[Any]):
-    """--nccl-gid-index: read as NCCL reads NCCL_IB_GID_INDEX (010 is 8, 0x3 is 3, -2 is auto), so
-    every value a job could run with is accepted."""
+    """--nccl-gid-index: an integer read as NCCL reads NCCL_IB_GID_INDEX (010 is 8, 0x3 is 3, -2 is
+    auto). Text that is no integer at all (`abc`, `3abc`) is a usage error: NCCL would read it as a
+    pin (0, 3) that the environment's note explains but a flag typed by hand never means."""
 
     name = "integer"
 
