@@ -364,16 +364,25 @@ def consumer_options(f: F) -> F:
     return consumers_flag(f)
 
 
+_C_INTEGER = re.compile(r"\s*[+-]?(?:0[xX][0-9a-fA-F]+|[0-9]+)\s*")
+
+
 class NcclIndexParam(click.ParamType[Any]):
-    """--nccl-gid-index: read as NCCL reads NCCL_IB_GID_INDEX (010 is 8, 0x3 is 3, -2 is auto), so
-    every value a job could run with is accepted."""
+    """--nccl-gid-index: an integer read as NCCL reads NCCL_IB_GID_INDEX (010 is 8, 0x3 is 3, -2 is
+    auto). Text that is no integer at all (`abc`, `3abc`) is a usage error: NCCL would read it as a
+    pin (0, 3) that the environment's note explains but a flag typed by hand never means."""
 
     name = "integer"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
         from rnic_exporter.config.nccl_env import gid_index_from_env
 
-        return value if isinstance(value, int) else gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
+        if isinstance(value, int):
+            return value
+        # NCCL would read "abc" as 0: a pin nobody meant. Empty is auto-selection, as in the environment.
+        if value != "" and not _C_INTEGER.fullmatch(str(value)):
+            self.fail(f"{value!r} is not an integer (decimal, 0x hex or 0 octal; -1 = auto-selection)", param, ctx)
+        return gid_index_from_env({"NCCL_IB_GID_INDEX": str(value)})
 
 
 def serve_options(f: F) -> F:
@@ -507,9 +516,16 @@ def check(
             HostPaths(procfs=Path(procfs), rootfs=Path(rootfs)),
             use_netlink=not no_netlink,
             users=_consumer_scan(consumers, sysfs, procfs, rootfs),
+            state_dir_given=click.get_current_context().get_parameter_source("state_dir")
+            is not click.core.ParameterSource.DEFAULT,
         )
     except ConfigError as exc:
         fail(str(exc))
+    except Exception as exc:  # a bug is "could not judge" (2), never "problems found" (1): it must not drain
+        import traceback
+
+        traceback.print_exc()
+        fail(f"check could not judge the node: {type(exc).__name__}: {exc}")
     if as_json:
         _emit_json(report.to_json(fail_on))
     else:
@@ -556,7 +572,7 @@ def demo(devices: int, step_seconds: float, listen: tuple[str, ...], poll_interv
         fail(str(exc))
 
 
-@main.command(hidden=True)
+@main.command()
 @click.argument("directory", type=click.Path(path_type=Path))
 @click.option("--roce", type=click.IntRange(0, 24), default=2, help="Simulated RoCE RNICs (netdevs ens<N>f0np0).")
 @click.option("--infiniband", type=click.IntRange(0, 24), default=0, help="Simulated InfiniBand RNICs.")

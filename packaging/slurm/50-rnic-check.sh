@@ -8,15 +8,29 @@
 # node (exit 2), the binary missing, a crash, a hang -- is logged loudly and lets the job run:
 # one bad config must not drain the fleet. Alert on those log lines (or on the exporter's metrics).
 #
-# Every log line: time (UTC, RFC 3339), host, job, and what happened.
+# Every log line: time (UTC, RFC 3339), host, job, and what happened. The log keeps at most
+# RNIC_CHECK_LOG_MAX_BYTES (10 MiB) plus one older generation (<log>.1): no logrotate needed.
+#
+# On a critical problem the node is drained with the reason check gave ("rnic-check: [CRITICAL]
+# mlx5_0 port 1 ..." in `sinfo -R`), before the Prolog fails: slurmctld drains a failed Prolog's
+# node as "Prolog error" only when it is not drained already, so the reason says what to fix.
 
 BIN=${RNIC_EXPORTER_BIN:-/opt/rnic-exporter/bin/rnic-exporter}
 CONFIG=${RNIC_CHECK_CONFIG:-/etc/rnic-exporter/config.toml}
 LOG=${RNIC_CHECK_LOG:-/var/log/rnic-check.log}
 TIMEOUT=${RNIC_CHECK_TIMEOUT:-60}  # seconds; keep it well under slurm.conf's PrologEpilogTimeout
+LOG_MAX=${RNIC_CHECK_LOG_MAX_BYTES:-10485760}
+SCONTROL=${RNIC_CHECK_SCONTROL:-scontrol}
 
 HOST=$(hostname 2>/dev/null || uname -n)
+NODE=${SLURMD_NODENAME:-$HOST}  # Slurm's name for this node, which scontrol needs
 JOB=${SLURM_JOB_ID:-none}
+
+# One older generation: a busy node runs a prologue per job, for years.
+SIZE=$(wc -c <"$LOG" 2>/dev/null || echo 0)
+if [ "$SIZE" -ge "$LOG_MAX" ] 2>/dev/null; then
+    mv -f "$LOG" "$LOG.1" 2>/dev/null
+fi
 
 log() {
     printf '%s host=%s job=%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$HOST" "$JOB" "$*" >>"$LOG" 2>/dev/null
@@ -43,7 +57,14 @@ case $RC in
         exit 0
         ;;
     1)
-        log "level=error rc=1 msg=\"critical RNIC problem: failing the prologue (Slurm drains the node)\""
+        # The first critical problem, as check printed it; scontrol takes the reason as one argument.
+        FIRST=$(printf '%s\n' "$OUT" | grep -m 1 '^\[CRITICAL\]' | cut -c 1-200)
+        REASON="rnic-check: ${FIRST:-critical RNIC problem, see $LOG}"
+        if timeout -k 5 20 "$SCONTROL" update nodename="$NODE" state=drain reason="$REASON" >/dev/null 2>&1; then
+            log "level=error rc=1 msg=\"critical RNIC problem: node drained, failing the prologue\" reason=\"$REASON\""
+        else
+            log "level=error rc=1 msg=\"critical RNIC problem: failing the prologue (scontrol could not set the drain reason; Slurm drains the node as Prolog error)\""
+        fi
         exit 1
         ;;
     2)

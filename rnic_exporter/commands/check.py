@@ -20,6 +20,7 @@ from rnic_exporter.detect.state import StateStore
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.consumers import ConsumerScan, Workload
 from rnic_exporter.model.host import Snapshot
+from rnic_exporter.model.nccl import VERSIONS_NOTE
 from rnic_exporter.sinks.consumer_fields import as_json as consumers_json
 from rnic_exporter.sinks.consumer_fields import workload_names
 from rnic_exporter.sources.address_risks import HostPaths, host_risks
@@ -29,6 +30,7 @@ from rnic_exporter.sources.reader import HostReader, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 CHECK_SCHEMA = 1
+HOST_SYSFS = Path("/sys")  # --path.sysfs's default: the sysfs the default --state.dir's inventory describes
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +110,15 @@ def gather(
     loaded = store.load()
     if loaded.problem is not None:
         notes.append(f"state: {loaded.problem}")
-    elif store.path is None or not store.path.exists():
-        notes.append("no inventory (state file) found: missing devices are judged only against --expected-devices")
+    elif store.path is None:
+        notes.append("no inventory (--state.dir empty): missing devices are judged only against --expected-devices")
+    elif not store.path.exists():
+        notes.append(
+            f"no inventory (state file {store.path} not found): missing devices are judged only against "
+            "--expected-devices"
+        )
+    else:
+        notes.append(f"inventory: judged against the state file {store.path} ({len(loaded.state.devices)} device(s))")
     addresses = _netlink_addresses(notes) if use_netlink else None
     ethtool = EthtoolReader()
     try:
@@ -131,17 +140,31 @@ def run_check(
     use_netlink: bool = True,
     root: SysfsRoot | None = None,
     users: ConsumerScan | None = None,
+    state_dir_given: bool = True,
 ) -> CheckReport:
     """Raises ConfigError for an unusable sysfs path (exit 2). `root`: read through this one instead
-    (a test's errno overlay)."""
+    (a test's errno overlay). `state_dir_given`: --state.dir was given, not its default; the default
+    inventory is this host's, so it judges only this host's sysfs."""
+    inventory_note = None
+    if not state_dir_given and sysfs != HOST_SYSFS:
+        inventory_note = (
+            f"--path.sysfs {sysfs} is not {HOST_SYSFS}: not judged against this host's inventory "
+            f"({state_dir}); give --state.dir to judge against one"
+        )
+        state_dir = None
     reader = HostReader(root or SysfsRoot(sysfs), reader_settings)
     with contextlib.closing(reader):
         snap = reader.read(full_gid_tables=True)
     excluded = reader_settings.excludes_all(snap, sysfs)
     if excluded is not None:  # nothing would be checked: "OK: 0 devices" would be a lie
         raise ConfigError(excluded)
-    cur, notes = gather(snap, StateStore(state_dir), settings, paths, use_netlink)
+    store = StateStore(state_dir)
+    cur, notes = gather(snap, store, settings, paths, use_netlink)
+    if inventory_note is not None:
+        notes[:] = [inventory_note, *(n for n in notes if not n.startswith("no inventory"))]
     notes.extend(f"NCCL: {note}" for note in settings.nccl.notes)
+    if any(view.nccl_pick is not None for view in cur.ports.values()):
+        notes.append(VERSIONS_NOTE)
     if not snap.devices and not cur.devices:
         notes.append(f"no RDMA devices under {sysfs}/class/infiniband")
     notes.extend(f"not provided by the driver, not checked: {line}" for line in summarize(snap.unsupported))
@@ -151,7 +174,10 @@ def run_check(
             "a problem may put more workloads at risk than it names"
         )
     problems = sorted(
-        [*find_problems(cur, snap.errors, settings.nccl, settings.nccl_gid_index_source), *aer_problems(snap)],
+        [
+            *find_problems(cur, snap.errors, settings.nccl, settings.nccl_gid_index_source, str(store.path or "")),
+            *aer_problems(snap),
+        ],
         key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code),
     )
     return CheckReport(tuple(problems), tuple(notes), len(snap.devices), len(snap.ports), users)

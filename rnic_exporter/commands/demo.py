@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -62,8 +63,14 @@ IPV6_ADDRESS = "fd00:0:0:0::1"  # what mlx5_0 keeps when it loses its IPv4 addre
 
 
 def _ipv6_only(host: SimHost) -> str:
-    # Only the first time: the heal keeps the IPv6 address (as a real host would), so it is there.
-    host.ipv6_only("mlx5_0", () if IPV6_ADDRESS in host.device("mlx5_0").addresses else (IPV6_ADDRESS,))
+    # The netdev *kept* its IPv6 address: it carried it before it lost 10.0.0.1, so its GIDs sit above
+    # 10.0.0.1's and the slots 10.0.0.1 leaves stay free. Added after the loss (SimHost.ipv6_only's
+    # order) they would take those slots, 10.0.0.1 would come back at a higher index at the heal, and
+    # the daemon would rightly raise a critical rnic.gid.address_moved right after "Everything
+    # healed". Only the first time: the heal keeps the IPv6 address, as a real host would.
+    if IPV6_ADDRESS not in host.device("mlx5_0").addresses:
+        host.add_address("mlx5_0", IPV6_ADDRESS)
+    host.ipv6_only("mlx5_0", ())
     return (
         "mlx5_0's netdev lost 10.0.0.1 and kept only IPv6 addresses: NCCL (NCCL_IB_ADDR_FAMILY=AF_INET) "
         'keeps the link-local GID at index 0. Look at rnic_nccl_gid_usable{device="mlx5_0"} and run '
@@ -111,8 +118,12 @@ STEPS = (
 def run_demo(
     *, devices: int, step_seconds: float, listen: tuple[str, ...], poll_interval: float, echo: Callable[[str], None]
 ) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="rnic-exporter-demo-"))
     stop = threading.Event()
+    # Until the daemon installs its own handlers, SIGTERM/SIGINT (systemd, Ctrl-C, a test harness in
+    # the first seconds) only set `stop`: the default action would kill the process (143) before the
+    # `finally` below removes the tree from /tmp.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    workdir = Path(tempfile.mkdtemp(prefix="rnic-exporter-demo-"))
     try:
         ib = max(1, devices // 4)
         host = SimHost.build(workdir / "sys", roce=devices - ib, infiniband=ib)
@@ -131,6 +142,8 @@ def run_demo(
         _HINTS["check"] = f"{prog} check --path.sysfs {workdir / 'sys'} --state.dir {workdir / 'state'} --no-netlink"
         echo(f"Try: {prog} show --path.sysfs {workdir / 'sys'}")
         echo(f"Metrics: http://{listen[0].lstrip(':') if listen[0].startswith(':') else listen[0]}/metrics")
+        if stop.is_set():  # stopped while the tree was built: nothing to serve
+            return 0
         player = threading.Thread(
             target=_play, args=(host, step_seconds, poll_interval, stop, echo), name="demo-player", daemon=True
         )
@@ -149,6 +162,8 @@ def run_demo(
         stop.set()
         shutil.rmtree(workdir, ignore_errors=True)
         echo(f"Removed {workdir}")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _play(

@@ -163,7 +163,8 @@ def nccl_settings(env: Mapping[str, str] | None = None) -> NcclSettings:
             f"NCCL_IB_ROCE_VERSION_NUM={roce_version}: no GID has that RoCE version, so NCCL's "
             "auto-selection never moves off index 0 for a version match"
         )
-    return NcclSettings(family, address_range, roce_version, flid_index, tuple(notes))
+    stated = env.get("NCCL_IB_ADDR_FAMILY") in ("AF_INET", "AF_INET6") or address_range is not None
+    return NcclSettings(family, address_range, roce_version, flid_index, stated, tuple(notes))
 
 
 def gid_index_given(flag: int | None, environ: Mapping[str, str]) -> bool:

@@ -18,7 +18,9 @@ def main() -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] != "grafanalib":
             raise
-        print("grafanalib is missing: pip install 'rnic-exporter[dashboards]'", file=sys.stderr)
+        from rnic_exporter.errors import extra_hint
+
+        print(f"grafanalib is missing: {extra_hint('dashboards')}", file=sys.stderr)
         return 2
     for path in written:
         print(path)

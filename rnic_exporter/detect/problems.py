@@ -8,7 +8,7 @@ What a driver does not provide is no problem at all: `check` lists it among its 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rnic_exporter.catalog.events import Severity
@@ -38,6 +38,11 @@ class Problem:
     meaning: str
     fix: str
     reason: str = ""  # the cause in one stable token (errno name, link_local...); "" = the code says it all
+    # Where, for scripts (`where` is the same for people): None where it does not apply (a host-wide
+    # problem has no device, a device's none of the others).
+    device: str | None = None
+    port: int | None = None
+    netdev: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -55,14 +60,25 @@ _FIX_ADDRESS = (
     "configure the address with a method that keeps it on link loss (ifupdown's networking service, "
     "or systemd-networkd with KeepConfiguration=), then restart jobs that use this port"
 )
+# Refused by permissions, not failed by the driver: who reads is the cause, not the NIC.
+_PERMISSION = frozenset({"EACCES", "EPERM"})
+_PERMISSION_FIX = (
+    "a permission problem, not the driver: run check as root or as the exporter's own user (the unit's "
+    "User=, or the DaemonSet's securityContext), or make the file readable to the user check runs as"
+)
 _FIX_SPEED = "check the cable and transceiver (ethtool, ibstat); reseat or replace them, then confirm the rate"
 
 
 def find_problems(
-    cur: HostConditions, errors: tuple[ReadError, ...] = (), nccl: NcclSettings | None = None, index_source: str = ""
+    cur: HostConditions,
+    errors: tuple[ReadError, ...] = (),
+    nccl: NcclSettings | None = None,
+    index_source: str = "",
+    state_file: str = "",
 ) -> list[Problem]:
     """`index_source`: the file (and line) that set NCCL_IB_GID_INDEX, named beside its value so that
-    the fix goes where the value is (`DetectionSettings.nccl_gid_index_source`)."""
+    the fix goes where the value is (`DetectionSettings.nccl_gid_index_source`). `state_file`: the
+    inventory judged against, named where the fix is to delete it."""
     out: list[Problem] = []
     for dev in sorted(cur.devices.values(), key=lambda d: d.name):
         if not dev.present:
@@ -74,7 +90,9 @@ def find_problems(
                     "a device of the inventory is not present",
                     "jobs scheduled on this node with all RNICs will fail or run without this one",
                     "look for PCIe or firmware errors (dmesg, lspci -vv); reseat or replace the NIC; "
-                    "delete the state file only if the device was removed on purpose",
+                    f"delete the state file{f' ({state_file})' if state_file else ''} only if the device was "
+                    "removed on purpose",
+                    device=dev.name,
                 )
             )
     if cur.expected_devices is not None and cur.present_devices < cur.expected_devices:
@@ -89,13 +107,18 @@ def find_problems(
             )
         )
     for view in sorted(cur.ports.values(), key=lambda v: v.key):
-        out.extend(_port_problems(view, nccl or NcclSettings(), index_source))
+        located = (
+            replace(p, device=view.device, port=view.port, netdev=view.netdev)
+            for p in _port_problems(view, nccl or NcclSettings(), index_source)
+        )
+        out.extend(located)
     # A port whose GID table could not be read has that one problem, not one per file as well.
     told = {v.key for v in cur.ports.values() if v.gid_table_unreadable is not None}
     for err in errors:
         if err.port is not None and (err.device, err.port) in told and err.attribute.startswith(NCCL_GID_FILES):
             continue
         where = err.device if err.port is None else f"{err.device} port {err.port}"
+        err_view = cur.ports.get((err.device, err.port)) if err.port is not None else None
         out.append(
             Problem(
                 "attribute_unreadable",
@@ -103,8 +126,13 @@ def find_problems(
                 where,
                 f"{err.attribute}: {err.reason}",
                 "this value is not monitored until it can be read again",
-                "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
+                _PERMISSION_FIX
+                if err.kind in _PERMISSION
+                else "check the driver and firmware (dmesg); a value that stays unreadable is a driver bug",
                 err.kind,
+                err.device,
+                err.port,
+                err_view.netdev if err_view is not None else None,
             )
         )
     out.sort(key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code))
@@ -163,6 +191,7 @@ def _port_problems(view: PortView, nccl: NcclSettings, index_source: str = "") -
         # Failed reads are a warning; a tree without gids/ at all (nothing failed: a partial capture,
         # a masked sysfs) cannot be checked either, but that is information, not a fault of the host.
         missing = view.gid_table_unreadable == GIDS_MISSING
+        denied = any(f"({name})" in view.gid_table_unreadable for name in _PERMISSION)
         out.append(
             Problem(
                 "gid_table_unreadable",
@@ -170,7 +199,9 @@ def _port_problems(view: PortView, nccl: NcclSettings, index_source: str = "") -
                 where,
                 f"the GID table could not be read: {view.gid_table_unreadable}",
                 "which GID NCCL would use on this port is unknown, so it cannot be checked",
-                "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
+                _PERMISSION_FIX
+                if denied
+                else "look for driver or firmware errors (dmesg); make sure --path.sysfs is the host's sysfs; "
                 "compare with show_gids or `rdma link show`",
                 "gids_missing" if missing else "unreadable",
             )
@@ -193,6 +224,8 @@ def _port_problems(view: PortView, nccl: NcclSettings, index_source: str = "") -
     if pick is not None and not pick.usable:
         how = _index(pick.index, index_source) if pick.configured else "NCCL's auto-selection"
         out.append(_unusable_pick(view, pick.problem or NO_GID, how, pick.configured, pick.content, nccl))
+    if pick is not None and pick.usable and pick.differs_from_auto is not None:
+        out.append(_family_differs(view, pick.index, pick.content, pick.differs_from_auto, index_source))
     for address, present in sorted(view.expected.items()):
         if not present:
             out.append(
@@ -265,6 +298,24 @@ def _unusable_pick(
     )
 
 
+def _family_differs(view: PortView, index: int | None, content: str, auto: str, index_source: str) -> Problem:
+    """A pin of another family than NCCL's own choice, where nobody stated the family: the incident
+    of a pin on an IPv6 GID where the fabric routes IPv4 RoCE v2, or of a pin copied from an IPv6
+    fabric. A warning, not critical: an IPv6 fabric pinning its ULA GID is right."""
+    return Problem(
+        "nccl_gid_family_differs",
+        "warning",
+        view.where,
+        f"{_index(index, index_source)} uses another address family ({content}) than NCCL's own choice "
+        f"on this port ({auto}), and no NCCL_IB_ADDR_FAMILY or NCCL_IB_ADDR_RANGE says which the fabric routes",
+        "cross-node connections over this port work only if the fabric routes the pinned GID's family; "
+        "if it does not, jobs hang at init",
+        "state the family the fabric routes (NCCL_IB_ADDR_FAMILY, or the config's [nccl] ib_addr_family) so "
+        "check can judge the pin, or point NCCL_IB_GID_INDEX at NCCL's choice, or unset it",
+        "family_differs",
+    )
+
+
 def aer_problems(snap: Snapshot) -> list[Problem]:
     """PCIe AER errors each RNIC function reported since boot: a fatal one is critical (the link was
     reset under whatever ran on it), a non-fatal one a warning. Correctable errors are the link's own
@@ -286,6 +337,7 @@ def aer_problems(snap: Snapshot) -> list[Problem]:
                     "the link was reset under any job using the NIC; it can happen again mid-job",
                     f"drain the node; look at dmesg (AER) and /sys/bus/pci/devices/{dev.pci_address}/aer_dev_fatal, "
                     "reseat or replace the card or riser, then reboot",
+                    device=dev.name,
                 )
             )
         if nonfatal:
@@ -299,6 +351,7 @@ def aer_problems(snap: Snapshot) -> list[Problem]:
                     "PCIe transactions were lost and recovered; jobs can see timeouts, and these precede fatal errors",
                     f"look at dmesg (AER) and /sys/bus/pci/devices/{dev.pci_address}/aer_dev_nonfatal; "
                     "reseat the card and update its firmware if they recur",
+                    device=dev.name,
                 )
             )
     return out

@@ -72,6 +72,11 @@ class NcclSettings:
     address_range: AddrRange | None = None  # NCCL_IB_ADDR_RANGE
     roce_version: int = 2  # NCCL_IB_ROCE_VERSION_NUM
     routable_flid_gid_index: int = 1  # NCCL_IB_ROUTABLE_FLID_GID_INDEX
+    # Whether the operator said which family the fabric routes (NCCL_IB_ADDR_FAMILY exactly AF_INET or
+    # AF_INET6, from the environment, the config's `[nccl] ib_addr_family` or NCCL's files, or a range
+    # NCCL parsed; a misspelt family is only a note, not a statement to fail a pin on):
+    # a pinned index of the other family is then wrong, not merely different from NCCL's own pick.
+    family_stated: bool = field(default=False, compare=False)
     # How NCCL reads values that do not say plainly what NCCL does with them (check prints them).
     notes: tuple[str, ...] = field(default=(), compare=False)
 
@@ -163,11 +168,23 @@ def select_gid_index(
     return pick
 
 
+# Which NCCL the judgement models and what a GID change does to a running job on each (check prints
+# it where it judged a RoCE port; docs/check.md#nccl-versions has the long form). NCCL picks the
+# index when a connection is set up: an established connection keeps it.
+VERSIONS_NOTE = (
+    "NCCL: the GID judged is the one NCCL 2.26 to 2.31 would use now; a GID change under a running job: "
+    "up to 2.30 its connections keep the old index (the job fails or hangs), 2.31 re-reads the GID for new "
+    "connections only (on dual-port HCAs not yet: NVIDIA/nccl#2400), opt-in port failover (2.29+) moves "
+    "traffic only between fused NICs (docs/check.md#nccl-versions)"
+)
+
+
 # Why the GID NCCL would use cannot carry cross-node traffic (the `reason` of check's problem and
 # of the rnic.nccl.gid_unusable event).
 LINK_LOCAL = "link_local"  # fe80::/64: not routable; what NCCL keeps when the port has no IPv4 GID
 WRONG_ROCE_VERSION = "wrong_roce_version"  # e.g. only a RoCE v1 GID where NCCL_IB_ROCE_VERSION_NUM=2
 OUT_OF_RANGE = "out_of_range"  # the GID's address is outside NCCL_IB_ADDR_RANGE
+WRONG_FAMILY = "wrong_family"  # a pinned GID of another family than the operator stated
 NO_GID = "no_gid"  # the slot is empty, or there is no index NCCL could pick
 
 PICK_PROBLEMS: Mapping[str, str] = MappingProxyType(
@@ -175,6 +192,7 @@ PICK_PROBLEMS: Mapping[str, str] = MappingProxyType(
         LINK_LOCAL: "a link-local GID, which is not routable between nodes",
         WRONG_ROCE_VERSION: "a GID of another RoCE version than NCCL_IB_ROCE_VERSION_NUM asks for",
         OUT_OF_RANGE: "a GID outside NCCL_IB_ADDR_RANGE",
+        WRONG_FAMILY: "a GID of another address family than NCCL_IB_ADDR_FAMILY / NCCL_IB_ADDR_RANGE state",
         NO_GID: "no GID at all",
     }
 )
@@ -188,6 +206,10 @@ class NcclPick:
     configured: bool  # pinned by NCCL_IB_GID_INDEX (NCCL uses it as it is, without looking)
     problem: str | None  # None when usable, else a key of PICK_PROBLEMS
     content: str  # what sits there, for messages: "index 0 holds v1 fe80::e42:a1ff:fe41:36"
+    # A usable pin whose family differs from the GID NCCL's own choice would use on this port, where
+    # nobody stated the family: what NCCL would pick instead ("index 3 holds v2 10.0.0.1"). A warning:
+    # it works only if the fabric routes that family.
+    differs_from_auto: str | None = None
 
     @property
     def usable(self) -> bool:
@@ -207,9 +229,11 @@ def uses_roce(device: Device, port: Port) -> bool:
 def judge_pick(port: Port, settings: NcclSettings, configured_index: int | None = None) -> NcclPick:
     """What NCCL would use on a RoCE port whose GID table was read, judged against `settings`.
 
-    A pinned index is used as it is: NCCL does not look at NCCL_IB_ADDR_FAMILY for it, so neither
-    does this (a pinned IPv6 ULA is usable); it is still judged against NCCL_IB_ADDR_RANGE, which
-    says what the fabric routes."""
+    A pinned index is used as it is: NCCL does not look at NCCL_IB_ADDR_FAMILY for it. But the family
+    says what the fabric routes: where the operator stated it (`NcclSettings.family_stated`) a pin of
+    the other family is unusable (WRONG_FAMILY); where nobody did, a pin whose family differs from
+    NCCL's own choice on the port is usable with `differs_from_auto` set (check warns). A pin is also
+    judged against NCCL_IB_ADDR_RANGE."""
     configured = configured_index is not None and configured_index >= 0
     index = configured_index if configured else port.nccl_gid_index
     if index is None:
@@ -223,6 +247,13 @@ def judge_pick(port: Port, settings: NcclSettings, configured_index: int | None 
         problem = LINK_LOCAL
     elif entry.roce_version is not None and entry.roce_version != settings.roce_version:
         problem = WRONG_ROCE_VERSION
+    elif configured and settings.family_stated and gid_family(entry.gid) != settings.address_family:
+        problem = WRONG_FAMILY
     elif not _in_range(entry.gid, settings):
         problem = OUT_OF_RANGE
-    return NcclPick(index, configured, problem, content)
+    differs = None
+    if configured and problem is None and not settings.family_stated and port.nccl_gid_index is not None:
+        auto = port.gid(port.nccl_gid_index)
+        if auto is not None and auto.index != index and gid_family(auto.gid) != gid_family(entry.gid):
+            differs = f"index {auto.index} holds {auto.version_label} {auto.address}"
+    return NcclPick(index, configured, problem, content, differs)

@@ -9,8 +9,8 @@ The poller only swaps a reference (`publish`); everything else runs on two backg
   with exponential backoff; beyond the bound the oldest event is dropped and counted.
 A collector that is down, hanging or refusing is logged once per change of state and counted in
 `rnic_exporter_otlp_export_failures_total` / `_dropped_total` (`otel_failures.py`; served on
-/metrics, see `families`). Only this module and `otel_failures.py` import OpenTelemetry
-(`pip install rnic-exporter[otel]`).
+/metrics, see `families`). Only this module and `otel_failures.py` import OpenTelemetry (the
+`otel` extra).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from rnic_exporter import __version__
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import OTEL_SEVERITY_NUMBER, OTEL_SEVERITY_TEXT, Event
 from rnic_exporter.config.otlp import OtlpSettings
-from rnic_exporter.errors import ConfigError
+from rnic_exporter.errors import ConfigError, extra_hint
 from rnic_exporter.model.host import CounterGroup
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.consumer_fields import LOG_KEYS, otel_attributes
@@ -57,7 +57,7 @@ try:
 
     from rnic_exporter.sinks.otel_failures import Health, TrackedMetricExporter, install_reasons, note_http_results
 except ImportError as exc:  # pragma: no cover - exercised through a subprocess that hides the package
-    raise ConfigError(f"OTLP export needs the otel extra: pip install 'rnic-exporter[otel]' ({exc})") from None
+    raise ConfigError(f"OTLP export needs the otel extra: {extra_hint('otel')} ({exc})") from None
 
 log = logging.getLogger("rnic_exporter.otel")
 
@@ -281,7 +281,7 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
             from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogs
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
         except ImportError:
-            raise ConfigError("--otlp.protocol grpc needs the grpc extra: pip install 'rnic-exporter[grpc]'") from None
+            raise ConfigError(f"--otlp.protocol grpc needs the grpc extra: {extra_hint('grpc')}") from None
         credentials = None
         if not settings.insecure:
 
@@ -304,7 +304,7 @@ def _exporters(settings: OtlpSettings) -> tuple[MetricExporter, LogRecordExporte
         from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogs
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetrics
     except ImportError:
-        raise ConfigError("OTLP export needs the otel extra: pip install 'rnic-exporter[otel]'") from None
+        raise ConfigError(f"OTLP export needs the otel extra: {extra_hint('otel')}") from None
 
     def transport() -> Urllib3HTTPTransport:
         # urllib3 instead of the default requests session: requests alone costs ~6 MB of RSS, and

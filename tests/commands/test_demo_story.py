@@ -3,14 +3,19 @@ for the alert it stands for to fire on a real Prometheus, and its hints run as p
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
+from rnic_exporter.catalog import events as ev
 from rnic_exporter.commands import demo
 from rnic_exporter.commands.check import run_check
 from rnic_exporter.detect.settings import DetectionSettings
@@ -18,6 +23,8 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.reader import ReaderSettings
 from tests.daemon.test_agent_detection import make_agent
+from tests.support.processes import free_port
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 # The alert each step's failure stands for (the ones the demo's output names).
@@ -87,3 +94,54 @@ def test_the_check_hint_runs_as_printed(tmp_path: Path) -> None:
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "nccl_gid_unusable" not in proc.stderr, proc.stderr
     assert "NCCL's auto-selection uses a link-local GID" in proc.stdout, proc.stdout
+
+
+def test_after_the_heal_no_address_has_moved(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """ "Everything healed" must not be followed by a critical rnic.gid.address_moved: the only moves
+    the story plays are the GID shifts it announces (mlx5_1), in every cycle."""
+    host = SimHost.build(tmp_path / "sys", roce=6, infiniband=2)
+    agent = make_agent(host, tmp_path / "state")
+    moved: list[tuple[str, str]] = []
+    try:
+        agent.poll_once(full_gid_tables=True)
+        for _ in range(2):
+            for step in demo.STEPS:
+                caplog.clear()
+                with caplog.at_level(logging.INFO, logger="rnic_exporter.events"):
+                    step.act(host)
+                    agent.reader.root.errno_overlay = host.errno_overlay
+                    agent.poll_once(full_gid_tables=True)
+                    agent.poll_once(full_gid_tables=True)
+                moved += [
+                    (step.act.__name__, r.fields["device"])  # type: ignore[attr-defined]
+                    for r in caplog.records
+                    if getattr(r, "fields", {}).get("event") == ev.GID_ADDRESS_MOVED.name
+                ]
+    finally:
+        agent.close()
+    assert moved == [("_gid_shift", "mlx5_1")] * 2, moved
+
+
+def test_sigterm_in_the_first_seconds_cleans_up_and_exits_0(tmp_path: Path) -> None:
+    """systemd or a harness stopping the demo while it builds its tree: a normal stop, not 143 with
+    the tree left in the temporary directory."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = [sys.executable, "-m", "rnic_exporter", "demo", "--devices", "24", "--web.listen-address"]
+    proc = subprocess.Popen(
+        [*argv, f"127.0.0.1:{free_port()}"],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: any(tmp.iterdir()), timeout=60, what="the demo's tree", interval=0.005)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, (proc.returncode, out, err)
+    assert list(tmp.iterdir()) == [] and "Removed " in out, out

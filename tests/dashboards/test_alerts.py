@@ -127,6 +127,9 @@ def test_the_issue_alerts_are_all_there() -> None:
         "RnicPcieAerFatalErrors": "critical",
         "RnicPcieAerNonFatalErrors": "warning",
         "RnicPcieAerCorrectableRising": "warning",
+        "RnicExporterConfigReloadFailed": "warning",
+        "RnicExporterStateUnwritable": "warning",
+        "RnicExporterEventSourceFailing": "warning",
     }
 
 

@@ -24,6 +24,7 @@ from rnic_exporter.model.nccl import (
     LINK_LOCAL,
     NO_GID,
     OUT_OF_RANGE,
+    WRONG_FAMILY,
     WRONG_ROCE_VERSION,
     NcclSettings,
     judge_pick,
@@ -290,5 +291,75 @@ def test_metric_and_events_follow_the_pick(host: SimHost, tmp_path: Path, caplog
             ]
             == 1
         )
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize(
+    ("env", "pinned", "problem"),
+    [
+        pytest.param({"NCCL_IB_ADDR_FAMILY": "AF_INET"}, 5, WRONG_FAMILY, id="ipv6-pin-where-af-inet-stated"),
+        pytest.param({"NCCL_IB_ADDR_FAMILY": "AF_INET6"}, 3, WRONG_FAMILY, id="ipv4-pin-where-af-inet6-stated"),
+        pytest.param({"NCCL_IB_ADDR_RANGE": "10.0.0.0/8"}, 5, WRONG_FAMILY, id="ipv6-pin-where-an-ipv4-range-stated"),
+        pytest.param({"NCCL_IB_ADDR_FAMILY": "AF_INET6"}, 5, None, id="ipv6-pin-where-af-inet6-stated"),
+        pytest.param({"NCCL_IB_ADDR_FAMILY": "af_inet6"}, 5, None, id="a-misspelt-family-states-nothing"),
+        pytest.param({}, 5, None, id="nothing-stated-usable-but-differs"),
+    ],
+)
+def test_pinned_index_judged_by_the_stated_family(env: dict[str, str], pinned: int, problem: str | None) -> None:
+    settings = nccl_settings(env)
+    pick = judge_pick(port(pair(0, LL) + pair(2, v4("10.0.0.1")) + pair(4, ULA), settings), settings, pinned)
+    assert (pick.problem, pick.usable) == (problem, problem is None)
+
+
+def test_unstated_family_pin_names_nccls_own_choice() -> None:
+    settings = nccl_settings({})
+    table = port(pair(0, LL) + pair(2, v4("10.0.0.1")) + pair(4, ULA), settings)
+    assert judge_pick(table, settings, 5).differs_from_auto == "index 3 holds v2 10.0.0.1"
+    assert judge_pick(table, settings, 3).differs_from_auto is None  # the same GID NCCL would pick
+    assert judge_pick(table, settings, None).differs_from_auto is None  # auto-selection is NCCL's choice
+
+
+def test_check_and_gauge_judge_a_pin_of_another_family_alike(host: SimHost, tmp_path: Path) -> None:
+    """The incident: a pin on the IPv6 GID of a port whose fabric routes IPv4 RoCE v2. Stated family:
+    critical in check and 0 in rnic_nccl_gid_usable; nothing stated: a warning naming both indexes."""
+    ula_v2 = host.add_address("mlx5_0", "fd00:0:0:9::1")[-1]
+    assert host.add_address("mlx5_1", "fd00:0:0:a::1")[-1] == ula_v2  # the pin is host-wide
+    ipv4_v2 = 3
+    code, report = check_json(host, env={"NCCL_IB_GID_INDEX": str(ula_v2)})
+    assert code == Exit.PROBLEMS
+    problem = problems(report)[0]
+    assert len(problems(report)) == 2 and problem["where"].startswith("mlx5_0 ")
+    assert (problem["code"], problem["severity"], problem["reason"]) == (
+        "nccl_gid_family_differs",
+        "warning",
+        "family_differs",
+    )
+    assert f"NCCL_IB_GID_INDEX={ula_v2} " in problem["what"] and f"index {ipv4_v2} holds v2 10." in problem["what"]
+    # NCCL's own choice is the index `gids` marks (and rnic_nccl_gid_index reports): one judgement.
+    code, out = invoke("gids", "--path.sysfs", str(host.root), "--device", "mlx5_0", "--json")
+    assert code == Exit.OK and json.loads(out)["ports"][0]["nccl_gid_index"] == ipv4_v2
+    assert check_json(host, "--fail-on", "critical", env={"NCCL_IB_GID_INDEX": str(ula_v2)})[0] == Exit.OK
+    env = {"NCCL_IB_GID_INDEX": str(ula_v2), "NCCL_IB_ADDR_FAMILY": "AF_INET"}
+    code, report = check_json(host, env=env)
+    assert code == Exit.PROBLEMS
+    problem = problems(report)[0]
+    assert [(p["code"], p["severity"]) for p in problems(report)] == [("nccl_gid_index_invalid", "critical")] * 2
+    assert "another address family" in problem["what"]
+    nccl = nccl_settings(env)
+    config = ServeConfig(
+        sysfs=host.root,
+        state_dir=tmp_path / "state",
+        detection=DetectionSettings(nccl_gid_index=ula_v2, nccl=nccl),
+        reader=ReaderSettings(nccl=nccl),
+        watch_netlink=False,
+        watch_udev=False,
+    )
+    agent = Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    try:
+        agent.poll_once(full_gid_tables=True)
+        body = agent.prometheus.render(None, None)[0].decode()
+        usable = {dict(lb)["device"]: v for (n, lb), v in samples(body).items() if n == "rnic_nccl_gid_usable"}
+        assert usable["mlx5_0"] == 0
     finally:
         agent.close()

@@ -316,3 +316,93 @@ def _evaluated_since(prom: Prometheus, since: datetime) -> bool:
     return bool(groups) and all(
         datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", g["lastEvaluation"])) > since for g in groups
     )
+
+
+# -- the shipped timings, scaled: a warning's first ticket, the page's title ------------------------------------
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h)")
+_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def _scaled(route: dict[str, Any], factor: float) -> None:
+    """Every wait of the route tree divided by `factor`: the shipped minutes become the test's seconds,
+    and which notification comes first stays what it is with the shipped file."""
+    for key in ("group_wait", "group_interval", "repeat_interval"):
+        if key in route:
+            value = sum(int(n) * _SECONDS[unit] for n, unit in _DURATION.findall(route[key]))
+            route[key] = f"{max(1, round(value / factor * 1000))}ms"
+    for child in route.get("routes", []):
+        _scaled(child, factor)
+
+
+def _deliveries(webhook: WebhookReceiver, receiver: str) -> list[tuple[str, str]]:
+    """(alertname, status) of every alert posted to `receiver`, in arrival order."""
+    with webhook._lock:
+        return [
+            (a["labels"]["alertname"], a["status"])
+            for d in webhook.deliveries
+            if d.receiver == receiver
+            for a in d.payload["alerts"]
+        ]
+
+
+@pytest.mark.e2e
+def test_a_warning_joining_a_hosts_open_ticket_arrives_firing(tmp_path: Path, webhook: WebhookReceiver) -> None:
+    """A host's warnings share one group. The second one, a port that is below rated for 5 minutes,
+    must reach the ticket system while it fires: with a 15-minute group_interval it arrived only as
+    "resolved". The shipped timings run 60 times faster (a minute is a second)."""
+    config: dict[str, Any] = copy.deepcopy(yaml.safe_load(AM_CONFIG.read_text()))
+    config["receivers"] = [
+        {"name": r["name"], "webhook_configs": [{"url": f"{webhook.url}/{r['name']}", "send_resolved": True}]}
+        for r in config["receivers"]
+    ]
+    _scaled(config["route"], 60)
+    with Alertmanager(tmp_path / "am", config) as am:
+        am.post_alerts([_alert("RnicPortDown", "warning", device="mlx5_1", port="1")])
+        wait_for(
+            lambda: ("RnicPortDown", "firing") in _deliveries(webhook, "rnic-ticket"),
+            timeout=15,
+            what="the host's first ticket",
+        )
+        ends = datetime.fromtimestamp(time.time() + 5, UTC)  # 5 s here: 5 minutes with the shipped timings
+        second = _alert("RnicLinkBelowRated", "warning", device="mlx5_2", port="1", link="port")
+        am.post_alerts([{**second, "endsAt": ends.isoformat()}])
+        wait_for(
+            lambda: any(name == "RnicLinkBelowRated" for name, _ in _deliveries(webhook, "rnic-ticket")),
+            timeout=30,
+            what="the second warning's ticket",
+        )
+        first = next(status for name, status in _deliveries(webhook, "rnic-ticket") if name == "RnicLinkBelowRated")
+        assert first == "firing", _deliveries(webhook, "rnic-ticket")
+
+
+@pytest.mark.e2e
+def test_the_page_title_is_the_rules_summary(tmp_path: Path, webhook: WebhookReceiver) -> None:
+    """The shipped PagerDuty integration, pointed at the webhook: PagerDuty titles the incident with the
+    event's payload.summary, which must be the rule's summary annotation and the host."""
+    config = _test_am_config(webhook)
+    shipped = yaml.safe_load(AM_CONFIG.read_text())
+    [pagerduty] = next(r for r in shipped["receivers"] if r["name"] == "rnic-pager")["pagerduty_configs"]
+    pagerduty.pop("routing_key_file")
+    pagerduty.update(routing_key="test-routing-key", url=f"{webhook.url}/pagerduty")
+    config["receivers"] = [
+        {"name": "rnic-pager", "pagerduty_configs": [pagerduty]} if r["name"] == "rnic-pager" else r
+        for r in config["receivers"]
+    ]
+    summary = "An RDMA device of the inventory is gone."
+    with Alertmanager(tmp_path / "am", config) as am:
+        page = _alert("RnicDeviceDisappeared", "critical", device="mlx5_3")
+        am.post_alerts([{**page, "annotations": {"summary": summary}}])
+
+        def paged() -> list[dict[str, Any]]:
+            with webhook._lock:
+                return [d.payload for d in webhook.deliveries if d.receiver == "pagerduty"]
+
+        wait_for(lambda: bool(paged()), timeout=15, what="the PagerDuty event")
+        event = paged()[0]
+        assert event["event_action"] == "trigger"
+        assert event["payload"]["summary"] == f"{summary} (gpu-node-17:19879)"
+        second = _alert("RnicPortDown", "critical", device="mlx5_1", port="1")
+        am.post_alerts([{**second, "annotations": {"summary": "Another."}}])
+        wait_for(lambda: len(paged()) >= 2, timeout=15, what="the page's update")
+        assert paged()[-1]["payload"]["summary"].endswith("(gpu-node-17:19879, 2 alerts)")

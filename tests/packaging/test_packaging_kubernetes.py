@@ -326,8 +326,8 @@ def test_daemonset_is_non_root_locked_down_probed_and_bounded() -> None:
     init_sc = pod["initContainers"][0]["securityContext"]
     assert init_sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}  # its one root action, nothing more
     assert pod["automountServiceAccountToken"] is False
-    tolerated = {t.get("key") for t in pod["tolerations"]}
-    assert "nvidia.com/gpu" in tolerated
+    # Every taint: a key-less Exists tolerates all of them (GPU taints differ per site).
+    assert pod["tolerations"] == [{"operator": "Exists"}]
     (port,) = container["ports"]
     listen = _flag_values(container["args"])["--web.listen-address"]
     assert listen == f":{port['containerPort']}" and port["hostPort"] == port["containerPort"]

@@ -26,7 +26,9 @@ def fake_check(tmp_path: Path, body: str) -> Path:
     return binary
 
 
-def run(tmp_path: Path, binary: Path, timeout_s: str = "20", config: bool = True) -> tuple[int, list[str]]:
+def run(
+    tmp_path: Path, binary: Path, timeout_s: str = "20", config: bool = True, **extra: str
+) -> tuple[int, list[str]]:
     cfg = tmp_path / "config.toml"
     if config:
         cfg.write_text("")
@@ -40,6 +42,8 @@ def run(tmp_path: Path, binary: Path, timeout_s: str = "20", config: bool = True
         "RNIC_CHECK_CONFIG": str(cfg),
         "RNIC_CHECK_LOG": str(log),
         "RNIC_CHECK_TIMEOUT": timeout_s,
+        "RNIC_CHECK_SCONTROL": str(tmp_path / "no-scontrol"),
+        **extra,
     }
     proc = subprocess.run(["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
     lines = log.read_text().splitlines() if log.exists() else []
@@ -77,3 +81,56 @@ def test_a_missing_binary_or_config_does_not_drain(tmp_path: Path) -> None:
 def test_a_hung_check_does_not_hold_or_drain_the_node(tmp_path: Path) -> None:
     rc, lines = run(tmp_path, fake_check(tmp_path, "exec sleep 30"), timeout_s="1")
     assert rc == 0 and "did not finish in 1s" in lines[-1], lines
+
+
+def fake_scontrol(tmp_path: Path, rc: int = 0) -> Path:
+    """Records its arguments, one per line, as scontrol would receive them."""
+    binary = tmp_path / "bin" / "scontrol"
+    binary.parent.mkdir(exist_ok=True)
+    binary.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > {tmp_path / "scontrol.args"}\nexit {rc}\n'
+    )
+    binary.chmod(0o755)
+    return binary
+
+
+CRITICAL = "[CRITICAL] mlx5_0 port 1 (ens1f0np0): expected address 10.0.0.1 is missing"
+
+
+def test_a_drain_carries_checks_first_critical_problem_as_its_reason(tmp_path: Path) -> None:
+    body = (
+        f"echo 'PROBLEMS: 2 (2 critical)'; echo ''; echo '{CRITICAL}'; echo '[CRITICAL] mlx5_1 port 1: other'; exit 1"
+    )
+    scontrol = fake_scontrol(tmp_path)
+    rc, lines = run(tmp_path, fake_check(tmp_path, body), RNIC_CHECK_SCONTROL=str(scontrol), SLURMD_NODENAME="gpu017")
+    assert rc == 1
+    args = (tmp_path / "scontrol.args").read_text().splitlines()
+    assert args == ["update", "nodename=gpu017", "state=drain", f"reason=rnic-check: {CRITICAL}"]
+    assert "node drained" in lines[-1] and CRITICAL in lines[-1]
+
+
+def test_a_failed_scontrol_still_fails_the_prolog(tmp_path: Path) -> None:
+    rc, lines = run(
+        tmp_path,
+        fake_check(tmp_path, f"echo '{CRITICAL}'; exit 1"),
+        RNIC_CHECK_SCONTROL=str(fake_scontrol(tmp_path, 1)),
+    )
+    assert rc == 1 and "Prolog error" in lines[-1]
+
+
+def test_no_drain_for_what_does_not_fail_the_prolog(tmp_path: Path) -> None:
+    scontrol = fake_scontrol(tmp_path)
+    for body in ("exit 0", "exit 2", "exit 3"):
+        assert run(tmp_path, fake_check(tmp_path, body), RNIC_CHECK_SCONTROL=str(scontrol))[0] == 0
+    assert not (tmp_path / "scontrol.args").exists()
+
+
+def test_the_log_keeps_one_older_generation_past_its_cap(tmp_path: Path) -> None:
+    log = tmp_path / "rnic-check.log"
+    old = "2026-01-01T00:00:00Z host=x job=4242 old line\n" * 100
+    log.write_text(old)
+    rc, lines = run(tmp_path, fake_check(tmp_path, "exit 0"), RNIC_CHECK_LOG_MAX_BYTES=str(len(old)))
+    assert rc == 0 and (tmp_path / "rnic-check.log.1").read_text() == old
+    assert not any("old line" in line for line in lines) and "node healthy" in lines[-1]
+    rc, lines = run(tmp_path, fake_check(tmp_path, "exit 0"), RNIC_CHECK_LOG_MAX_BYTES=str(len(old)))
+    assert (tmp_path / "rnic-check.log.1").read_text() == old and len(lines) == 4  # under the cap: appended

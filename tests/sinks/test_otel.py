@@ -845,9 +845,13 @@ def test_without_an_endpoint_nothing_of_opentelemetry_is_imported() -> None:
         (
             "grpc",
             ["--otlp.protocol", "grpc", "--otlp.insecure"],
-            "--otlp.protocol grpc needs the grpc extra: pip install 'rnic-exporter[grpc]'",
+            "--otlp.protocol grpc needs the grpc extra: reinstall with it from the checkout (pip install '.[grpc]')",
         ),
-        ("opentelemetry.sdk", [], "OTLP export needs the otel extra: pip install 'rnic-exporter[otel]'"),
+        (
+            "opentelemetry.sdk",
+            [],
+            "OTLP export needs the otel extra: reinstall with it from the checkout (pip install '.[otel]')",
+        ),
     ],
 )
 def test_a_missing_extra_is_a_one_line_error(tmp_path: Path, hidden: str, protocol: list[str], message: str) -> None:
