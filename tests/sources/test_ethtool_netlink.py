@@ -12,9 +12,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from rnic_exporter.model.optics import ModuleReading
 from rnic_exporter.model.wire import FecStats, LinkState, PauseStats, ReadFailure, Unsupported
 from rnic_exporter.sources import ethtool_netlink as en
+from rnic_exporter.sources.optics.memory import ModuleMemory, from_linear
 from rnic_exporter.sources.pause_stats import parse as parse_pause
+from tests.support.modules import MODULES, parse_ethtool_hex
 from tests.support.netns import Netns, network_namespace
 from tests.support.wait import wait_for
 
@@ -152,3 +155,27 @@ def test_driver_pause_strings_keep_only_the_curated_set() -> None:
     assert parsed.received.global_frames == 9 and parsed.sent.global_frames is None
     assert dict(parsed.counters) == {"tx_pause_storm_warning_events": 1, "module_high_temp": 0}
     assert parse_pause({"rx_packets": 1, "tx_bytes": 2}) is None  # a driver without them: not exposed
+
+
+class _PagesFromDump(en.EthtoolNetlink):
+    """Serves a real module dump page by page, in place of the kernel's MODULE_EEPROM_GET."""
+
+    def __init__(self, memory: ModuleMemory) -> None:
+        super().__init__()
+        self.memory = memory
+        self.asked: list[tuple[int, int, int]] = []
+
+    def module_page(self, ifname: str, page: int, bank: int, offset: int) -> bytes:
+        self.asked.append((page, bank, offset))
+        self.requests["module_eeprom"] = self.requests.get("module_eeprom", 0) + 1
+        return self.memory.lower if offset == 0 else self.memory.upper[(page, bank)]
+
+
+def test_module_read_asks_for_the_pages_its_identifier_needs_and_reuses_static_ones() -> None:
+    data = parse_ethtool_hex((MODULES / "mlxsw-qsfp28-mellanox" / "ethtool-m-hex.txt").read_text())
+    reader = _PagesFromDump(from_linear(data, [0, 1, 2, 3]))
+    first = reader.module("eth0")
+    assert isinstance(first.result, ModuleReading) and first.result.identity.vendor == "Mellanox"
+    assert reader.asked == [(0, 0, 0), (0, 0, 128), (3, 0, 128)] and first.requests == 3
+    again = reader.module("eth0", static=first.memory)
+    assert again.requests == 1 and again.result == first.result  # identity and thresholds reused
