@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeAlias, TypeVar
 
+from rnic_exporter.model.optics import ModuleReading, UnsupportedModule
+
 
 @dataclass(frozen=True, slots=True)
 class Unsupported:
@@ -93,10 +95,22 @@ class DriverPauseStats:
     counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # port-wide, by name
 
 
+@dataclass(frozen=True, slots=True)
+class NetdevWire:
+    """The latest reading of every source of one netdev (None: not read yet or turned off)."""
+
+    module: Outcome[ModuleReading | UnsupportedModule] | None = None
+    fec: Outcome[FecStats] | None = None
+    pause: Outcome[PauseStats] | None = None
+    link_state: Outcome[LinkState] | None = None
+    driver_pause: Outcome[DriverPauseStats | None] | None = None
+
+
 __all__ = [
     "DriverPauseStats",
     "FecStats",
     "LinkState",
+    "NetdevWire",
     "Outcome",
     "PauseStats",
     "PriorityPause",

@@ -132,6 +132,8 @@ class SimPort:
     gstats: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not self.gstats and not self.supported:  # IPoIB: its own few strings, no pause or PFC
+            self.gstats = {"rx_packets": 0, "tx_packets": 0}
         if not self.gstats:
             for way in ("rx", "tx"):
                 for prio in range(8):

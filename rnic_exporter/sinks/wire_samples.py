@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from rnic_exporter.catalog import metrics as c
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.model.optics import Level, ModuleReading, Monitor
-from rnic_exporter.model.wire import DriverPauseStats, FecStats, LinkState, PauseStats
+from rnic_exporter.model.wire import DriverPauseStats, FecStats, LinkState, NetdevWire, PauseStats
 
 WireSample = tuple[MetricSpec, tuple[str, ...], float]
 Netdev = tuple[str, str, str]  # device, port, netdev
@@ -127,3 +127,24 @@ def pause_samples(nd: Netdev, pause: PauseStats | None, driver: DriverPauseStats
 def request_samples(requests: Mapping[str, int]) -> Iterator[WireSample]:
     for operation, count in sorted(requests.items()):
         yield c.ETHTOOL_REQUESTS, (operation,), float(count)
+
+
+def wire_samples(
+    netdevs: Mapping[str, Netdev], wire: Mapping[str, NetdevWire], requests: Mapping[str, int]
+) -> Iterator[WireSample]:
+    """Every catalogue sample of the latest readings; `netdevs` maps a netdev to its labels."""
+    for name, reading in wire.items():
+        labels = netdevs.get(name)
+        if labels is None:
+            continue
+        if isinstance(reading.module, ModuleReading):
+            yield from module_samples(labels, reading.module)
+        if isinstance(reading.fec, FecStats):
+            yield from fec_samples(labels, reading.fec)
+        if isinstance(reading.link_state, LinkState):
+            yield from link_state_samples(labels, reading.link_state)
+        pause = reading.pause if isinstance(reading.pause, PauseStats) else None
+        driver = reading.driver_pause if isinstance(reading.driver_pause, DriverPauseStats) else None
+        if pause is not None or driver is not None:
+            yield from pause_samples(labels, pause, driver)
+    yield from request_samples(requests)
