@@ -228,7 +228,7 @@ class SimEthtool(en.EthtoolNetlink):
             if port is None:
                 raise en._NetlinkError(errno.ENODEV)
             reply = self._answer(port, cmd, dict(attrs or []))
-        return _kernel_encoded(msg_class, reply)
+        return kernel_encoded(msg_class, reply)
 
     def _answer(self, port: SimPort, cmd: int, request: dict[str, int]) -> list[tuple[str, Any]]:
         if cmd == en.MSG_LINKSTATE_GET:
@@ -280,7 +280,7 @@ def _u64s(values: list[int]) -> bytes:
     return b"".join(v.to_bytes(8, sys.byteorder) for v in values)  # netlink arrays are host order
 
 
-def _kernel_encoded(msg_class: Any, attrs: list[tuple[str, Any]]) -> Any:
+def kernel_encoded(msg_class: Any, attrs: list[tuple[str, Any]]) -> Any:
     """The reply as bytes on the wire and back: what `nlm_request` hands the parsers."""
     msg = msg_class()
     msg["cmd"] = 0
@@ -292,4 +292,4 @@ def _kernel_encoded(msg_class: Any, attrs: list[tuple[str, Any]]) -> Any:
     return parsed
 
 
-__all__ = ["SIM_LANES", "SimEthtool", "SimModule", "SimPort", "SimWire"]
+__all__ = ["SIM_LANES", "SimEthtool", "SimModule", "SimPort", "SimWire", "kernel_encoded"]

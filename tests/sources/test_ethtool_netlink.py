@@ -14,6 +14,7 @@ import pytest
 
 from rnic_exporter.model.optics import ModuleReading
 from rnic_exporter.model.wire import FecStats, LinkState, PauseStats, ReadFailure, Unsupported
+from rnic_exporter.sim.wire import kernel_encoded
 from rnic_exporter.sources import ethtool_netlink as en
 from rnic_exporter.sources.optics.memory import ModuleMemory, from_linear
 from rnic_exporter.sources.pause_stats import parse as parse_pause
@@ -67,20 +68,8 @@ def test_a_missing_netdev_is_a_counted_failure(ns: Netns) -> None:
         assert reader.errors == {"link_state": 1, "fec": 1}
 
 
-def _roundtrip(msg_class: type, attrs: list[tuple[str, object]]) -> object:
-    """Encode a reply with pyroute2 as the kernel would send it, and decode it back."""
-    msg = msg_class()
-    msg["cmd"] = 0
-    msg["version"] = 1
-    msg["attrs"] = attrs
-    msg.encode()
-    parsed = msg_class(msg.data)
-    parsed.decode()
-    return parsed
-
-
 def test_extended_link_state_names() -> None:
-    reply = _roundtrip(
+    reply = kernel_encoded(
         en.LinkStateMsg,
         [
             ("ETHTOOL_A_LINKSTATE_LINK", 0),
@@ -90,7 +79,7 @@ def test_extended_link_state_names() -> None:
         ],
     )
     assert en._link_state(reply) == LinkState(False, "cable_issue", "unsupported_cable", 7)
-    odd = _roundtrip(en.LinkStateMsg, [("ETHTOOL_A_LINKSTATE_EXT_STATE", 42)])
+    odd = kernel_encoded(en.LinkStateMsg, [("ETHTOOL_A_LINKSTATE_EXT_STATE", 42)])
     assert en._link_state(odd) == LinkState(None, "unknown_42", None, None)
 
 
@@ -98,7 +87,7 @@ def test_fec_statistics_total_then_lanes() -> None:
     def u64s(*values: int) -> bytes:
         return struct.pack(f"={len(values)}Q", *values)
 
-    reply = _roundtrip(
+    reply = kernel_encoded(
         en.FecMsg,
         [
             ("ETHTOOL_A_FEC_ACTIVE", 50),
@@ -117,7 +106,7 @@ def test_fec_statistics_total_then_lanes() -> None:
 
 
 def test_pause_statistics() -> None:
-    reply = _roundtrip(
+    reply = kernel_encoded(
         en.PauseMsg,
         [
             ("ETHTOOL_A_PAUSE_AUTONEG", 0),

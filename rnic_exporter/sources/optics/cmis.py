@@ -18,7 +18,7 @@ A temperature of 0 is what modules without monitors report, as in SFF-8636.
 
 from __future__ import annotations
 
-from rnic_exporter.model.optics import Lane, ModuleIdentity, ModuleReading, Monitor, Thresholds
+from rnic_exporter.model.optics import Lane, ModuleReading, Monitor, Thresholds
 from rnic_exporter.sources.optics import memory as mem
 from rnic_exporter.sources.optics.thresholds import Reader, block, monitor
 
@@ -29,6 +29,7 @@ _BIAS_MULTIPLIER = {0x00: 1, 0x08: 2, 0x10: 4}
 LANES_PER_BANK = 8
 
 UPPER = 128
+IDENTITY = mem.IdentityLayout(vendor=129, oui=145, part_number=148, revision=164, serial_number=166, date_code=182)
 
 
 def pages_to_read(lower: bytes) -> list[mem.PageKey]:
@@ -45,12 +46,7 @@ def media_lanes(lower: bytes) -> int:
 
 
 def decode(memory: mem.ModuleMemory) -> ModuleReading:
-    lower = memory.lower
-    if len(lower) < mem.PAGE_SIZE:
-        raise mem.ModuleDecodeError(f"CMIS lower page is {len(lower)} bytes, not {mem.PAGE_SIZE}")
-    page00 = memory.page(0)
-    if page00 is None:
-        raise mem.ModuleDecodeError("CMIS upper page 00h (identity) was not read")
+    lower, page00 = memory.lower, memory.identity_page("CMIS")
     flat = bool(lower[2] & _FLAT_MEMORY)
     page01 = None if flat else memory.page(1)
     page02 = None if flat else memory.page(2)
@@ -64,7 +60,7 @@ def decode(memory: mem.ModuleMemory) -> ModuleReading:
     if page01 is not None and page11 is not None:
         lanes = _lanes(lower, page01, page02, page11)
     return ModuleReading(
-        identity=_identity(lower[0], page00),
+        identity=mem.read_identity(lower[0], page00, "cmis", IDENTITY),
         temperature_celsius=temperature,
         supply_voltage_volts=voltage,
         lanes=lanes,
@@ -98,18 +94,4 @@ def _lanes(lower: bytes, page01: bytes, page02: bytes | None, page11: bytes) -> 
             tx_bias_amperes=lane_monitor(_TX_BIAS, 170 + 2 * i, bias, bias_limits),
         )
         for i in range(media_lanes(lower))
-    )
-
-
-def _identity(identifier: int, page00: bytes) -> ModuleIdentity:
-    return ModuleIdentity(
-        identifier=identifier,
-        type=mem.identifier_name(identifier),
-        memory_map="cmis",
-        vendor=mem.ascii_field(page00, 129 - UPPER, 16),
-        part_number=mem.ascii_field(page00, 148 - UPPER, 16),
-        serial_number=mem.ascii_field(page00, 166 - UPPER, 16),
-        revision=mem.ascii_field(page00, 164 - UPPER, 2),
-        oui=mem.oui(page00, 145 - UPPER),
-        date_code=mem.ascii_field(page00, 182 - UPPER, 8),
     )

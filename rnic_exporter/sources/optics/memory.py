@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from rnic_exporter.model.optics import MemoryMap, ModuleIdentity
+
 PAGE_SIZE = 128
 
 # SFF-8024 Table 4-1, the identifiers we decode and the neighbours people will plug in.
@@ -54,6 +56,15 @@ class ModuleMemory:
         """Upper page `page` (offsets 128-255 as 0-127), or None when it was not read."""
         data = self.upper.get((page, bank))
         return data if data is not None and len(data) == PAGE_SIZE else None
+
+    def identity_page(self, memory_map: str) -> bytes:
+        """Upper page 00h, after checking the lower page: what every decoder needs first."""
+        if len(self.lower) < PAGE_SIZE:
+            raise ModuleDecodeError(f"{memory_map} lower page is {len(self.lower)} bytes, not {PAGE_SIZE}")
+        page00 = self.page(0)
+        if page00 is None:
+            raise ModuleDecodeError(f"{memory_map} upper page 00h (identity) was not read")
+        return page00
 
 
 def identifier_name(identifier: int) -> str:
@@ -118,11 +129,41 @@ def oui(page: bytes, start: int) -> str:
     return ":".join(f"{b:02x}" for b in page[start : start + 3])
 
 
+@dataclass(frozen=True, slots=True)
+class IdentityLayout:
+    """Where upper page 00h keeps the identity fields, as offsets in the 128-255 address space."""
+
+    vendor: int  # 16 bytes
+    oui: int  # 3 bytes
+    part_number: int  # 16 bytes
+    revision: int  # 2 bytes
+    serial_number: int  # 16 bytes
+    date_code: int  # 8 bytes
+
+
+def read_identity(identifier: int, page00: bytes, memory_map: MemoryMap, at: IdentityLayout) -> ModuleIdentity:
+    def text(offset: int, length: int) -> str:
+        return ascii_field(page00, offset - PAGE_SIZE, length)
+
+    return ModuleIdentity(
+        identifier=identifier,
+        type=identifier_name(identifier),
+        memory_map=memory_map,
+        vendor=text(at.vendor, 16),
+        part_number=text(at.part_number, 16),
+        serial_number=text(at.serial_number, 16),
+        revision=text(at.revision, 2),
+        oui=oui(page00, at.oui - PAGE_SIZE),
+        date_code=text(at.date_code, 8),
+    )
+
+
 __all__ = [
     "CMIS_IDENTIFIERS",
     "IDENTIFIERS",
     "PAGE_SIZE",
     "SFF8636_IDENTIFIERS",
+    "IdentityLayout",
     "ModuleDecodeError",
     "ModuleMemory",
     "PageKey",
@@ -132,6 +173,7 @@ __all__ = [
     "from_linear",
     "identifier_name",
     "oui",
+    "read_identity",
     "s16",
     "u16",
     "volts",

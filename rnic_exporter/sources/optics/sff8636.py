@@ -16,7 +16,7 @@ that the lane monitors exist too. We do the same, so a DAC yields identity only,
 
 from __future__ import annotations
 
-from rnic_exporter.model.optics import Lane, ModuleIdentity, ModuleReading, Monitor
+from rnic_exporter.model.optics import Lane, ModuleReading, Monitor
 from rnic_exporter.sources.optics import memory as mem
 from rnic_exporter.sources.optics.thresholds import block, monitor
 
@@ -26,6 +26,7 @@ _RX_POWER_AVERAGE = 0x08  # page 00h byte 220
 _TX_POWER_MEASURED = 0x04
 
 UPPER = 128  # upper-page offsets below are as in the standard (128-255); pages are stored 0-127
+IDENTITY = mem.IdentityLayout(vendor=148, oui=165, part_number=168, revision=184, serial_number=196, date_code=212)
 
 
 def pages_to_read(lower: bytes) -> list[mem.PageKey]:
@@ -34,14 +35,9 @@ def pages_to_read(lower: bytes) -> list[mem.PageKey]:
 
 
 def decode(memory: mem.ModuleMemory) -> ModuleReading:
-    lower = memory.lower
-    if len(lower) < mem.PAGE_SIZE:
-        raise mem.ModuleDecodeError(f"SFF-8636 lower page is {len(lower)} bytes, not {mem.PAGE_SIZE}")
-    page00 = memory.page(0)
-    if page00 is None:
-        raise mem.ModuleDecodeError("SFF-8636 upper page 00h (identity) was not read")
+    lower, page00 = memory.lower, memory.identity_page("SFF-8636")
     page03 = None if lower[2] & _FLAT_MEMORY else memory.page(3)
-    identity = _identity(lower[0], page00)
+    identity = mem.read_identity(lower[0], page00, "sff8636", IDENTITY)
 
     raw_temperature = mem.u16(lower, 22)
     monitored = raw_temperature not in (0x0000, 0xFFFF)
@@ -73,18 +69,4 @@ def decode(memory: mem.ModuleMemory) -> ModuleReading:
             block(page03, off - UPPER, read) is not None
             for off, read in ((128, mem.celsius), (144, mem.volts), (176, mem.watts))
         ),
-    )
-
-
-def _identity(identifier: int, page00: bytes) -> ModuleIdentity:
-    return ModuleIdentity(
-        identifier=identifier,
-        type=mem.identifier_name(identifier),
-        memory_map="sff8636",
-        vendor=mem.ascii_field(page00, 148 - UPPER, 16),
-        part_number=mem.ascii_field(page00, 168 - UPPER, 16),
-        serial_number=mem.ascii_field(page00, 196 - UPPER, 16),
-        revision=mem.ascii_field(page00, 184 - UPPER, 2),
-        oui=mem.oui(page00, 165 - UPPER),
-        date_code=mem.ascii_field(page00, 212 - UPPER, 8),
     )
