@@ -655,9 +655,9 @@ PRIORITY_DISCARDS = _m(
 PAUSE_STORM_EVENTS = _m(
     "rnic_netdev_pause_storm_events_total",
     "counter",
-    (*NETDEV_LABELS, "severity"),
-    "Pause storms the device detected (tx_pause_storm_warning_events, tx_pause_storm_error_events): it sent "
-    "pause continuously past the warning or error time; at error it stops sending pause.",
+    (*NETDEV_LABELS, "stage"),
+    "Pause storms the device detected: stage=warning (tx_pause_storm_warning_events) or error "
+    "(tx_pause_storm_error_events), it sent pause continuously past that time; at error it stops sending pause.",
 )
 MODULE_EVENTS = _m(
     "rnic_module_events_total",

@@ -114,10 +114,10 @@ def pause_samples(nd: Netdev, pause: PauseStats | None, driver: DriverPauseStats
     for reason, values in (("buffer", driver.buffer_discards), ("congestion", driver.congestion_discards)):
         for prio, value in values.items():
             yield c.PRIORITY_DISCARDS, (*nd, str(prio), reason), float(value)
-    for severity in ("warning", "error"):
-        storms = driver.counters.get(f"tx_pause_storm_{severity}_events")
+    for stage in ("warning", "error"):  # not `severity`: alert rules own that label
+        storms = driver.counters.get(f"tx_pause_storm_{stage}_events")
         if storms is not None:
-            yield c.PAUSE_STORM_EVENTS, (*nd, severity), float(storms)
+            yield c.PAUSE_STORM_EVENTS, (*nd, stage), float(storms)
     for event in ("unplug", "bus_stuck", "high_temp", "bad_shorted"):
         events = driver.counters.get(f"module_{event}")
         if events is not None:
