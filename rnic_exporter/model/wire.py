@@ -103,7 +103,7 @@ class NetdevWire:
     fec: Outcome[FecStats] | None = None
     pause: Outcome[PauseStats] | None = None
     link_state: Outcome[LinkState] | None = None
-    driver_pause: Outcome[DriverPauseStats | None] | None = None
+    driver_pause: Outcome[DriverPauseStats] | None = None
 
 
 __all__ = [

@@ -141,16 +141,18 @@ class WireReader:
         state.due[source] = now + interval
         return True
 
-    def _driver_pause(self, netdev: str) -> Outcome[DriverPauseStats | None]:
+    def _driver_pause(self, netdev: str) -> Outcome[DriverPauseStats]:
         self.gstats_requests += 1
         try:
-            return parse_pause(self._gstats(netdev))
+            parsed = parse_pause(self._gstats(netdev))
         except Exception as exc:  # pyroute2's NotSupportedError, NoSuchDevice, OSError, a racing string set
             if type(exc).__name__ == "NotSupportedError":
                 return Unsupported("gstats", "EOPNOTSUPP")
             self.gstats_errors += 1
             log.debug("ethtool -S failed", extra={"fields": {"netdev": netdev, "err": repr(exc)}})
             return ReadFailure("gstats", type(exc).__name__)
+        # A driver without any of the curated strings (IPoIB, veth) will not grow them: ask once.
+        return parsed if parsed is not None else Unsupported("gstats", "not_exposed")
 
 
 __all__ = ["WireReader", "WireSettings", "read_gstats"]

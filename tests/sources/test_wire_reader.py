@@ -75,6 +75,7 @@ def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
         reader.poll(["ib0"])
     assert reader.requests["fec"] == 1 and reader.requests["module_eeprom"] == 1 and reader.requests["pause"] == 1
     assert reader.requests["link_state"] == 4  # link state works on any netdev
+    assert reader.requests["gstats"] == 1  # no pause strings in its ethtool -S: asked once
     reader.poll([])
     reader.poll(["ib0"])  # came back: asked again
     assert reader.requests["fec"] == 2
@@ -105,5 +106,5 @@ def test_gstats_over_the_real_ioctl_on_veth() -> None:
         assert "peer_ifindex" in stats  # veth's own ethtool -S string
         reader = WireReader(SimEthtool(SimWire()), WireSettings())  # the real read_gstats
         got = reader._driver_pause("ens1f0np0")
-        assert got is None  # veth has no pause strings: not exposed, not an error
+        assert got == Unsupported("gstats", "not_exposed")  # veth has no pause strings: not an error
         assert isinstance(reader._driver_pause("gone0"), ReadFailure) and reader.gstats_errors == 1
