@@ -665,6 +665,21 @@ MODULE_EVENTS = _m(
     (*NETDEV_LABELS, "event"),
     "Module events the driver counted (module_unplug, module_bus_stuck, module_high_temp, module_bad_shorted).",
 )
+DEVICE_TEMPERATURE = _m(
+    "rnic_device_temperature_celsius",
+    "gauge",
+    ("device", "pci_address", "sensor", "label"),
+    "mlx5 hwmon temperatures (Linux 6.6+): sensor=asic for the ASIC and platform sensors, sensor=module for "
+    "the module in the cage; the only module reading InfiniBand ports have without vendor tools.",
+    "celsius",
+)
+DEVICE_TEMPERATURE_CRITICAL = _m(
+    "rnic_device_temperature_critical_celsius",
+    "gauge",
+    ("device", "pci_address", "sensor", "label"),
+    "The critical temperature hwmon reports for the sensor (temp*_crit).",
+    "celsius",
+)
 ETHTOOL_REQUESTS = _m(
     "rnic_exporter_ethtool_requests_total",
     "counter",
@@ -699,6 +714,8 @@ WIRE_METRICS: tuple[MetricSpec, ...] = (
     PRIORITY_DISCARDS,
     PAUSE_STORM_EVENTS,
     MODULE_EVENTS,
+    DEVICE_TEMPERATURE,
+    DEVICE_TEMPERATURE_CRITICAL,
     ETHTOOL_REQUESTS,
 )
 

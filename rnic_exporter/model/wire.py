@@ -106,7 +106,25 @@ class NetdevWire:
     driver_pause: Outcome[DriverPauseStats] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Temperature:
+    """One hwmon temperature channel (mlx5, Linux 6.6+; sources/hwmon.py)."""
+
+    label: str
+    celsius: float
+    highest_celsius: float | None
+    critical_celsius: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceTemperatures:
+    asic: tuple[Temperature, ...]
+    module: Temperature | None
+    errors: tuple[str, ...] = ()  # files that could not be read or parsed, e.g. "hwmon3/temp2_input: EIO"
+
+
 __all__ = [
+    "DeviceTemperatures",
     "DriverPauseStats",
     "FecStats",
     "LinkState",
@@ -115,5 +133,6 @@ __all__ = [
     "PauseStats",
     "PriorityPause",
     "ReadFailure",
+    "Temperature",
     "Unsupported",
 ]

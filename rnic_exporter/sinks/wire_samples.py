@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from rnic_exporter.catalog import metrics as c
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.model.optics import Level, ModuleReading, Monitor
-from rnic_exporter.model.wire import DriverPauseStats, FecStats, LinkState, NetdevWire, PauseStats
+from rnic_exporter.model.wire import DeviceTemperatures, DriverPauseStats, FecStats, LinkState, NetdevWire, PauseStats
 
 WireSample = tuple[MetricSpec, tuple[str, ...], float]
 Netdev = tuple[str, str, str]  # device, port, netdev
@@ -122,6 +122,15 @@ def pause_samples(nd: Netdev, pause: PauseStats | None, driver: DriverPauseStats
         events = driver.counters.get(f"module_{event}")
         if events is not None:
             yield c.MODULE_EVENTS, (*nd, event), float(events)
+
+
+def hwmon_samples(device: str, pci_address: str, temps: DeviceTemperatures) -> Iterator[WireSample]:
+    sensors = [("asic", t) for t in temps.asic] + ([("module", temps.module)] if temps.module else [])
+    for sensor, temp in sensors:
+        labels = (device, pci_address, sensor, temp.label)
+        yield c.DEVICE_TEMPERATURE, labels, temp.celsius
+        if temp.critical_celsius is not None:
+            yield c.DEVICE_TEMPERATURE_CRITICAL, labels, temp.critical_celsius
 
 
 def request_samples(requests: Mapping[str, int]) -> Iterator[WireSample]:
