@@ -296,7 +296,9 @@ class EthtoolNetlink:
             return ModuleRead(self._classify("module_eeprom", exc.code, NOT_SUPPORTED | NO_MODULE), requests)
         except ModuleDecodeError as exc:
             self._count_error("module_eeprom", f"malformed: {exc}")
-            return ModuleRead(ReadFailure("module_eeprom", f"malformed: {exc}"), requests)
+            return ModuleRead(ReadFailure("module_eeprom", "malformed"), requests)
+        except Exception as exc:  # a reply pyroute2 or our decoder could not take: counted, never raised
+            return ModuleRead(self._malformed("module_eeprom", exc), requests)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -305,6 +307,12 @@ class EthtoolNetlink:
             return read()
         except _NetlinkError as exc:
             return self._classify(operation, exc.code, NOT_SUPPORTED)
+        except Exception as exc:  # a reply pyroute2 or our parser could not take: counted, never raised
+            return self._malformed(operation, exc)
+
+    def _malformed(self, operation: str, exc: Exception) -> ReadFailure:
+        self._count_error(operation, f"malformed: {exc!r}")
+        return ReadFailure(operation, "malformed")
 
     def _classify(self, operation: str, code: int, unsupported: frozenset[int]) -> Unsupported | ReadFailure:
         # EOPNOTSUPP and ENOTSUP are one number on Linux; the kernel's name for it is EOPNOTSUPP

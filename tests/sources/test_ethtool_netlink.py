@@ -168,3 +168,18 @@ def test_module_read_asks_for_the_pages_its_identifier_needs_and_reuses_static_o
     assert reader.asked == [(0, 0, 0), (0, 0, 128), (3, 0, 128)] and first.requests == 3
     again = reader.module("eth0", static=first.memory)
     assert again.requests == 1 and again.result == first.result  # identity and thresholds reused
+
+
+class _GarbledReplies(en.EthtoolNetlink):
+    """Replies that do not parse (a kernel newer than the message classes, a truncated message)."""
+
+    def _get(self, *args: object, **kwargs: object) -> object:
+        raise struct.error("unpack requires a buffer of 8 bytes")
+
+
+def test_a_reply_that_does_not_parse_is_a_counted_failure_not_a_crash() -> None:
+    reader = _GarbledReplies()
+    assert reader.fec("ens1f0np0") == ReadFailure("fec", "malformed")
+    assert reader.link_state("ens1f0np0") == ReadFailure("link_state", "malformed")
+    assert reader.module("ens1f0np0").result == ReadFailure("module_eeprom", "malformed")
+    assert reader.errors == {"fec": 1, "link_state": 1, "module_eeprom": 1}
