@@ -517,6 +517,208 @@ CONSUMER_METRICS: tuple[MetricSpec, ...] = (
     CONSUMER_SCAN_ERRORS,
 )
 
+# The wire below a RoCE netdev: its pluggable module, FEC, why the link went down, pause and PFC.
+# Read over ethtool netlink and `ethtool -S` on their own timers (sources/ethtool_netlink.py,
+# sources/pause_stats.py). They join METRICS, the README's table and the OTel mapping when the
+# daemon exports them; until then WIRE_METRICS is their one declaration.
+MODULE_LABELS = NETDEV_LABELS
+LANE_LABELS = (*NETDEV_LABELS, "lane")
+THRESHOLD_LABELS = (*NETDEV_LABELS, "limit")  # high_alarm, low_alarm, high_warning, low_warning
+MODULE_INFO = _m(
+    "rnic_module_info",
+    "info",
+    (*MODULE_LABELS, "type", "memory_map", "vendor", "part_number", "serial_number", "revision", "oui"),
+    "The pluggable module in the netdev's cage (SFF-8636 or CMIS upper page 00h): type is the SFF-8024 "
+    "identifier (QSFP28, QSFP-DD, ...), memory_map sff8636|cmis; always 1.",
+)
+MODULE_TEMPERATURE = _m(
+    "rnic_module_temperature_celsius",
+    "gauge",
+    MODULE_LABELS,
+    "Module temperature the module reports (SFF-8636/CMIS lower page); absent for modules without monitors.",
+    "celsius",
+)
+MODULE_SUPPLY_VOLTAGE = _m(
+    "rnic_module_supply_voltage_volts", "gauge", MODULE_LABELS, "Module supply voltage (3.3 V nominal).", "volts"
+)
+MODULE_RX_POWER = _m(
+    "rnic_module_rx_power_watts",
+    "gauge",
+    LANE_LABELS,
+    "Received optical power per media lane (average, or OMA where the module says so); 1 mW = 0 dBm.",
+    "watts",
+)
+MODULE_TX_POWER = _m(
+    "rnic_module_tx_power_watts", "gauge", LANE_LABELS, "Transmitted optical power per media lane.", "watts"
+)
+MODULE_TX_BIAS = _m(
+    "rnic_module_tx_bias_amperes", "gauge", LANE_LABELS, "Laser bias current per media lane.", "amperes"
+)
+MODULE_TEMPERATURE_THRESHOLD = _m(
+    "rnic_module_temperature_threshold_celsius",
+    "gauge",
+    THRESHOLD_LABELS,
+    "The module's own temperature limits (SFF-8636 page 03h, CMIS page 02h); absent when it publishes none.",
+    "celsius",
+)
+MODULE_SUPPLY_VOLTAGE_THRESHOLD = _m(
+    "rnic_module_supply_voltage_threshold_volts", "gauge", THRESHOLD_LABELS, "The module's own voltage limits.", "volts"
+)
+MODULE_RX_POWER_THRESHOLD = _m(
+    "rnic_module_rx_power_threshold_watts", "gauge", THRESHOLD_LABELS, "The module's own Rx power limits.", "watts"
+)
+MODULE_TX_POWER_THRESHOLD = _m(
+    "rnic_module_tx_power_threshold_watts", "gauge", THRESHOLD_LABELS, "The module's own Tx power limits.", "watts"
+)
+MODULE_TX_BIAS_THRESHOLD = _m(
+    "rnic_module_tx_bias_threshold_amperes",
+    "gauge",
+    THRESHOLD_LABELS,
+    "The module's own laser bias limits.",
+    "amperes",
+)
+MODULE_MONITOR_LEVEL = _m(
+    "rnic_module_monitor_level",
+    "gauge",
+    (*NETDEV_LABELS, "monitor", "lane"),
+    "Each monitored value judged against the module's own thresholds: -2 below low alarm, -1 below low "
+    "warning, 0 normal, 1 above high warning, 2 above high alarm; monitor=temperature|supply_voltage|"
+    "rx_power|tx_power|tx_bias, lane empty for module-wide values; absent without thresholds.",
+)
+FEC_CORRECTED_BLOCKS = _m(
+    "rnic_netdev_fec_corrected_blocks_total",
+    "counter",
+    NETDEV_LABELS,
+    "FEC blocks the PHY corrected (ethtool FEC_GET statistics); rising counts precede symbol errors.",
+)
+FEC_UNCORRECTABLE_BLOCKS = _m(
+    "rnic_netdev_fec_uncorrectable_blocks_total",
+    "counter",
+    NETDEV_LABELS,
+    "FEC blocks the PHY could not correct: corrupted frames on the wire.",
+)
+FEC_LANE_CORRECTED_BLOCKS = _m(
+    "rnic_netdev_fec_lane_corrected_blocks_total", "counter", LANE_LABELS, "Corrected FEC blocks per lane."
+)
+FEC_LANE_UNCORRECTABLE_BLOCKS = _m(
+    "rnic_netdev_fec_lane_uncorrectable_blocks_total", "counter", LANE_LABELS, "Uncorrectable FEC blocks per lane."
+)
+FEC_MODE_INFO = _m(
+    "rnic_netdev_fec_mode_info", "info", (*NETDEV_LABELS, "mode"), "Active FEC mode: rs, baser, llrs, none; always 1."
+)
+LINK_DOWN_REASON_INFO = _m(
+    "rnic_netdev_link_down_reason_info",
+    "info",
+    (*NETDEV_LABELS, "state", "substate"),
+    "While the link is down, why, as the driver tells (ethtool LINKSTATE_GET extended state and substate: "
+    "cable_issue, bad_signal_integrity, eeprom_issue, ...); absent while up or when the driver does not say.",
+)
+LINK_DOWN_EVENTS = _m(
+    "rnic_netdev_link_down_events_total",
+    "counter",
+    NETDEV_LABELS,
+    "Link-down events the device counted (ethtool LINKSTATE_GET EXT_DOWN_CNT, 6.x kernels).",
+)
+PAUSE_FRAMES = _m(
+    "rnic_netdev_pause_frames_total",
+    "counter",
+    (*NETDEV_LABELS, "direction"),
+    "802.3x pause frames (ethtool PAUSE_GET statistics): direction=received (the peer throttles us) or "
+    "sent (our receive side is behind).",
+)
+PRIORITY_PAUSE_FRAMES = _m(
+    "rnic_netdev_priority_pause_frames_total",
+    "counter",
+    (*NETDEV_LABELS, "direction", "priority"),
+    "PFC pause frames per priority and direction (driver ethtool -S rx/tx_prioN_pause).",
+)
+PRIORITY_PAUSE_DURATION = _m(
+    "rnic_netdev_priority_pause_duration_seconds_total",
+    "counter",
+    (*NETDEV_LABELS, "direction", "priority"),
+    "Time paused per priority and direction (rx/tx_prioN_pause_duration, microseconds in the driver).",
+    "seconds",
+)
+PRIORITY_PAUSE_TRANSITIONS = _m(
+    "rnic_netdev_priority_pause_transitions_total",
+    "counter",
+    (*NETDEV_LABELS, "direction", "priority"),
+    "XOFF to XON transitions per priority and direction (rx/tx_prioN_pause_transition).",
+)
+PRIORITY_DISCARDS = _m(
+    "rnic_netdev_priority_discards_total",
+    "counter",
+    (*NETDEV_LABELS, "priority", "reason"),
+    "Received packets dropped per priority: reason=buffer (rx_prioN_buf_discard, no receive buffer) or "
+    "congestion (rx_prioN_cong_discard, shared-buffer congestion control).",
+)
+PAUSE_STORM_EVENTS = _m(
+    "rnic_netdev_pause_storm_events_total",
+    "counter",
+    (*NETDEV_LABELS, "stage"),
+    "Pause storms the device detected: stage=warning (tx_pause_storm_warning_events) or error "
+    "(tx_pause_storm_error_events), it sent pause continuously past that time; at error it stops sending pause.",
+)
+MODULE_EVENTS = _m(
+    "rnic_module_events_total",
+    "counter",
+    (*NETDEV_LABELS, "event"),
+    "Module events the driver counted (module_unplug, module_bus_stuck, module_high_temp, module_bad_shorted).",
+)
+DEVICE_TEMPERATURE = _m(
+    "rnic_device_temperature_celsius",
+    "gauge",
+    ("device", "pci_address", "sensor", "label"),
+    "mlx5 hwmon temperatures (Linux 6.6+): sensor=asic for the ASIC and platform sensors, sensor=module for "
+    "the module in the cage; the only module reading InfiniBand ports have without vendor tools.",
+    "celsius",
+)
+DEVICE_TEMPERATURE_CRITICAL = _m(
+    "rnic_device_temperature_critical_celsius",
+    "gauge",
+    ("device", "pci_address", "sensor", "label"),
+    "The critical temperature hwmon reports for the sensor (temp*_crit).",
+    "celsius",
+)
+ETHTOOL_REQUESTS = _m(
+    "rnic_exporter_ethtool_requests_total",
+    "counter",
+    ("operation",),
+    "ethtool requests sent (operation=module_eeprom per 128-byte page, fec, pause, link_state, gstats): "
+    "each costs the NIC firmware work (a register access per module page or statistics group on mlx5).",
+)
+WIRE_METRICS: tuple[MetricSpec, ...] = (
+    MODULE_INFO,
+    MODULE_TEMPERATURE,
+    MODULE_SUPPLY_VOLTAGE,
+    MODULE_RX_POWER,
+    MODULE_TX_POWER,
+    MODULE_TX_BIAS,
+    MODULE_TEMPERATURE_THRESHOLD,
+    MODULE_SUPPLY_VOLTAGE_THRESHOLD,
+    MODULE_RX_POWER_THRESHOLD,
+    MODULE_TX_POWER_THRESHOLD,
+    MODULE_TX_BIAS_THRESHOLD,
+    MODULE_MONITOR_LEVEL,
+    FEC_CORRECTED_BLOCKS,
+    FEC_UNCORRECTABLE_BLOCKS,
+    FEC_LANE_CORRECTED_BLOCKS,
+    FEC_LANE_UNCORRECTABLE_BLOCKS,
+    FEC_MODE_INFO,
+    LINK_DOWN_REASON_INFO,
+    LINK_DOWN_EVENTS,
+    PAUSE_FRAMES,
+    PRIORITY_PAUSE_FRAMES,
+    PRIORITY_PAUSE_DURATION,
+    PRIORITY_PAUSE_TRANSITIONS,
+    PRIORITY_DISCARDS,
+    PAUSE_STORM_EVENTS,
+    MODULE_EVENTS,
+    DEVICE_TEMPERATURE,
+    DEVICE_TEMPERATURE_CRITICAL,
+    ETHTOOL_REQUESTS,
+)
+
 METRICS: tuple[MetricSpec, ...] = (
     DEVICE_INFO,
     PORT_INFO,

@@ -17,3 +17,17 @@ def test_each_metric_is_declared_once() -> None:
 def test_each_event_is_declared_once() -> None:
     repeated = [name for name, n in Counter(e.name for e in events.EVENT_SPECS).items() if n > 1]
     assert repeated == [], f"declared more than once in catalog.events.EVENT_SPECS: {repeated}"
+
+
+def test_wire_metrics_follow_the_catalogue_conventions() -> None:
+    names = [m.name for m in metrics.WIRE_METRICS]
+    assert len(set(names)) == len(names)
+    assert not set(names) & set(metrics.BY_NAME), "a wire metric is declared twice"
+    for spec in metrics.WIRE_METRICS:
+        assert spec.name.startswith("rnic_") and spec.name == spec.name.lower(), spec.name
+        assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name
+        assert spec.name.endswith("_info") == (spec.kind == "info"), spec.name
+        if spec.unit:  # base units only, named in the metric (before _total)
+            assert spec.unit in {"celsius", "volts", "watts", "amperes", "seconds"}, spec.name
+            assert spec.name.removesuffix("_total").endswith(spec.unit), spec.name
+        assert not any(word in spec.name for word in ("milli", "dbm", "_ma_", "_mw")), spec.name

@@ -1,0 +1,158 @@
+"""One reader for the wire below the RoCE netdevs, each source on its own interval.
+
+What the daemon calls (a thread or timer of its own, never the scrape path):
+
+    reader = WireReader(EthtoolNetlink(), WireSettings(module_interval=60.0))
+    wire = reader.poll(["ens1f0np0", "ens2f0np0"])        # reads only what is due
+    for spec, labels, value in wire_samples(netdevs, wire, reader.requests):   # sinks/wire_samples.py
+        builder.add(spec, labels, value)
+
+A source a netdev answered `Unsupported` for is not asked again while the netdev stays listed
+(IPoIB, veth: one request per operation, once). Module identity and threshold pages are re-read
+every `static_refresh` (a swapped module with the same identifier is seen within that), the
+lower page (and CMIS lane page) at every module read: 1-2 requests per read instead of 3-5.
+
+Expected cost per netdev with the defaults (rnic-linux-facts §7; a module request is one MCIA
+register access on mlx5, FEC, pause and GSTATS one or more PPCNT each):
+  module      1 request/min (SFF-8636) or 2/min (CMIS), plus 2-4 requests every 10 min
+  FEC         2/min     pause   2/min     link state   6/min (cheap: no firmware access)
+  GSTATS      1/min (mlx5: every stats group's update, ~8 PPCNT for the per-priority group alone)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from rnic_exporter.model.wire import DriverPauseStats, NetdevWire, Outcome, ReadFailure, Unsupported
+from rnic_exporter.sources import pyroute2_parts
+from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
+from rnic_exporter.sources.optics.memory import ModuleMemory
+from rnic_exporter.sources.pause_stats import parse as parse_pause
+
+log = logging.getLogger("rnic_exporter.wire")
+
+Gstats = Callable[[str], Mapping[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class WireSettings:
+    """Intervals in seconds; 0 turns a source off. Module reads below a minute are refused."""
+
+    module_interval: float = 60.0
+    static_refresh: float = 600.0
+    fec_interval: float = 30.0
+    pause_interval: float = 30.0
+    link_state_interval: float = 10.0
+    gstats_interval: float = 60.0
+
+    def __post_init__(self) -> None:
+        if 0 < self.module_interval < 60.0:
+            raise ValueError(f"module_interval {self.module_interval}s: optics are read every minute or slower")
+        if any(v < 0 for v in (self.fec_interval, self.pause_interval, self.link_state_interval, self.gstats_interval)):
+            raise ValueError("intervals are >= 0")
+
+
+@dataclass
+class _State:
+    wire: NetdevWire = field(default_factory=NetdevWire)
+    due: dict[str, float] = field(default_factory=dict)
+    static: ModuleMemory | None = None
+    static_read_at: float = -1e18
+
+
+def read_gstats(ifname: str) -> Mapping[str, int]:
+    """`ethtool -S` over the ioctl (no netlink message for driver strings); raises OSError."""
+    ioctl = pyroute2_parts.module("ethtool.ioctl")
+    eth = ioctl.IoctlEthtool(ifname)
+    try:
+        return {str(name): int(value) for name, value in eth.get_statistics()}
+    finally:
+        eth.close()
+
+
+class WireReader:
+    def __init__(
+        self,
+        ethtool: EthtoolNetlink,
+        settings: WireSettings | None = None,
+        gstats: Gstats = read_gstats,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ethtool = ethtool
+        self.settings = settings or WireSettings()
+        self._gstats = gstats
+        self._clock = clock
+        self._state: dict[str, _State] = {}
+        self.gstats_requests = 0
+        self.gstats_errors = 0
+
+    @property
+    def requests(self) -> Mapping[str, int]:
+        """Requests sent per operation since start: the read-cost counter."""
+        out = dict(self.ethtool.requests)
+        if self.gstats_requests:
+            out["gstats"] = self.gstats_requests
+        return out
+
+    def next_due(self) -> float:
+        """Seconds until the earliest read falls due (0 when one is due now or none was done)."""
+        dues = [t for state in self._state.values() for t in state.due.values()]
+        return max(0.0, min(dues) - self._clock()) if dues else 0.0
+
+    def poll(self, netdevs: Iterable[str]) -> dict[str, NetdevWire]:
+        now = self._clock()
+        wanted = list(dict.fromkeys(netdevs))
+        for gone in set(self._state) - set(wanted):
+            del self._state[gone]  # a netdev that comes back starts afresh (unsupported asked again)
+        for netdev in wanted:
+            state = self._state.setdefault(netdev, _State())
+            state.wire = self._read_due(netdev, state, now)
+        return {netdev: self._state[netdev].wire for netdev in wanted}
+
+    def _read_due(self, netdev: str, state: _State, now: float) -> NetdevWire:
+        s = self.settings
+        wire = state.wire
+        if self._due(state, "link_state", s.link_state_interval, now, wire.link_state):
+            wire = replace(wire, link_state=self.ethtool.link_state(netdev))
+        if self._due(state, "fec", s.fec_interval, now, wire.fec):
+            wire = replace(wire, fec=self.ethtool.fec(netdev))
+        if self._due(state, "pause", s.pause_interval, now, wire.pause):
+            wire = replace(wire, pause=self.ethtool.pause(netdev))
+        if self._due(state, "gstats", s.gstats_interval, now, wire.driver_pause):
+            wire = replace(wire, driver_pause=self._driver_pause(netdev))
+        if self._due(state, "module", s.module_interval, now, wire.module):
+            fresh = now - state.static_read_at < s.static_refresh
+            read = self.ethtool.module(netdev, static=state.static if fresh else None)
+            if read.memory is not None:
+                if not fresh or state.static is None:
+                    state.static_read_at = now
+                state.static = read.memory
+            wire = replace(wire, module=read.result)
+        return wire
+
+    def _due(self, state: _State, source: str, interval: float, now: float, last: object) -> bool:
+        if interval <= 0 or isinstance(last, Unsupported):
+            return False
+        if now < state.due.get(source, now):
+            return False
+        state.due[source] = now + interval
+        return True
+
+    def _driver_pause(self, netdev: str) -> Outcome[DriverPauseStats]:
+        self.gstats_requests += 1
+        try:
+            parsed = parse_pause(self._gstats(netdev))
+        except Exception as exc:  # pyroute2's NotSupportedError, NoSuchDevice, OSError, a racing string set
+            if type(exc).__name__ == "NotSupportedError":
+                return Unsupported("gstats", "EOPNOTSUPP")
+            self.gstats_errors += 1
+            log.debug("ethtool -S failed", extra={"fields": {"netdev": netdev, "err": repr(exc)}})
+            return ReadFailure("gstats", type(exc).__name__)
+        # A driver without any of the curated strings (IPoIB, veth) will not grow them: ask once.
+        return parsed if parsed is not None else Unsupported("gstats", "not_exposed")
+
+
+__all__ = ["WireReader", "WireSettings", "read_gstats"]

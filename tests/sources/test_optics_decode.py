@@ -1,0 +1,228 @@
+"""SFF-8636 and CMIS decoders: real module dumps against an independent decode, then the rules.
+
+Real dumps (tests/fixtures/modules/*/SOURCE.md): 29 QSFP+/QSFP28 modules of 15 vendors from
+OpenNetworkLinux's module database, compared with ONL's own decode of each; one Mellanox QSFP28
+with its page 03h, compared with the `ethtool -m` lines published with it. CMIS has no real dump
+here (see the SOURCE files): its offsets are tested on constructed pages below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import pytest
+
+from rnic_exporter.model.optics import Level, ModuleReading, Thresholds, UnsupportedModule, watts_to_dbm
+from rnic_exporter.sources.optics import cmis, sff8636
+from rnic_exporter.sources.optics.decode import decode, pages_to_read
+from rnic_exporter.sources.optics.memory import ModuleDecodeError, ModuleMemory, from_linear
+from tests.support.modules import MODULES, parse_ethtool_hex
+
+ONL = json.loads((MODULES / "onl-sff-db" / "sff_db_qsfp.json").read_text())["entries"]
+MLX = MODULES / "mlxsw-qsfp28-mellanox"
+
+
+def _reading(memory: ModuleMemory) -> ModuleReading:
+    result = decode(memory)
+    assert isinstance(result, ModuleReading)
+    return result
+
+
+@pytest.mark.parametrize("entry", ONL, ids=[f"line{e['line']}" for e in ONL])
+def test_onl_module_identity_equals_onl_decode(entry: dict[str, Any]) -> None:
+    data = bytes.fromhex(entry["eeprom"])
+    got = _reading(ModuleMemory(lower=data[:128], upper={(0, 0): data[128:]})).identity
+    want = (entry["vendor"].strip(), entry["model"].strip(), entry["serial"].strip(), entry["sfp_type"])
+    assert (got.vendor, got.part_number, got.serial_number, got.type) == want
+
+
+def test_onl_fixture_spans_vendors_and_both_sff8636_types() -> None:
+    vendors = {e["vendor"].strip().rstrip(".") for e in ONL}
+    assert len(ONL) == 29 and len(vendors) >= 14
+    assert {bytes.fromhex(e["eeprom"])[0] for e in ONL} == {0x0D, 0x11}
+
+
+# ethtool's qsfp.c prints bias in mA (%.3f), power in mW (%.4f), temperature (%.2f), voltage (%.4f)
+_ETHTOOL_LINE = re.compile(r"^(?P<name>.+?)\s+:\s+(?P<value>-?[\d.]+) (?P<unit>mA|mW|degrees C|V)\b")
+_NAMES = {
+    "Laser bias current": "tx_bias",
+    "Laser output power": "tx_power",
+    "Module temperature": "temperature",
+    "Module voltage": "supply_voltage",
+}
+_SCALE = {"mA": 1e3, "mW": 1e3, "degrees C": 1.0, "V": 1.0}
+_DIGITS = {"mA": 3, "mW": 4, "degrees C": 2, "V": 4}
+
+
+def _published_thresholds() -> list[tuple[str, str, str, str]]:
+    """(value name, limit attribute, printed value, unit) of every threshold line published."""
+    out = []
+    for line in (MLX / "ethtool-m-decoded.txt").read_text().splitlines():
+        match = _ETHTOOL_LINE.match(line)
+        assert match is not None, line
+        words = match["name"].split()
+        base = " ".join(words[:3]) if words[0] == "Laser" else " ".join(words[:2])
+        limit = "_".join(match["name"].removeprefix(base).split()[:2])  # "high alarm" -> high_alarm
+        out.append((_NAMES[base], limit, match["value"], match["unit"]))
+    return out
+
+
+def test_mellanox_thresholds_equal_ethtool_decode() -> None:
+    data = parse_ethtool_hex((MLX / "ethtool-m-hex.txt").read_text())
+    assert len(data) == 640
+    reading = _reading(from_linear(data, [0, 1, 2, 3]))
+    limits: dict[str, Thresholds | None] = {
+        name: mon.thresholds for name, lane, mon in reading.monitors() if lane in (None, 1)
+    }
+    published = _published_thresholds()
+    assert len(published) == 14
+    for name, limit, printed, unit in published:
+        found = limits[name]
+        assert found is not None, name
+        value = getattr(found, limit) * _SCALE[unit]
+        assert f"{value:.{_DIGITS[unit]}f}" == printed, (name, limit)
+    assert reading.identity.vendor == "Mellanox" and reading.identity.oui == "00:02:c9"
+    assert reading.thresholds_published
+
+
+def test_mellanox_dark_lanes_are_judged_against_the_modules_own_limits() -> None:
+    reading = _reading(from_linear(parse_ethtool_hex((MLX / "ethtool-m-hex.txt").read_text()), [0, 1, 2, 3]))
+    temperature = reading.temperature_celsius
+    assert temperature is not None and temperature.level is Level.NORMAL  # 39.5 C within 0..70
+    assert len(reading.lanes) == 4
+    # every lane reads 0 W and 0 A in this dump: below the module's own low alarm
+    assert {lane.rx_power_watts.level for lane in reading.lanes if lane.rx_power_watts} == {Level.ALARM_LOW}
+    assert reading.worst is Level.ALARM_LOW
+
+
+def test_thresholds_judgement_boundaries() -> None:
+    t = Thresholds(high_alarm=4.0, low_alarm=1.0, high_warning=3.0, low_warning=2.0)
+    assert [t.judge(v) for v in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5)] == [
+        Level.ALARM_LOW,
+        Level.WARNING_LOW,
+        Level.WARNING_LOW,
+        Level.NORMAL,
+        Level.NORMAL,
+        Level.NORMAL,
+        Level.WARNING_HIGH,
+        Level.WARNING_HIGH,
+        Level.ALARM_HIGH,
+    ]
+    assert t.judge(math.nan) is Level.UNKNOWN
+    assert Thresholds(0.0, 0.0, 0.0, 0.0).judge(1.0) is Level.UNKNOWN  # a module that publishes none
+
+
+def test_unsupported_identifiers_are_not_errors() -> None:
+    for identifier in (0x00, 0x03, 0x0C, 0x7F):
+        lower = bytes([identifier]) + bytes(127)
+        assert pages_to_read(lower) == []
+        result = decode(ModuleMemory(lower=lower))
+        assert isinstance(result, UnsupportedModule) and result.identifier == identifier
+
+
+@pytest.mark.parametrize("size", [0, 1, 127])
+def test_short_lower_page_is_a_decode_error(size: int) -> None:
+    with pytest.raises(ModuleDecodeError):
+        decode(ModuleMemory(lower=bytes([0x11]) + bytes(max(size - 1, 0))))
+
+
+def test_missing_identity_page_is_a_decode_error() -> None:
+    for identifier in (0x11, 0x18):
+        with pytest.raises(ModuleDecodeError, match="00h"):
+            decode(ModuleMemory(lower=bytes([identifier]) + bytes(127)))
+
+
+def test_sff8636_flat_memory_reads_no_threshold_page() -> None:
+    paged = bytes([0x11, 0, 0x00]) + bytes(125)
+    flat = bytes([0x11, 0, 0x04]) + bytes(125)
+    assert sff8636.pages_to_read(paged) == [(0, 0), (3, 0)]
+    assert sff8636.pages_to_read(flat) == [(0, 0)]
+
+
+def _put(page: bytearray, offset: int, value: int) -> None:
+    page[offset : offset + 2] = value.to_bytes(2, "big", signed=value < 0)
+
+
+def _cmis_memory(flat: bool = False, bias_multiplier_bits: int = 0x08) -> ModuleMemory:
+    """A constructed QSFP-DD (no real CMIS dump is vendored): values at CMIS 5 offsets."""
+    lower = bytearray(128)
+    lower[0] = 0x18
+    lower[2] = 0x80 if flat else 0x00
+    _put(lower, 14, 0x4680)  # 70.5 C
+    _put(lower, 16, 32186)  # 3.2186 V
+    lower[88] = 0x44  # first application: 4 host lanes, 4 media lanes
+    page00 = bytearray(b" " * 128)
+    page00[1:17] = b"Arista Networks "
+    page00[17:20] = bytes([0x00, 0x1C, 0x73])
+    page00[20:36] = b"QDD-400G-XDR4   "
+    page00[36:38] = b"41"
+    page00[38:54] = b"XKT242211481    "
+    page00[54:62] = b"240531  "
+    page01 = bytearray(128)
+    page01[151 - 128] = 0x10  # average Rx power
+    page01[160 - 128] = 0x07 | bias_multiplier_bits
+    page02 = bytearray(128)
+    for off, values in (
+        (128, (75 * 256, -5 * 256, 70 * 256, 0)),
+        (136, (36300, 30500, 34650, 31350)),
+        (176, (35481, 4074, 28184, 5129)),
+        (184, (32500, 2500, 31250, 3750)),  # x2 multiplier: 130, 10, 125, 15 mA
+        (192, (35481, 1000, 28184, 2000)),
+    ):
+        for i, v in enumerate(values):
+            _put(page02, off - 128 + 2 * i, v)
+    page11 = bytearray(128)
+    for lane, (tx, bias, rx) in enumerate(((15975, 20951, 22489), (16486, 20469, 18629))):
+        _put(page11, 154 - 128 + 2 * lane, tx)
+        _put(page11, 170 - 128 + 2 * lane, bias)
+        _put(page11, 186 - 128 + 2 * lane, rx)
+    upper = {(0, 0): bytes(page00), (1, 0): bytes(page01), (2, 0): bytes(page02), (0x11, 0): bytes(page11)}
+    return ModuleMemory(lower=bytes(lower), upper=upper)
+
+
+def test_cmis_offsets_units_and_bias_multiplier() -> None:
+    reading = _reading(_cmis_memory())
+    ident = reading.identity
+    assert (ident.vendor, ident.part_number, ident.serial_number, ident.revision, ident.oui, ident.date_code) == (
+        "Arista Networks",
+        "QDD-400G-XDR4",
+        "XKT242211481",
+        "41",
+        "00:1c:73",
+        "240531",
+    )
+    assert ident.type == "QSFP-DD" and ident.memory_map == "cmis"
+    temperature, voltage = reading.temperature_celsius, reading.supply_voltage_volts
+    assert temperature is not None and temperature.value == 70.5 and temperature.level is Level.WARNING_HIGH
+    assert voltage is not None and voltage.value == pytest.approx(3.2186)
+    assert len(reading.lanes) == 4 and reading.rx_power_kind == "average"
+    first = reading.lanes[0]
+    assert first.tx_bias_amperes is not None and first.tx_bias_amperes.value == pytest.approx(83.804e-3)
+    assert first.tx_bias_amperes.thresholds == Thresholds(130e-3, 10e-3, 125e-3, 15e-3)
+    assert first.tx_power_watts is not None and first.tx_power_watts.value == pytest.approx(1.5975e-3)
+    assert first.rx_power_watts is not None and first.rx_power_watts.value == pytest.approx(2.2489e-3)
+    assert round(watts_to_dbm(first.rx_power_watts.value), 2) == 3.52
+    assert reading.lanes[3].rx_power_watts is not None and reading.lanes[3].rx_power_watts.level is Level.ALARM_LOW
+
+
+def test_cmis_flat_memory_has_identity_and_module_monitors_only() -> None:
+    memory = _cmis_memory(flat=True)
+    assert cmis.pages_to_read(memory.lower) == [(0, 0)]
+    reading = _reading(memory)
+    assert reading.lanes == () and not reading.thresholds_published
+    assert reading.temperature_celsius is not None and reading.temperature_celsius.level is Level.UNKNOWN
+
+
+def test_cmis_paged_module_reads_four_pages() -> None:
+    assert cmis.pages_to_read(_cmis_memory().lower) == [(0, 0), (1, 0), (2, 0), (0x11, 0)]
+
+
+def test_non_ascii_identity_bytes_do_not_crash() -> None:
+    memory = _cmis_memory()
+    page00 = bytearray(memory.upper[(0, 0)])
+    page00[1:17] = bytes(range(0xF0, 0x100))
+    reading = _reading(ModuleMemory(lower=memory.lower, upper={**memory.upper, (0, 0): bytes(page00)}))
+    assert reading.identity.vendor == "?" * 16

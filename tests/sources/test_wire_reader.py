@@ -1,0 +1,110 @@
+"""WireReader: each source on its own interval, Unsupported asked once, static module pages reused
+and refreshed, netdevs forgotten when they go; the simulated wire behind the real parsers, and
+`ethtool -S` over the real ioctl on a veth of our own."""
+
+from __future__ import annotations
+
+import pytest
+
+from rnic_exporter.catalog import metrics as c
+from rnic_exporter.model.optics import ModuleReading
+from rnic_exporter.model.wire import LinkState, ReadFailure, Unsupported
+from rnic_exporter.sim.wire import SimEthtool, SimPort, SimWire
+from rnic_exporter.sinks.wire_samples import wire_samples
+from rnic_exporter.sources.wire import WireReader, WireSettings, read_gstats
+from tests.support.netns import network_namespace
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _reader(clock: Clock) -> tuple[SimWire, WireReader]:
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    wire.add("ib0", SimPort(supported=False, module=None))
+    return wire, WireReader(SimEthtool(wire), WireSettings(), gstats=wire.gstats, clock=clock)
+
+
+def test_sources_are_read_on_their_own_intervals() -> None:
+    clock = Clock()
+    _, reader = _reader(clock)
+    first = reader.poll(["ens1f0np0"])["ens1f0np0"]
+    assert isinstance(first.module, ModuleReading) and isinstance(first.link_state, LinkState)
+    assert dict(reader.requests) == {"link_state": 1, "fec": 1, "pause": 1, "gstats": 1, "module_eeprom": 3}
+    clock.now += 10
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["link_state"] == 2 and reader.requests["fec"] == 1
+    clock.now += 20
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["fec"] == 2 and reader.requests["module_eeprom"] == 3
+    clock.now += 30  # a minute after the first: the module's lower page only
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["module_eeprom"] == 4 and reader.requests["gstats"] == 2
+    clock.now += 600  # static pages are re-read every 10 minutes
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["module_eeprom"] == 7
+    assert 0 < reader.next_due() <= 10
+
+
+def test_a_fading_optic_shows_on_the_next_module_read() -> None:
+    clock = Clock()
+    wire, reader = _reader(clock)
+    reader.poll(["ens1f0np0"])
+    wire.fade_rx_power("ens1f0np0", lane=1, watts=0.05e-3)
+    clock.now += 30
+    assert reader.poll(["ens1f0np0"])["ens1f0np0"].module == reader.poll(["ens1f0np0"])["ens1f0np0"].module
+    clock.now += 30
+    module = reader.poll(["ens1f0np0"])["ens1f0np0"].module
+    assert isinstance(module, ModuleReading)
+    rx = module.lanes[0].rx_power_watts
+    assert rx is not None and rx.value == pytest.approx(0.05e-3)
+
+
+def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
+    clock = Clock()
+    _, reader = _reader(clock)
+    got = reader.poll(["ib0"])["ib0"]
+    assert got.fec == Unsupported("fec", "EOPNOTSUPP") and got.module == Unsupported("module_eeprom", "EOPNOTSUPP")
+    for _ in range(3):
+        clock.now += 60
+        reader.poll(["ib0"])
+    assert reader.requests["fec"] == 1 and reader.requests["module_eeprom"] == 1 and reader.requests["pause"] == 1
+    assert reader.requests["link_state"] == 4  # link state works on any netdev
+    assert reader.requests["gstats"] == 1  # no pause strings in its ethtool -S: asked once
+    reader.poll([])
+    reader.poll(["ib0"])  # came back: asked again
+    assert reader.requests["fec"] == 2
+
+
+def test_samples_of_a_poll_name_only_catalogue_metrics_with_their_labels() -> None:
+    clock = Clock()
+    wire, reader = _reader(clock)
+    wire.pause_storm("ens1f0np0", priority=3, frames=5, duration_us=10, storm=True)
+    got = reader.poll(["ens1f0np0", "ib0"])
+    labels = {"ens1f0np0": ("mlx5_0", "1", "ens1f0np0"), "ib0": ("mlx5_1", "1", "ib0")}
+    samples = list(wire_samples(labels, got, reader.requests))
+    assert {s for s, _, _ in samples} <= set(c.WIRE_METRICS)
+    assert all(len(lab) == len(s.labels) for s, lab, _ in samples)
+    assert (c.PAUSE_STORM_EVENTS, ("mlx5_0", "1", "ens1f0np0", "warning"), 1.0) in samples
+    assert {s for s, lab, _ in samples if "ib0" in lab} == {c.LINK_DOWN_EVENTS}
+
+
+def test_module_interval_below_a_minute_is_refused() -> None:
+    with pytest.raises(ValueError, match="every minute"):
+        WireSettings(module_interval=5)
+    assert WireSettings(module_interval=0).module_interval == 0  # off
+
+
+def test_gstats_over_the_real_ioctl_on_veth() -> None:
+    with network_namespace(["ens1f0np0"]) as ns, ns.entered():
+        stats = read_gstats("ens1f0np0")
+        assert "peer_ifindex" in stats  # veth's own ethtool -S string
+        reader = WireReader(SimEthtool(SimWire()), WireSettings())  # the real read_gstats
+        got = reader._driver_pause("ens1f0np0")
+        assert got == Unsupported("gstats", "not_exposed")  # veth has no pause strings: not an error
+        assert isinstance(reader._driver_pause("gone0"), ReadFailure) and reader.gstats_errors == 1
