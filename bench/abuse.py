@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import free_port
+from tests.support.serve import free_port
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container

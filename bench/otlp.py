@@ -24,10 +24,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import cpu_seconds, free_port, get, polls, rss_mb, running  # noqa: E402
+from harness import cpu_seconds, rss_mb  # noqa: E402
 
 from rnic_exporter.sim import SimHost  # noqa: E402
+from tests.support.serve import free_port, get, polls, running  # noqa: E402
 
 
 class Sink:

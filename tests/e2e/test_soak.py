@@ -4,19 +4,16 @@ or threads. Run it alone with `pytest -m soak`; `bench/soak.py` is the hour-long
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from rnic_exporter.catalog import events as ev
+from tests.support import soak
+from tests.support.serve import Ours
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import soak  # noqa: E402
-from harness import Ours  # noqa: E402
-
-from rnic_exporter.catalog import events as ev  # noqa: E402
 
 
 @pytest.mark.soak
