@@ -17,7 +17,7 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.reader import ReaderSettings
-from tests.daemon.test_agent_detection import make_agent
+from tests.support.agent import make_agent
 
 REPO = Path(__file__).resolve().parents[2]
 # The alert each step's failure stands for (the ones the demo's output names).

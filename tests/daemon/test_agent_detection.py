@@ -18,6 +18,7 @@ from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.agent import make_agent
 from tests.support.exposition import Samples, samples
 from tests.support.processes import exporter, free_port, http_get, require_binary
 
@@ -29,17 +30,6 @@ def metrics(agent: Agent) -> Samples:
 
 def series(agent: Agent, name: str, **labels: str) -> float | None:
     return metrics(agent).get((name, frozenset(labels.items())))
-
-
-def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | None = None) -> Agent:
-    config = ServeConfig(
-        sysfs=host.root,
-        state_dir=state_dir,
-        detection=detection or DetectionSettings(),
-        watch_netlink=False,
-        watch_udev=False,
-    )
-    return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
 
 def test_detection_metrics_in_the_exposition(sim_host: SimHost, tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ import pytest
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.sim import SimHost, SimProcfs
-from tests.daemon.test_consumer_wiring import POD_UID, _series
+from tests.support.exposition import label_sets
+from tests.support.fakeproc import POD_UID
 from tests.support.processes import exporter, free_port, http_get
 from tests.support.wait import wait_for
 
@@ -76,7 +77,7 @@ def test_serve_names_them_and_the_gid_shift_event_too(
 
         def info() -> list[dict[str, str]] | None:
             body = http_get(f"http://127.0.0.1:{port}/metrics")[2]
-            rows = [s for s in _series(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
+            rows = [s for s in label_sets(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
             return rows if len(rows) == 2 else None
 
         rows = wait_for(info, timeout=20, what="two workloads on mlx5_1")

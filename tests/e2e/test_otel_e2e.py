@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rnic_exporter import __version__
 from rnic_exporter.sim import SimHost
-from tests.sinks.test_otel import GrpcReceiver, HttpReceiver, Point, Record
+from tests.support.otlp import GrpcReceiver, HttpReceiver, Point, Record
 from tests.support.processes import exporter, free_port, http_get
 from tests.support.wait import wait_for
 

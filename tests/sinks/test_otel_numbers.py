@@ -15,7 +15,7 @@ from rnic_exporter.sinks.otel_settings import OtlpSettings
 from rnic_exporter.sinks.samples import ExporterStats, Published
 from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
-from tests.sinks.test_otel import HttpReceiver
+from tests.support.otlp import HttpReceiver
 from tests.support.wait import wait_for
 
 SATURATED = (1 << 64) - 1

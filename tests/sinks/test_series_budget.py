@@ -12,7 +12,7 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.detection import PORT_EVENT_RULES, PORT_EVENTS
 from rnic_exporter.sources.infiniband import counter_ceiling
 from rnic_exporter.sources.sysfs import SysfsRoot
-from tests.daemon.test_agent_detection import make_agent
+from tests.support.agent import make_agent
 from tests.support.exposition import Samples, samples
 from tests.support.wait import wait_for
 

@@ -15,8 +15,8 @@ from rnic_exporter.cli import Exit, main
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.samples import ExporterStats, Published
-from tests.sinks.test_otel import HttpReceiver
 from tests.support.exposition import render_text, samples
+from tests.support.otlp import HttpReceiver
 from tests.support.wait import wait_for
 
 

@@ -23,6 +23,12 @@ def samples(text: str) -> Samples:
     }
 
 
+def label_sets(text: str | bytes, name: str) -> list[dict[str, str]]:
+    """The labels of every sample named `name` in `text`, in order."""
+    body = text.decode() if isinstance(text, bytes) else text
+    return [dict(s.labels) for family in text_string_to_metric_families(body) for s in family.samples if s.name == name]
+
+
 class Renderer:
     """Renders families; keeps each series' last line for the next call."""
 

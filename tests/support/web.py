@@ -113,6 +113,15 @@ def users_config(users: dict[str, str]) -> str:
     return "basic_auth_users:\n" + "".join(f"  {user}: '{bcrypt_hash(pw)}'\n" for user, pw in users.items())
 
 
+def users_yaml(users: dict[str, tuple[str, int]]) -> str:
+    """basic_auth_users with each user's bcrypt cost chosen."""
+    lines = [
+        f"  {user}: '{bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=cost)).decode()}'\n"
+        for user, (pw, cost) in users.items()
+    ]
+    return "basic_auth_users:\n" + "".join(lines)
+
+
 def client_context(certs: Certs, *, with_cert: bool = False) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=str(certs.server_cert))
     if with_cert:

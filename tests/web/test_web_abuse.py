@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import bcrypt
@@ -23,17 +23,9 @@ from tests.support.web import (
     basic,
     read_until_closed,
     request,
+    users_yaml,
     write_config,
 )
-
-
-def users_yaml(users: dict[str, tuple[str, int]]) -> str:
-    """basic_auth_users with each user's bcrypt cost chosen."""
-    lines = [
-        f"  {user}: '{bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=cost)).decode()}'\n"
-        for user, (pw, cost) in users.items()
-    ]
-    return "basic_auth_users:\n" + "".join(lines)
 
 
 class RecordingCheckpw:
@@ -62,14 +54,6 @@ def checkpw(monkeypatch: pytest.MonkeyPatch) -> RecordingCheckpw:
     recorder = RecordingCheckpw()
     monkeypatch.setattr(bcrypt, "checkpw", recorder)
     return recorder
-
-
-@pytest.fixture
-def sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    yield opened
-    for sock in opened:
-        sock.close()
 
 
 def connect(server_address: tuple[str, int], opened: list[socket.socket]) -> socket.socket:

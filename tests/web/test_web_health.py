@@ -4,8 +4,6 @@ Over real sockets: the kubelet's httpGet sends no credentials and, with `scheme:
 check the certificate; the container's HEALTHCHECK reads the exporter's command line.
 """
 
-# ruff: noqa: F811  (test parameters name the fixtures imported from test_web, as pytest requires)
-
 from __future__ import annotations
 
 import http.client
@@ -29,9 +27,9 @@ from tests.support.web import (
     client_context,
     request,
     tls_config,
+    users_yaml,
     write_config,
 )
-from tests.web.test_web_abuse import sockets, users_yaml  # noqa: F401  (sockets: a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 

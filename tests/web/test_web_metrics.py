@@ -1,7 +1,5 @@
 """The HTTP front's own metrics (rnic_exporter_http_*), over real sockets."""
 
-# ruff: noqa: F811  (test parameters name the fixtures imported from test_web, as pytest requires)
-
 from __future__ import annotations
 
 import socket
@@ -9,8 +7,7 @@ import threading
 from pathlib import Path
 
 from tests.support.wait import wait_for
-from tests.support.web import DEADLINE, FakeProvider, ServerFactory, basic, request, write_config
-from tests.web.test_web_abuse import sockets, users_yaml  # noqa: F401  (sockets: a fixture)
+from tests.support.web import DEADLINE, FakeProvider, ServerFactory, basic, request, users_yaml, write_config
 
 # -- the front's own metrics -------------------------------------------------------------------
 
