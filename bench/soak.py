@@ -38,12 +38,30 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import memtrace
 
 from tests.support.serve import Ours
 from tests.support.soak import SoakConfig, report, run_soak
+
+
+def _tracer(opts: argparse.Namespace) -> Callable[[Path, float, float], dict[str, str]] | None:
+    """With --memtrace: installs the daemon's memory tracer (bench/memtrace.py) with the flags' choices."""
+    if opts.memtrace is None:
+        return None
+    out = opts.memtrace.resolve()
+
+    def install(site: Path, every: float, snapshot_every: float) -> dict[str, str]:
+        return memtrace.install(
+            site, out, every, snapshot_every, opts.memtrace_trim, opts.memtrace_frames, opts.memtrace_census
+        )
+
+    return install
 
 
 def main() -> None:
@@ -112,10 +130,7 @@ def main() -> None:
         seed=opts.seed,
         step_timeout_s=opts.step_timeout,
         log_copy=opts.log,
-        memtrace_dir=opts.memtrace.resolve() if opts.memtrace else None,
-        memtrace_trim=opts.memtrace_trim,
-        memtrace_frames=opts.memtrace_frames,
-        memtrace_census=opts.memtrace_census,
+        tracer=_tracer(opts),
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     print(

@@ -73,10 +73,9 @@ class SoakConfig:
     # of the tables, which may take up to 60 passes.
     step_timeout_s: float | None = None
     log_copy: Path | None = None  # every line the exporter logs, appended here
-    memtrace_dir: Path | None = None  # trace the daemon's memory from inside (bench/memtrace.py)
-    memtrace_trim: bool = False  # and malloc_trim(0) at each snapshot, recording RSS before and after
-    memtrace_frames: int = 10  # tracemalloc's frames per trace; 0: RSS and mallinfo2 only
-    memtrace_census: bool = False  # and the collector's objects by type at every sample
+    # The environment that makes the daemon trace its memory from inside (bench/memtrace.py's install), given a
+    # directory for its sitecustomize, the sample period and the snapshot period.
+    tracer: Callable[[Path, float, float], dict[str, str]] | None = None
 
     @property
     def timeout_s(self) -> float:
@@ -390,22 +389,9 @@ class Soak:
     def _env(self) -> dict[str, str]:
         c = self.config
         env = c.ours.env()
-        if c.memtrace_dir is not None:
-            import memtrace
-
+        if c.tracer is not None:
             site = self.work / "memtrace-site"
-            snapshot_every = max(c.sample_s, c.seconds / 4)
-            env.update(
-                memtrace.install(
-                    site,
-                    c.memtrace_dir,
-                    c.sample_s,
-                    snapshot_every,
-                    c.memtrace_trim,
-                    c.memtrace_frames,
-                    c.memtrace_census,
-                )
-            )
+            env.update(c.tracer(site, c.sample_s, max(c.sample_s, c.seconds / 4)))
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
         return env
 
