@@ -12,8 +12,8 @@ import pytest
 
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.captures import PROCFS_SYS
 
 # The faulty-sysfs FUSE fixtures (`faulty_sysfs`, `faultfs_factory`), for every test module.
@@ -68,7 +68,7 @@ def read_sim() -> Callable[[SimHost], Snapshot]:
     """
 
     def read(host: SimHost) -> Snapshot:
-        root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+        root = SimSysfsRoot(host.root, errno_overlay=host.errno_overlay)
         try:
             return HostReader(root).read()
         finally:

@@ -21,6 +21,7 @@ from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.agent import make_agent
 from tests.support.exposition import Samples, samples
 from tests.support.processes import exporter, free_port, http_get, require_binary
+from tests.support.sim import refresh_overlay
 
 
 def metrics(agent: Agent) -> Samples:
@@ -50,14 +51,14 @@ def test_detection_metrics_in_the_exposition(sim_host: SimHost, tmp_path: Path) 
 
     sim_host.hold_gid("mlx5_0", "10.0.0.1")
     sim_host.remove_address("mlx5_0", "10.0.0.1")
-    agent.reader.root.errno_overlay = sim_host.errno_overlay
+    refresh_overlay(agent.reader.root, sim_host.errno_overlay)
     agent.poll_once(full_gid_tables=True)
     assert series(agent, "rnic_netdev_address_present", **pl, netdev="ens1f0np0", address="10.0.0.1") == 0
     assert series(agent, "rnic_nccl_configured_gid_index_valid", **pl) == 0
     sim_host.add_address("mlx5_0", "10.0.0.1")
     sim_host.set_speed("mlx5_0", 200)
     sim_host.remove_device("mlx5_1")
-    agent.reader.root.errno_overlay = sim_host.errno_overlay
+    refresh_overlay(agent.reader.root, sim_host.errno_overlay)
     agent.poll_once(full_gid_tables=True)
     assert series(agent, "rnic_gid_roce_v2_ipv4_index", **pl, address="10.0.0.1") == 4
     assert series(agent, "rnic_events_total", event="rnic.gid.address_moved", **pl) == 1

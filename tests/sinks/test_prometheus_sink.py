@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.prometheus import PrometheusSink
 from rnic_exporter.sinks.samples import ExporterStats
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.exposition import render_text
 from tests.support.processes import require_binary
 
@@ -38,7 +38,7 @@ def value(text: str, name: str, **labels: str) -> float | None:
 
 def read(root: Path, host: SimHost | None = None) -> Snapshot:
     overlay = host.errno_overlay if host is not None else None
-    return HostReader(SysfsRoot(root, errno_overlay=overlay)).read()
+    return HostReader(SimSysfsRoot(root, errno_overlay=overlay)).read()
 
 
 def test_malformed_rate_costs_only_that_series(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: P
 
     host = SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=16)
     overlay = host.errno_overlay
-    reader = HostReader(SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    reader = HostReader(SimSysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
     sink = PrometheusSink()
     detection = catalog.BY_NAME[catalog.PORT_UP.name]  # any spec; the extra families stand in for detection
 

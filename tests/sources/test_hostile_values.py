@@ -19,6 +19,7 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.cli import main
 from rnic_exporter.model.host import GidEntry, LinkRate, Netdev, Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.prometheus import PrometheusSink
 from rnic_exporter.sinks.samples import ExporterStats, snapshot_families
@@ -34,7 +35,7 @@ from rnic_exporter.sources.infiniband import (
 from rnic_exporter.sources.netclass import parse_int, parse_mac
 from rnic_exporter.sources.pci import parse_link_speed, parse_link_width
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import MalformedValueError, SysfsRoot
+from rnic_exporter.sources.sysfs import MalformedValueError
 
 HUGE = "9" * 400
 
@@ -94,7 +95,7 @@ def test_model_properties_never_raise() -> None:
 
 
 def _read(host: SimHost) -> tuple[str, Snapshot]:
-    root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+    root = SimSysfsRoot(host.root, errno_overlay=host.errno_overlay)
     try:
         snap = HostReader(root).read(full_gid_tables=True)
     finally:

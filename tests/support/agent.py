@@ -7,7 +7,7 @@ from pathlib import Path
 from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sources.sysfs import SysfsRoot
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 
 
 def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | None = None) -> Agent:
@@ -18,4 +18,4 @@ def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | No
         watch_netlink=False,
         watch_udev=False,
     )
-    return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    return Agent(config, SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))

@@ -12,12 +12,12 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
 
 
 def read_full(host: SimHost) -> Snapshot:
-    root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+    root = SimSysfsRoot(host.root, errno_overlay=host.errno_overlay)
     try:
         return HostReader(root).read(full_gid_tables=True)
     finally:
