@@ -32,6 +32,7 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.otel_settings import OtlpSettings, resolve
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published, snapshot_families
+from tests.support.otel_table import readme_table
 from tests.support.otlp import GrpcReceiver, HttpReceiver, Point
 from tests.support.tls import self_signed
 from tests.support.wait import wait_for
@@ -94,11 +95,9 @@ def test_mapping_keeps_kind_units_and_labels() -> None:
 
 
 def test_docs_table_is_the_generated_one() -> None:
-    table = otel_metrics.readme_table()
+    table = readme_table()
     assert table in OTEL_DOC.read_text(), (
-        "docs/opentelemetry.md's metric table is stale; regenerate it with "
-        "python -c 'from rnic_exporter.sinks.otel_metrics import readme_table; "
-        "print(readme_table())'"
+        "docs/opentelemetry.md's metric table is stale; regenerate it with python -m tests.support.otel_table"
     )
     for spec in catalog.METRICS:
         assert f"| `{spec.name}` |" in table

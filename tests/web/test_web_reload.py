@@ -159,7 +159,7 @@ def test_weakening_client_certificate_checks_is_refused(
     server = serve(write_config(confdir, tls_config(extra_tls=before)))
     write_config(confdir, tls_config(extra_tls=after))
     with caplog.at_level(logging.ERROR):
-        server.reload_web_config()
+        server.watcher.reload()
     assert reason in reload_errors(caplog)[0]
     with pytest.raises(OSError):
         request(server, context=client_context(certs))  # still no entry without a client certificate
