@@ -49,7 +49,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.serve import free_port
+from tests.support.processes import free_port
+from tests.support.serve import serve_args
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container
@@ -183,7 +184,7 @@ class Attack:
         self.opened[kind] += 1
         self.peak[kind] = max(self.peak[kind], self.open[kind])
 
-    async def _hold(self, kind: str, index: int) -> None:
+    async def hold(self, kind: str, index: int) -> None:
         await asyncio.sleep(random.random() * 3)  # ramp up over 3 s
         while time.monotonic() < self.deadline:
             writer = None
@@ -249,7 +250,7 @@ async def attack_main(
     port: int, cafile: Path, seconds: float, counts: dict[str, int], out: Path, addresses: int
 ) -> None:
     attack = Attack(port, cafile, time.monotonic() + seconds, addresses)
-    tasks = [asyncio.create_task(attack._hold(kind, i)) for kind, n in counts.items() for i in range(n)]
+    tasks = [asyncio.create_task(attack.hold(kind, i)) for kind, n in counts.items() for i in range(n)]
     await asyncio.wait(tasks, timeout=seconds + 40)
     out.write_text(json.dumps({"peak_open": attack.peak, "opened": attack.opened, "statuses": attack.statuses}))
     os._exit(0)  # leftover tasks and sockets: the process is done
@@ -409,13 +410,7 @@ class Exporter:
             "-S",
             "-m",
             "rnic_exporter",
-            "serve",
-            "--path.sysfs",
-            str(work / "sys"),
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            "--state.dir",
-            str(work / f"state-{name}"),
+            *serve_args(work / "sys", port, state_dir=work / f"state-{name}"),
             "--web.config.file",
             str(work / "web.yml"),
             "--log.level",

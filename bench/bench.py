@@ -72,7 +72,8 @@ from harness import (
     wrk_latency,
 )
 
-from tests.support.serve import Ours, free_port, running
+from tests.support.processes import free_port
+from tests.support.serve import Ours, running
 
 SCRAPE_S = 15.0  # Prometheus' default scrape interval
 POLL_S = 5.0  # our default --poll.interval

@@ -57,6 +57,7 @@ from rnic_exporter.sim.host import SimHost
 from rnic_exporter.sources.netlink import NetlinkEvent
 from tests.support.netns import Netns, network_namespace
 from tests.support.processes import http_get
+from tests.support.serve import python_serve_args
 from tests.support.wait import wait_for
 
 PORT = 19879
@@ -257,16 +258,7 @@ def _daemon(ns: Netns, sysfs: Path, workdir: Path, src: Path | None, extra: list
     with open(log, "wb") as out:
         proc = ns.popen(
             [
-                sys.executable,
-                "-m",
-                "rnic_exporter",
-                "serve",
-                "--path.sysfs",
-                str(sysfs),
-                "--web.listen-address",
-                f"{ns.address}:{PORT}",
-                "--state.dir",
-                str(workdir / f"state-{log.stem}"),
+                *python_serve_args(sysfs, f"{ns.address}:{PORT}", state_dir=workdir / f"state-{log.stem}"),
                 "--log.format",
                 "json",
                 *extra,

@@ -29,7 +29,8 @@ from harness import load_average, node_exporter_args
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.sim import SimHost
-from tests.support.serve import free_port, get, ours_args, running
+from tests.support.processes import free_port
+from tests.support.serve import get, ours_args, running
 
 # The families node_exporter has no counterpart for: what the budget allows on top of its count.
 ONLY_OURS = frozenset(

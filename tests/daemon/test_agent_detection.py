@@ -18,19 +18,10 @@ from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.sysfs import SysfsRoot
-from tests.support.agent import make_agent
+from tests.support.agent import make_agent, metrics, series
 from tests.support.exposition import Samples, samples
 from tests.support.processes import exporter, free_port, http_get, require_binary
 from tests.support.sim import refresh_overlay
-
-
-def metrics(agent: Agent) -> Samples:
-    body, _ = agent.prometheus.render(None, None)
-    return samples(body.decode())
-
-
-def series(agent: Agent, name: str, **labels: str) -> float | None:
-    return metrics(agent).get((name, frozenset(labels.items())))
 
 
 def test_detection_metrics_in_the_exposition(sim_host: SimHost, tmp_path: Path) -> None:

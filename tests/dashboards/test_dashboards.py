@@ -23,6 +23,7 @@ from rnic_exporter.sim import SimHost
 from tests.support.dashboards import panels, substitute
 from tests.support.processes import Prometheus, exporter, free_port, http_get, require_binary
 from tests.support.promql import metric_names
+from tests.support.serve import serve_args
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,17 +265,7 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
     """
     host = SimHost.build(tmp_path / "sys", roce=3, gid_table_size=16)
     port = free_port()
-    args = [
-        "serve",
-        "--path.sysfs",
-        str(host.root),
-        "--web.listen-address",
-        f"127.0.0.1:{port}",
-        "--poll.interval",
-        "0.2",
-        "--state.dir",
-        str(tmp_path / "state"),
-    ]
+    args = serve_args(host.root, port, poll=0.2, state_dir=tmp_path / "state")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],

@@ -19,6 +19,7 @@ from rnic_exporter.sim import SimHost, SimProcfs
 from tests.support.exposition import label_sets
 from tests.support.fakeproc import POD_UID
 from tests.support.processes import exporter, free_port, http_get
+from tests.support.serve import serve_args
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -71,8 +72,8 @@ def test_serve_names_them_and_the_gid_shift_event_too(
     host, _, paths = tree
     port = free_port()
     log = tmp_path / "exporter.log"
-    args = ["serve", *paths, "--web.listen-address", f"127.0.0.1:{port}", "--poll.interval", "0.3"]
-    args += ["--state.dir", str(tmp_path / "state"), "--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
+    args = serve_args(host.root, port, *paths[2:], poll=0.3, state_dir=tmp_path / "state")
+    args += ["--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
     with exporter([*args, "--collector.consumers"], ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=log):
 
         def info() -> list[dict[str, str]] | None:

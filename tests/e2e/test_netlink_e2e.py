@@ -18,6 +18,7 @@ from rnic_exporter.sim.gid_table import address_gid
 from tests.support.exposition import Samples, samples
 from tests.support.netns import Netns, network_namespace
 from tests.support.processes import http_get
+from tests.support.serve import python_serve_args
 from tests.support.wait import wait_for
 
 PORT = 19879  # a fresh namespace: nothing else listens there
@@ -95,16 +96,7 @@ def chain(tmp_path: Path) -> Iterator[tuple[Netns, Daemon, Path]]:
             try:
                 ns.popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "rnic_exporter",
-                        "serve",
-                        "--path.sysfs",
-                        str(sysfs),
-                        "--web.listen-address",
-                        f"{ns.address}:{PORT}",
-                        "--state.dir",
-                        str(tmp_path / "state"),
+                        *python_serve_args(sysfs, f"{ns.address}:{PORT}", state_dir=tmp_path / "state"),
                         "--poll.interval",
                         "60",
                         "--log.format",

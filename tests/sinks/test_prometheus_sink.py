@@ -18,7 +18,7 @@ from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.prometheus import PrometheusSink
 from rnic_exporter.sinks.samples import ExporterStats
 from rnic_exporter.sources.reader import HostReader
-from tests.support.exposition import render_text
+from tests.support.exposition import render_text, value
 from tests.support.processes import require_binary
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "procfs-fixture.prom"
@@ -30,10 +30,6 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         for s in family.samples:
             out[(s.name, frozenset(s.labels.items()))] = s.value
     return out
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    return samples(text).get((name, frozenset(labels.items())))
 
 
 def read(root: Path, host: SimHost | None = None) -> Snapshot:

@@ -4,8 +4,6 @@ figures read from what it serves."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +12,36 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rnic_exporter.catalog.metrics import POLLS
+from tests.support.exposition import first_value
+from tests.support.processes import stop_process
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def serve_args(
+    sysfs: Path | str,
+    listen: int | str,
+    *extra: str,
+    poll: float | None = None,
+    state_dir: Path | str | None = None,
+) -> list[str]:
+    """`serve` reading `sysfs` and listening on `listen` (a port of 127.0.0.1, or `host:port`), then `extra`.
+
+    `state_dir` "" keeps no inventory; None leaves the flag out (the tests' environment points it at tmp_path).
+    """
+    address = f"127.0.0.1:{listen}" if isinstance(listen, int) else listen
+    args = ["serve", "--path.sysfs", str(sysfs), "--web.listen-address", address]
+    if poll is not None:
+        args += ["--poll.interval", str(poll)]
+    if state_dir is not None:
+        args += ["--state.dir", str(state_dir)]
+    return [*args, *extra]
+
+
+def python_serve_args(sysfs: Path | str, listen: int | str, *extra: str, **flags: Any) -> list[str]:
+    """`serve_args` run as `python -m rnic_exporter` with this interpreter."""
+    return [sys.executable, "-m", "rnic_exporter", *serve_args(sysfs, listen, *extra, **flags)]
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> bytes:
@@ -44,18 +64,9 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], ready: Callable[[bytes], bo
     raise SystemExit(f"{url} did not answer as expected within 60 s")
 
 
-def metric_value(body: bytes, name: str) -> float | None:
-    """The value of an unlabelled sample `name` in a text exposition, or None."""
-    prefix = f"{name} ".encode()
-    for line in body.splitlines():
-        if line.startswith(prefix):
-            return float(line.split()[1])
-    return None
-
-
 def polls(url: str) -> int:
     """The exporter's polls counter, from one scrape of `url`."""
-    value = metric_value(get(url), POLLS.name)
+    value = first_value(get(url), POLLS.name)
     if value is None:
         raise SystemExit(f"no {POLLS.name} in the exposition at {url}")
     return int(value)
@@ -81,12 +92,7 @@ def running(
         wait_up(url, proc, ready)
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,17 +120,7 @@ class Ours:
             self.python,
             "-m",
             "rnic_exporter",
-            "serve",
-            "--path.sysfs",
-            str(sysfs),
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            "--state.dir",
-            str(state_dir),
-            "--log.level",
-            "warn",
-            *extra,
-            *self.flags,
+            *serve_args(sysfs, port, "--log.level", "warn", *extra, *self.flags, state_dir=state_dir),
         ]
 
     def describe(self) -> str:

@@ -27,7 +27,8 @@ from rnic_exporter.catalog import events as ev
 from rnic_exporter.detect.settings import FlapSettings
 from rnic_exporter.model.host import ROCE_V2
 from rnic_exporter.sim import SimHost
-from tests.support.serve import Ours, free_port, get
+from tests.support.processes import free_port
+from tests.support.serve import Ours, get
 
 if TYPE_CHECKING:
     from tests.support.faultfs import FaultyMount
@@ -329,7 +330,7 @@ class Soak:
 
     # -- the event log -----------------------------------------------------------------------
 
-    def _on_event(self, key: Key) -> None:
+    def on_event(self, key: Key) -> None:
         """Called by the log reader with its condition held."""
         r = self.result
         if derived(key[0]):
@@ -379,7 +380,7 @@ class Soak:
             stack.callback(self._stop, proc)
             assert proc.stderr is not None
             self.t0 = time.monotonic()
-            self.log = EventLog(proc.stderr, self._on_event, c.log_copy)
+            self.log = EventLog(proc.stderr, self.on_event, c.log_copy)
             self._wait_started(proc)
             self._loop(proc, mount)
             self._settle()
