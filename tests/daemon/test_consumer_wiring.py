@@ -33,10 +33,7 @@ from tests.support.fakeproc import POD_UID
 from tests.support.processes import free_port, http_get
 from tests.support.wait import wait_for
 
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=32)
+pytestmark = pytest.mark.sim_host(roce=3, gid_table_size=32)
 
 
 @pytest.fixture

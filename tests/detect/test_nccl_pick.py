@@ -137,11 +137,6 @@ def check_json(host: SimHost, *extra: str, env: dict[str, str] | None = None) ->
     return code, json.loads(out)
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
-
-
 def problems(report: dict[str, object]) -> list[dict[str, str]]:
     found = report["problems"]
     assert isinstance(found, list)

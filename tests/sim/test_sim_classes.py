@@ -7,7 +7,6 @@ import errno
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,12 +15,9 @@ from rnic_exporter.sim.host import PMA_EXTENDED_COUNTERS
 from tests.support.processes import free_port, http_get, stop_process
 from tests.support.wait import wait_for
 
+pytestmark = pytest.mark.sim_host(infiniband=0, gid_table_size=8)
+
 PORT = "class/infiniband/mlx5_0/ports/1"
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, gid_table_size=8)
 
 
 def test_without_pma_text_survives_traffic_and_flaps(host: SimHost) -> None:

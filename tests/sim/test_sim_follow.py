@@ -24,14 +24,9 @@ from rnic_exporter.sim.gid_table import address_gid
 from tests.support.netns import Netns, network_namespace
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.sim_host(infiniband=0)]
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, infiniband=0, gid_table_size=16)
 
 
 @pytest.fixture
