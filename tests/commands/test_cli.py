@@ -16,7 +16,7 @@ from rnic_exporter import __version__
 from rnic_exporter.cli import Exit, main
 from rnic_exporter.sim import SimHost
 from tests.support.processes import free_port, http_get, stop_process
-from tests.support.serve import python_serve_args
+from tests.support.serve import python_serve_args, start_demo
 from tests.support.wait import wait_for
 
 
@@ -210,25 +210,7 @@ def test_demo_refuses_a_host_its_story_does_not_fit(devices: str) -> None:
 
 def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rnic_exporter",
-            "demo",
-            "--devices",
-            "6",
-            "--step.seconds",
-            "1",
-            "--poll.interval",
-            "0.2",
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_demo(port)
     try:
         url = f"http://127.0.0.1:{port}/metrics"
 

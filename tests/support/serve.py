@@ -44,6 +44,25 @@ def python_serve_args(sysfs: Path | str, listen: int | str, *extra: str, **flags
     return [sys.executable, "-m", "rnic_exporter", *serve_args(sysfs, listen, *extra, **flags)]
 
 
+def follow_netlink_args(root: Path) -> list[str]:
+    """`rnic-exporter simulate` writing two RoCE RNICs (16-slot GID tables) under `root` and following the
+    namespace's netlink, each holding its RoCE v2 GID as a job would: run it inside the namespace."""
+    host = ["--roce", "2", "--gid-table-size", "16"]
+    return [sys.executable, "-m", "rnic_exporter", "simulate", str(root), *host, "--follow-netlink", "--hold-gids"]
+
+
+def start_demo(port: int) -> subprocess.Popen[str]:
+    """`rnic-exporter demo` with the shortest story (6 RNICs, 1 s steps, 0.2 s polls) on 127.0.0.1:`port`, its
+    output piped as text; the caller ends it (SIGINT, as a user's Ctrl-C) and stops it when a test failed."""
+    args = ["demo", "--devices", "6", "--step.seconds", "1", "--poll.interval", "0.2"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "rnic_exporter", *args, "--web.listen-address", f"127.0.0.1:{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def get(url: str, headers: dict[str, str] | None = None) -> bytes:
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
         body: bytes = r.read()
