@@ -47,7 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness import cpu_seconds
 
 from tests.support.processes import free_port
 from tests.support.serve import serve_args
@@ -73,11 +76,6 @@ def proc_status(pid: int) -> dict[str, int]:
     threads = re.search(r"Threads:\s+(\d+)", text)
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     return {"rss_kb": int(rss[1]) if rss else 0, "threads": int(threads[1]) if threads else 0, "fds": fds}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_certs(directory: Path) -> None:

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any
 
 from rnic_exporter.catalog.metrics import POLLS
 from tests.support.exposition import first_value
-from tests.support.processes import stop_process
+from tests.support.processes import http_get, stop_process
 
 
 def serve_args(
@@ -64,9 +63,11 @@ def start_demo(port: int) -> subprocess.Popen[str]:
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> bytes:
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
-        body: bytes = r.read()
-        return body
+    """The body of a 200 answer; OSError for anything else, as a refused connection."""
+    status, _, body = http_get(url, headers=headers, timeout=10)
+    if status != 200:
+        raise OSError(f"{url} answered {status}")
+    return body
 
 
 def wait_up(url: str, proc: subprocess.Popen[bytes], ready: Callable[[bytes], bool]) -> None:
