@@ -65,6 +65,11 @@ class Reply:
 ServerFactory = Callable[..., WebServer]
 
 
+def front_samples(server: WebServer) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The front's own families (rnic_exporter_http_*) as a scrape would carry them: name -> samples."""
+    return {family.spec.name: family.samples for family in server.families()}
+
+
 def request(
     server: WebServer,
     path: str = "/metrics",
