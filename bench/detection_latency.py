@@ -303,15 +303,11 @@ def run(src: Path | None, trials: int, poll: float, extra: list[str], label: str
         host = SimHost.build(workdir / "sys", roce=ROCE, infiniband=IB, gid_table_size=255)
         arrivals: dict[str, list[float]] = {}
         with ns.entered():
-            follower = NetlinkFollower(host)
-            follow = follower.watcher._on_event
-            assert follow is not None
 
-            def arrived(event: NetlinkEvent) -> None:
+            def arrived(event: NetlinkEvent) -> None:  # when each announcement reached a listener
                 arrivals.setdefault(event.ifname, []).append(time.time())
-                follow(event)
 
-            follower.watcher._on_event = arrived  # when each announcement reached a listener
+            follower = NetlinkFollower(host, on_arrival=arrived)
             follower.start()
         try:
             with _daemon(ns, host.root, workdir, src, extra) as log:
