@@ -740,6 +740,10 @@ class SimHost:
         """Make reads of `rel` (relative to the mount) fail with `code` (in-process readers)."""
         self._overlay_extra[rel] = code
 
+    def heal(self) -> None:
+        """Reads fail only as the kernel's would again: every `fail_with` is undone."""
+        self._overlay_extra.clear()
+
     def set_verbs_rdev(self, name: str, major: int, minor: int) -> None:
         """Give the device's verbs node another number in `dev` (a test's own device node, made
         with the number of a device that opens without a verbs driver); until it is rebuilt."""

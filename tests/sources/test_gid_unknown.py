@@ -52,7 +52,7 @@ def test_an_unreadable_slot_keeps_the_hash_and_the_nccl_pick(tmp_path: Path, fil
             assert series(agent, catalog.NCCL_GID_INDEX.name, **PORT) == 3
             table = agent.reader._devices["mlx5_0"].gids[1]
             assert table.partly_unreadable and table.unreadable == (3,)
-            host._overlay_extra.clear()  # heals
+            host.heal()
             refresh_overlay(agent.reader.root, host.errno_overlay)
             agent.poll_once(full_gid_tables=full)
             assert series(agent, catalog.GID_TABLE_HASH.name, **PORT) == hash_before
