@@ -48,8 +48,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import free_port
+from harness import cpu_seconds
+
+from tests.support.processes import free_port
+from tests.support.serve import serve_args
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 DAEMONSET_LIMIT_MIB = 160  # packaging/kubernetes/daemonset.yaml, exporter container
@@ -72,11 +76,6 @@ def proc_status(pid: int) -> dict[str, int]:
     threads = re.search(r"Threads:\s+(\d+)", text)
     fds = len(os.listdir(f"/proc/{pid}/fd"))
     return {"rss_kb": int(rss[1]) if rss else 0, "threads": int(threads[1]) if threads else 0, "fds": fds}
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_certs(directory: Path) -> None:
@@ -183,7 +182,7 @@ class Attack:
         self.opened[kind] += 1
         self.peak[kind] = max(self.peak[kind], self.open[kind])
 
-    async def _hold(self, kind: str, index: int) -> None:
+    async def hold(self, kind: str, index: int) -> None:
         await asyncio.sleep(random.random() * 3)  # ramp up over 3 s
         while time.monotonic() < self.deadline:
             writer = None
@@ -249,7 +248,7 @@ async def attack_main(
     port: int, cafile: Path, seconds: float, counts: dict[str, int], out: Path, addresses: int
 ) -> None:
     attack = Attack(port, cafile, time.monotonic() + seconds, addresses)
-    tasks = [asyncio.create_task(attack._hold(kind, i)) for kind, n in counts.items() for i in range(n)]
+    tasks = [asyncio.create_task(attack.hold(kind, i)) for kind, n in counts.items() for i in range(n)]
     await asyncio.wait(tasks, timeout=seconds + 40)
     out.write_text(json.dumps({"peak_open": attack.peak, "opened": attack.opened, "statuses": attack.statuses}))
     os._exit(0)  # leftover tasks and sockets: the process is done
@@ -409,13 +408,7 @@ class Exporter:
             "-S",
             "-m",
             "rnic_exporter",
-            "serve",
-            "--path.sysfs",
-            str(work / "sys"),
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            "--state.dir",
-            str(work / f"state-{name}"),
+            *serve_args(work / "sys", port, state_dir=work / f"state-{name}"),
             "--web.config.file",
             str(work / "web.yml"),
             "--log.level",

@@ -60,20 +60,20 @@ from harness import (
     Client,
     FileReads,
     Latency,
-    Ours,
     ProcessCpu,
     ReadCounts,
     Scraper,
-    free_port,
     load_average,
     node_exporter_args,
     node_exporter_binary,
     peak_rss_mb,
     require,
     rss_mb,
-    running,
     wrk_latency,
 )
+
+from tests.support.processes import free_port
+from tests.support.serve import Ours, running
 
 SCRAPE_S = 15.0  # Prometheus' default scrape interval
 POLL_S = 5.0  # our default --poll.interval

@@ -57,6 +57,7 @@ from rnic_exporter.sim.host import SimHost
 from rnic_exporter.sources.netlink import NetlinkEvent
 from tests.support.netns import Netns, network_namespace
 from tests.support.processes import http_get
+from tests.support.serve import python_serve_args
 from tests.support.wait import wait_for
 
 PORT = 19879
@@ -257,16 +258,7 @@ def _daemon(ns: Netns, sysfs: Path, workdir: Path, src: Path | None, extra: list
     with open(log, "wb") as out:
         proc = ns.popen(
             [
-                sys.executable,
-                "-m",
-                "rnic_exporter",
-                "serve",
-                "--path.sysfs",
-                str(sysfs),
-                "--web.listen-address",
-                f"{ns.address}:{PORT}",
-                "--state.dir",
-                str(workdir / f"state-{log.stem}"),
+                *python_serve_args(sysfs, f"{ns.address}:{PORT}", state_dir=workdir / f"state-{log.stem}"),
                 "--log.format",
                 "json",
                 *extra,
@@ -311,15 +303,11 @@ def run(src: Path | None, trials: int, poll: float, extra: list[str], label: str
         host = SimHost.build(workdir / "sys", roce=ROCE, infiniband=IB, gid_table_size=255)
         arrivals: dict[str, list[float]] = {}
         with ns.entered():
-            follower = NetlinkFollower(host)
-            follow = follower.watcher._on_event
-            assert follow is not None
 
-            def arrived(event: NetlinkEvent) -> None:
+            def arrived(event: NetlinkEvent) -> None:  # when each announcement reached a listener
                 arrivals.setdefault(event.ifname, []).append(time.time())
-                follow(event)
 
-            follower.watcher._on_event = arrived  # when each announcement reached a listener
+            follower = NetlinkFollower(host, on_arrival=arrived)
             follower.start()
         try:
             with _daemon(ns, host.root, workdir, src, extra) as log:

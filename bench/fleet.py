@@ -30,6 +30,7 @@ from rnic_exporter.dashboards.panels import MAX_DATA_POINTS
 from rnic_exporter.sim import SimHost
 from tests.support.fleet import Fleet, loaded, query, query_range
 from tests.support.processes import exporter, free_port
+from tests.support.serve import serve_args
 from tests.support.wait import wait_for
 
 DASHBOARD_RANGE_S = 6 * 3600  # the fleet dashboard's time_from="now-6h"
@@ -79,9 +80,9 @@ def scrape_counts(rnics: int) -> None:
             )
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}"]
-            args += ["--poll.interval", "1"]  # settles in seconds; the families are those of the default 5 s
-            with exporter([*args, "--state.dir", str(root / "state")], ready_url=f"{url}/-/ready"):
+            # --poll.interval 1 settles in seconds; the families are those of the default 5 s
+            args = serve_args(host.root, port, poll=1, state_dir=root / "state")
+            with exporter(args, ready_url=f"{url}/-/ready"):
                 series = wait_for(_SettledScrape(url, rnics), timeout=60, what="a settled scrape", interval=0.5)
         per_rnic = sum('device="' in ln for ln in series)
         print(

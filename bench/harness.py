@@ -14,31 +14,20 @@ import os
 import re
 import select
 import shutil
-import signal
-import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rnic_exporter.catalog.metrics import POLLS
 from rnic_exporter.sim import SimHost
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -130,12 +119,6 @@ def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def get(url: str, headers: dict[str, str] | None = None) -> bytes:
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as r:
-        body: bytes = r.read()
-        return body
-
-
 # What Prometheus 2.x sends on every scrape (scrape.scrapeAcceptHeader), and it always asks for gzip.
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -197,65 +180,6 @@ class Scraper:
             self._conn = None
 
 
-def wait_up(url: str, proc: subprocess.Popen[bytes], ready: Callable[[bytes], bool]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{proc.args!r} exited with {proc.returncode}")
-        try:
-            if ready(get(url)):
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"{url} did not answer as expected within 60 s")
-
-
-def metric_value(body: bytes, name: str) -> float | None:
-    """The value of an unlabelled sample `name` in a text exposition, or None."""
-    prefix = f"{name} ".encode()
-    for line in body.splitlines():
-        if line.startswith(prefix):
-            return float(line.split()[1])
-    return None
-
-
-def polls(url: str) -> int:
-    """The exporter's polls counter, from one scrape of `url`."""
-    value = metric_value(get(url), POLLS.name)
-    if value is None:
-        raise SystemExit(f"no {POLLS.name} in the exposition at {url}")
-    return int(value)
-
-
-def has_metrics(body: bytes) -> bool:
-    """The exporter has something to serve; ours serves an empty body until its first poll is done."""
-    return b"\n" in body
-
-
-@contextmanager
-def running(
-    args: list[str],
-    url: str,
-    ready: Callable[[bytes], bool] = has_metrics,
-    env: Mapping[str, str] | None = None,
-    cwd: Path | None = None,
-) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(env) if env is not None else None, cwd=cwd
-    )
-    try:
-        wait_up(url, proc, ready)
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def require(binary: str, package: str) -> str:
     path = shutil.which(binary)
     if path is None:
@@ -300,73 +224,6 @@ def wrk_latency(url: str, connections: int, seconds: int, headers: Mapping[str, 
     requests = re.search(r"^\s*(\d+) requests in", out, re.M)
     failed = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     return Latency(pct("50"), pct("99"), int(requests[1]) if requests else 0, int(failed[1]) if failed else 0)
-
-
-@dataclass(frozen=True, slots=True)
-class Ours:
-    """Which rnic-exporter to run: an interpreter, and optionally a source tree that goes first on its path
-    (so one script measures main and a branch's worktree alike). Run it in `cwd()`: `python -m` puts the
-    working directory before PYTHONPATH, and a checkout there would win."""
-
-    python: str = sys.executable
-    src: Path | None = None
-    flags: tuple[str, ...] = ()  # more `serve` flags, after the benchmark's own (--ours-flag)
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.src is not None:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(self.src), env.get("PYTHONPATH")]))
-        return env
-
-    def cwd(self) -> Path:
-        return self.src or Path.cwd()
-
-    def args(self, sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
-        """`rnic-exporter serve` as a user runs it, but with its state in the benchmark's directory."""
-        return [
-            self.python,
-            "-m",
-            "rnic_exporter",
-            "serve",
-            "--path.sysfs",
-            str(sysfs),
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            "--state.dir",
-            str(state_dir),
-            "--log.level",
-            "warn",
-            *extra,
-            *self.flags,
-        ]
-
-    def describe(self) -> str:
-        """Where the package that will run comes from, and its commit when it is a git checkout."""
-        where = subprocess.run(
-            [self.python, "-c", "import rnic_exporter as r; print(r.__file__)"],
-            capture_output=True,
-            text=True,
-            env=self.env(),
-            cwd=self.cwd(),
-            check=True,
-        ).stdout.strip()
-        package_root = Path(where).resolve().parents[1]
-        commit = subprocess.run(
-            ["git", "-C", str(package_root), "log", "-1", "--format=%h %s"], capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(package_root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        state = " (uncommitted changes)" if dirty else ""
-        flags = f"; serve flags: {' '.join(self.flags)}" if self.flags else ""
-        return f"{package_root} @ {commit[:72] or 'not a git checkout'}{state}{flags}"
-
-
-def ours_args(sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
-    """`rnic-exporter serve` from this checkout with the running interpreter."""
-    return Ours().args(sysfs, port, state_dir, *extra)
 
 
 def node_exporter_binary() -> str:

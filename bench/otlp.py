@@ -13,21 +13,22 @@ from __future__ import annotations
 import argparse
 import http.server
 import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from harness import cpu_seconds, free_port, get, polls, rss_mb, running  # noqa: E402
+from harness import cpu_seconds, rss_mb  # noqa: E402
 
 from rnic_exporter.sim import SimHost  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
+from tests.support.serve import get, polls, python_serve_args, running  # noqa: E402
 
 
 class Sink:
@@ -57,10 +58,6 @@ class Sink:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
-def serve(args: list[str], url: str) -> AbstractContextManager[subprocess.Popen[bytes]]:
-    return running([sys.executable, "-m", "rnic_exporter", "serve", *args], url)
-
-
 # The sinks alone: the netlink/udev watchers and ethtool (pyroute2, ~10 MB) are measured by bench.py.
 SINKS_ONLY = ["--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool"]
 
@@ -69,21 +66,8 @@ def measure(sysfs: Path, state: Path, seconds: float, interval: float, otlp: lis
     """(CPU ms per poll, RSS MB at the end, polls in the window)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    args = [
-        "--path.sysfs",
-        str(sysfs),
-        "--web.listen-address",
-        f"127.0.0.1:{port}",
-        "--poll.interval",
-        str(interval),
-        "--state.dir",
-        str(state),
-        *SINKS_ONLY,
-        "--log.level",
-        "warn",
-        *otlp,
-    ]
-    with serve(args, url) as proc:
+    args = python_serve_args(sysfs, port, *SINKS_ONLY, "--log.level", "warn", *otlp, poll=interval, state_dir=state)
+    with running(args, url) as proc:
         time.sleep(3 * interval)  # warm up: formats rendered once, fds held, first export done
         before_polls, before_cpu = polls(url), cpu_seconds(proc.pid)
         deadline = time.monotonic() + seconds

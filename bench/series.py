@@ -23,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import free_port, get, load_average, node_exporter_args, ours_args, running
+from harness import load_average, node_exporter_args
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.sim import SimHost
+from tests.support.processes import free_port
+from tests.support.serve import get, ours_args, running
 
 # The families node_exporter has no counterpart for: what the budget allows on top of its count.
 ONLY_OURS = frozenset(

@@ -12,8 +12,8 @@ import pytest
 
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.captures import PROCFS_SYS
 
 # The faulty-sysfs FUSE fixtures (`faulty_sysfs`, `faultfs_factory`), for every test module.
@@ -50,14 +50,28 @@ def fixture_copy(fixture_sys: Path, tmp_path: Path) -> Path:
     return dest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "sim_host(**build): SimHost.build arguments of the `sim_host` (alias `host`) of a test or module"
+    )
+
+
 @pytest.fixture
 def sim_host(request: pytest.FixtureRequest, tmp_path: Path) -> SimHost:
     """`SimHost.build(tmp_path/"sys", roce=2, infiniband=1, gid_table_size=16)`: mlx5_0 and mlx5_1 RoCE, mlx5_2 IB.
 
-    Other build arguments per test: `@pytest.mark.parametrize("sim_host", [{"gid_table_size": 255}], indirect=True)`.
+    Other build arguments for a module or a test: `pytestmark = pytest.mark.sim_host(gid_table_size=8)`, or per
+    case `@pytest.mark.parametrize("sim_host", [{"gid_table_size": 255}], indirect=True)` (which wins).
     """
-    kwargs = {**_SIM_DEFAULTS, **getattr(request, "param", {})}
+    marker = request.node.get_closest_marker("sim_host")
+    kwargs = {**_SIM_DEFAULTS, **(marker.kwargs if marker else {}), **getattr(request, "param", {})}
     return SimHost.build(tmp_path / "sys", **kwargs)
+
+
+@pytest.fixture
+def host(sim_host: SimHost) -> SimHost:
+    """`sim_host` under the shorter name most modules read it by."""
+    return sim_host
 
 
 @pytest.fixture
@@ -68,7 +82,7 @@ def read_sim() -> Callable[[SimHost], Snapshot]:
     """
 
     def read(host: SimHost) -> Snapshot:
-        root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+        root = SimSysfsRoot(host.root, errno_overlay=host.errno_overlay)
         try:
             return HostReader(root).read()
         finally:

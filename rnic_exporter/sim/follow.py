@@ -46,8 +46,18 @@ class _Pending:
 class NetlinkFollower:
     """Follows the real netdevs named like `host`'s RoCE netdevs (in the current netns)."""
 
-    def __init__(self, host: SimHost, *, delay_s: float = DEFAULT_DELAY_S, hold_gids: bool = False) -> None:
+    def __init__(
+        self,
+        host: SimHost,
+        *,
+        delay_s: float = DEFAULT_DELAY_S,
+        hold_gids: bool = False,
+        on_arrival: Callable[[NetlinkEvent], None] | None = None,
+    ) -> None:
+        """`on_arrival` sees every rtnetlink event as it reaches the follower, before any delay (the benchmark
+        times the announcement from there)."""
         self.host = host
+        self.on_arrival = on_arrival
         self.delay_s = delay_s
         self.hold_gids = hold_gids
         self.devices: dict[str, str] = {
@@ -128,6 +138,8 @@ class NetlinkFollower:
     # -- event handling ----------------------------------------------------------------------
 
     def _arrived(self, event: NetlinkEvent) -> None:
+        if self.on_arrival is not None:
+            self.on_arrival(event)
         if event.ifname in self.devices:
             self._pending.put(_Pending(time.monotonic() + self.delay_s, event))
 

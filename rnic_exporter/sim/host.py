@@ -13,7 +13,7 @@ Layout (as on a real mlx5 host):
 Values are rewritten in place (same inode), as sysfs regenerates a value on each read, so a
 reader holding file descriptors sees every change. Two things a plain file cannot do are modelled:
 `gid_attrs/{types,ndevs}/<i>` of an empty slot answer EINVAL on a real kernel; here they are
-empty files on disk, and `errno_overlay` lists them so an in-process `SysfsRoot` can raise the
+empty files on disk, and `errno_overlay` lists them so an in-process `SimSysfsRoot` can raise the
 real EINVAL. Fault methods inject the failures rnic-exporter exists for, and `without_pma`,
 `ipv6_only`, `drop_gid_table` and `drop_state_file` give a port the shapes real hosts have that
 are not faults of the exporter's making (a port whose PMA does not answer, an IPv6-only RoCE table,
@@ -739,6 +739,10 @@ class SimHost:
     def fail_with(self, rel: str, code: int) -> None:
         """Make reads of `rel` (relative to the mount) fail with `code` (in-process readers)."""
         self._overlay_extra[rel] = code
+
+    def heal(self) -> None:
+        """Reads fail only as the kernel's would again: every `fail_with` is undone."""
+        self._overlay_extra.clear()
 
     def set_verbs_rdev(self, name: str, major: int, minor: int) -> None:
         """Give the device's verbs node another number in `dev` (a test's own device node, made

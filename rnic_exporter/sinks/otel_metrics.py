@@ -238,34 +238,3 @@ def instruments() -> Iterator[Instrument]:
             if route.instrument.name not in seen:
                 seen.add(route.instrument.name)
                 yield route.instrument
-
-
-def _attribute_note(mapping: MetricMapping, route: Route) -> str:
-    parts = [f"`{k}={v}`" for k, v in route.constant]
-    parts += [f"`{label}` as `{attr}`" for label, attr in route.rename]
-    if route.hw_id:
-        parts.append("`hw.id`")
-    if route.only is not None:
-        parts.append(f"{route.only[0]} in {', '.join(sorted(route.only[1]))}")
-    elif len(mapping.routes) > 1:
-        parts.append("the other counters")
-    return "; ".join(parts)
-
-
-def readme_table() -> str:
-    """docs/opentelemetry.md's Prometheus -> OpenTelemetry table (a test keeps the file equal to this)."""
-    rows = [
-        "| Prometheus | OpenTelemetry | instrument | unit | attributes besides the labels |",
-        "|---|---|---|---|---|",
-    ]
-    for spec in c.METRICS:
-        mapping = BY_SPEC.get(spec.name)
-        if mapping is None:
-            rows.append(f"| `{spec.name}` | not exported | | | {EXCLUDED[spec.name]} |")
-            continue
-        for route in mapping.routes:
-            inst = route.instrument
-            rows.append(
-                f"| `{spec.name}` | `{inst.name}` | {inst.kind} | `{inst.unit}` | {_attribute_note(mapping, route)} |"
-            )
-    return "\n".join(rows) + "\n"

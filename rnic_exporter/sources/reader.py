@@ -242,10 +242,6 @@ class HostReader:
         """(device, its counter plan) in exposition order."""
         return [(r.name, r.counters.plan) for r in self._order]
 
-    def held_rels(self) -> list[str]:
-        """Every file a descriptor is held for (the benchmark's floor of bare preads)."""
-        return [rel for r in self._order for rel in r.fds.held_rels()]
-
     def freshness(self) -> tuple[DeviceFreshness, ...]:
         out = []
         for r in self._order:

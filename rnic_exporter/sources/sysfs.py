@@ -12,7 +12,7 @@ import os
 import resource
 import threading
 import weakref
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -77,19 +77,9 @@ class SysfsRoot:
 
     The root itself holds nothing: one-shot reads open, read and close. Descriptors are held by an
     `FdCache`, one per owner (a device registration), when `hold_fds` is set.
-
-    `errno_overlay` maps relative paths to the errno a read should fail with. It exists because a
-    plain file cannot answer EINVAL the way `gid_attrs/types/<i>` of an empty GID slot does; the
-    simulator fills it for in-process use. It is never loaded from the tree itself.
     """
 
-    def __init__(
-        self,
-        mount: Path | str,
-        *,
-        hold_fds: bool = False,
-        errno_overlay: Mapping[str, int] | None = None,
-    ) -> None:
+    def __init__(self, mount: Path | str, *, hold_fds: bool = False) -> None:
         self.mount = Path(mount)
         self._mount_str = f"{self.mount}/"
         if not self.mount.is_dir():
@@ -97,7 +87,6 @@ class SysfsRoot:
         self.hold_fds = hold_fds
         if hold_fds:
             raise_open_file_limit()
-        self.errno_overlay: Mapping[str, int] = errno_overlay if errno_overlay is not None else {}
         self.limited = False  # the descriptor limit was hit: GID files are no longer held
         self._caches: weakref.WeakSet[FdCache] = weakref.WeakSet()
         self._caches_lock = threading.Lock()
@@ -118,14 +107,12 @@ class SysfsRoot:
     def cache(self) -> FdCache:
         """A new set of held descriptors for one owner."""
         cache = FdCache(self)
-        with self._caches_lock:
-            self._caches.add(cache)
+        self._register(cache)
         return cache
 
-    def _check_overlay(self, rel: str) -> None:
-        code = self.errno_overlay.get(rel)
-        if code is not None:
-            raise OSError(code, os.strerror(code), str(self.mount / rel))
+    def _register(self, cache: FdCache) -> None:
+        with self._caches_lock:
+            self._caches.add(cache)
 
     def read_text(self, rel: str) -> str:
         """The attribute's value without its one trailing newline. Raises OSError."""
@@ -134,8 +121,6 @@ class SysfsRoot:
     def read_bytes(self, rel: str) -> bytes:
         """The attribute's raw bytes in one read (open, read, close). Raises OSError."""
         self._reads += 1
-        if self.errno_overlay:
-            self._check_overlay(rel)
         fd = os.open(self._mount_str + rel, os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.read(fd, _PAGE)
@@ -152,14 +137,7 @@ class SysfsRoot:
         except OSError as exc:
             return exc.errno or -1
 
-    @property
-    def intercepted(self) -> bool:
-        """A subclass (a test's fault injector) overrides `read_bytes`: every read must go through it."""
-        return type(self).read_bytes is not SysfsRoot.read_bytes
-
     def listdir(self, rel: str) -> list[str]:
-        if self.errno_overlay:
-            self._check_overlay(rel)
         return os.listdir(self._mount_str + rel)
 
     def identity(self, rel: str) -> tuple[int, int] | None:
@@ -236,9 +214,6 @@ class FdCache:
     def holds(self, rel: str) -> bool:
         return rel in self._fds
 
-    def held_rels(self) -> list[str]:
-        return list(self._fds)
-
     def listdir(self, rel: str) -> list[str]:
         return self.root.listdir(rel)
 
@@ -266,7 +241,7 @@ class FdCache:
         root = self.root
         if root.limited and not self._shed:
             self.shed()  # each cache sheds on its own next read, under its own device's lock
-        if not root.hold_fds or root.intercepted:
+        if not root.hold_fds:
             self.reads += len(rels) - len(skip)
             return [errno.EAGAIN if skip and i in skip else root._read_or_errno(rel) for i, rel in enumerate(rels)]
         if batch.generation != self._generation or len(batch.fds) != len(rels):
@@ -275,10 +250,9 @@ class FdCache:
             batch.generation = self._generation
             batch.complete = False
         self.reads += len(rels) - len(skip)
-        overlay = root.errno_overlay  # empty outside tests; kept in this loop so tests exercise it
         fds = batch.fds
         pread = os.pread
-        if not skip and not overlay and batch.complete:
+        if not skip and batch.complete:
             # Every descriptor held, nothing to skip: the usual pass, one comprehension. A failure
             # (a device going away) falls through to the loop below, which sorts it out per file.
             try:
@@ -296,9 +270,6 @@ class FdCache:
                 progress()  # this path opens files (a new registration: hundreds, each a lookup)
             if skip and i in skip:
                 append(errno.EAGAIN)
-                continue
-            if overlay and rels[i] in overlay:
-                append(overlay[rels[i]])
                 continue
             try:
                 fd = known if known >= 0 else self._hold(rels[i])

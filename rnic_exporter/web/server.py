@@ -317,10 +317,6 @@ class WebServer:
             self._codes[code] = self._codes.get(code, 0) + 1
             self._limited += limited
 
-    def reload_web_config(self) -> None:
-        """Re-read the web config now; a broken or weakening file keeps the old config and logs why."""
-        self.watcher.reload()
-
     # -- from the reactor --------------------------------------------------------------------
 
     def _tls_context(self) -> ssl.SSLContext | None:

@@ -14,6 +14,7 @@ from rnic_exporter.cli import Exit, NcclIndexParam, main
 from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.sources.test_availability import check as check_in_process
@@ -103,7 +104,7 @@ def test_the_state_file_judged_is_named_and_so_is_the_one_to_delete(host: SimHos
 def test_a_refused_read_is_a_permission_problem_not_a_driver_bug(host: SimHost, tmp_path: Path, code: int) -> None:
     host.fail_with("class/infiniband/mlx5_2/ports/1/rate", code)  # an attribute
     host.fail_with("class/infiniband/mlx5_0/ports/1/gids", code)  # a RoCE port's GID table
-    report = check_in_process(host, tmp_path, SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    report = check_in_process(host, tmp_path, SimSysfsRoot(host.root, errno_overlay=host.errno_overlay))
     found = {p.code: p.fix for p in report.problems}
     assert set(found) == {"attribute_unreadable", "gid_table_unreadable"}, report.problems
     for fix in found.values():

@@ -9,7 +9,6 @@ import re
 import shlex
 from pathlib import Path
 
-import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -18,11 +17,6 @@ from rnic_exporter.commands import bundle
 from rnic_exporter.sim import SimHost
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
 
 
 def check(host: SimHost, *args: str) -> tuple[int, dict[str, object]]:

@@ -16,12 +16,8 @@ from rnic_exporter import __version__
 from rnic_exporter.cli import Exit, main
 from rnic_exporter.sim import SimHost
 from tests.support.processes import free_port, http_get, stop_process
+from tests.support.serve import python_serve_args, start_demo
 from tests.support.wait import wait_for
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -140,18 +136,7 @@ def test_serve_refuses_broken_config_and_busy_port(host: SimHost, tmp_path: Path
     bad = tmp_path / "rnic.toml"
     bad.write_text("poll_interval_seconds = -1\n[collector.infiniband]\ndevice_inclde = 'x'\n")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rnic_exporter",
-            "serve",
-            "--path.sysfs",
-            str(host.root),
-            "--config",
-            str(bad),
-            "--web.listen-address",
-            f"127.0.0.1:{free_port()}",
-        ],
+        python_serve_args(host.root, free_port(), "--config", str(bad)),
         capture_output=True,
         text=True,
         timeout=30,
@@ -165,16 +150,7 @@ def test_serve_refuses_broken_config_and_busy_port(host: SimHost, tmp_path: Path
         busy.listen()
         port = busy.getsockname()[1]
         proc = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rnic_exporter",
-                "serve",
-                "--path.sysfs",
-                str(host.root),
-                "--web.listen-address",
-                f"127.0.0.1:{port}",
-            ],
+            python_serve_args(host.root, port),
             capture_output=True,
             text=True,
             timeout=30,
@@ -187,22 +163,7 @@ def test_serve_reloads_config_on_sighup_and_stops_on_sigterm(host: SimHost, tmp_
     config.write_text("collector:\n  infiniband:\n    device_exclude: '^mlx5_0$'\n")
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rnic_exporter",
-            "serve",
-            "--path.sysfs",
-            str(host.root),
-            "--config",
-            str(config),
-            "--poll.interval",
-            "0.2",
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            "--log.format",
-            "json",
-        ],
+        python_serve_args(host.root, port, "--config", str(config), "--log.format", "json", poll=0.2),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -249,25 +210,7 @@ def test_demo_refuses_a_host_its_story_does_not_fit(devices: str) -> None:
 
 def test_demo_plays_failures_and_cleans_up(tmp_path: Path) -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rnic_exporter",
-            "demo",
-            "--devices",
-            "6",
-            "--step.seconds",
-            "1",
-            "--poll.interval",
-            "0.2",
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_demo(port)
     try:
         url = f"http://127.0.0.1:{port}/metrics"
 

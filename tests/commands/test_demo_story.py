@@ -22,8 +22,9 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.reader import ReaderSettings
-from tests.daemon.test_agent_detection import make_agent
+from tests.support.agent import make_agent
 from tests.support.processes import free_port
+from tests.support.sim import refresh_overlay
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ def test_after_the_heal_no_address_has_moved(tmp_path: Path, caplog: pytest.LogC
                 caplog.clear()
                 with caplog.at_level(logging.INFO, logger="rnic_exporter.events"):
                     step.act(host)
-                    agent.reader.root.errno_overlay = host.errno_overlay
+                    refresh_overlay(agent.reader.root, host.errno_overlay)
                     agent.poll_once(full_gid_tables=True)
                     agent.poll_once(full_gid_tables=True)
                 moved += [

@@ -26,6 +26,9 @@ from tests.support.exposition import samples
 from tests.support.processes import exporter, free_port, http_get
 from tests.support.wait import wait_for
 
+# Two RoCE ports, GIDs at 0-3 (index 3: RoCE v2 IPv4, what NCCL auto-selects), 4-7 empty.
+pytestmark = pytest.mark.sim_host(infiniband=0, gid_table_size=8)
+
 CONF = "/etc/nccl.conf"
 
 
@@ -183,12 +186,6 @@ def test_a_file_that_cannot_be_read_is_no_file(files: dict[str, Path]) -> None:
 
 
 # -- end to end through the CLI: check ------------------------------------------------------------------
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    """Two RoCE ports, GIDs at 0-3 (index 3: RoCE v2 IPv4, what NCCL auto-selects), 4-7 empty."""
-    return SimHost.build(tmp_path / "sys", roce=2, gid_table_size=8)
 
 
 def check(host: SimHost, files: dict[str, Path], *extra: str, **env: str | None) -> tuple[int, dict[str, object]]:

@@ -18,28 +18,10 @@ from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings, RatedExpectation
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.agent import make_agent, metrics, series
 from tests.support.exposition import Samples, samples
 from tests.support.processes import exporter, free_port, http_get, require_binary
-
-
-def metrics(agent: Agent) -> Samples:
-    body, _ = agent.prometheus.render(None, None)
-    return samples(body.decode())
-
-
-def series(agent: Agent, name: str, **labels: str) -> float | None:
-    return metrics(agent).get((name, frozenset(labels.items())))
-
-
-def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | None = None) -> Agent:
-    config = ServeConfig(
-        sysfs=host.root,
-        state_dir=state_dir,
-        detection=detection or DetectionSettings(),
-        watch_netlink=False,
-        watch_udev=False,
-    )
-    return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+from tests.support.sim import refresh_overlay
 
 
 def test_detection_metrics_in_the_exposition(sim_host: SimHost, tmp_path: Path) -> None:
@@ -60,14 +42,14 @@ def test_detection_metrics_in_the_exposition(sim_host: SimHost, tmp_path: Path) 
 
     sim_host.hold_gid("mlx5_0", "10.0.0.1")
     sim_host.remove_address("mlx5_0", "10.0.0.1")
-    agent.reader.root.errno_overlay = sim_host.errno_overlay
+    refresh_overlay(agent.reader.root, sim_host.errno_overlay)
     agent.poll_once(full_gid_tables=True)
     assert series(agent, "rnic_netdev_address_present", **pl, netdev="ens1f0np0", address="10.0.0.1") == 0
     assert series(agent, "rnic_nccl_configured_gid_index_valid", **pl) == 0
     sim_host.add_address("mlx5_0", "10.0.0.1")
     sim_host.set_speed("mlx5_0", 200)
     sim_host.remove_device("mlx5_1")
-    agent.reader.root.errno_overlay = sim_host.errno_overlay
+    refresh_overlay(agent.reader.root, sim_host.errno_overlay)
     agent.poll_once(full_gid_tables=True)
     assert series(agent, "rnic_gid_roce_v2_ipv4_index", **pl, address="10.0.0.1") == 4
     assert series(agent, "rnic_events_total", event="rnic.gid.address_moved", **pl) == 1

@@ -29,15 +29,12 @@ from rnic_exporter.model.consumers import ConsumerScan, DeviceConsumers
 from rnic_exporter.sim import SimHost, SimProcfs
 from rnic_exporter.sinks.consumer_fields import log_fields, otel_attributes
 from rnic_exporter.sinks.samples import ExporterStats, Published
+from tests.support.exposition import label_sets
+from tests.support.fakeproc import POD_UID
 from tests.support.processes import free_port, http_get
 from tests.support.wait import wait_for
 
-POD_UID = "6c1f3a52-8d0e-4b7e-9a43-1b2c3d4e5f60"
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=32)
+pytestmark = pytest.mark.sim_host(roce=3, gid_table_size=32)
 
 
 @pytest.fixture
@@ -82,15 +79,6 @@ def _agent(host: SimHost, watch: ConsumerWatch) -> Agent:
     return Agent(config, consumers=watch)
 
 
-def _series(body: bytes, name: str) -> list[dict[str, str]]:
-    return [
-        dict(s.labels)
-        for family in text_string_to_metric_families(body.decode())
-        for s in family.samples
-        if s.name == name
-    ]
-
-
 def _moved(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line for line in lines if line.get("event") == GID_ADDRESS_MOVED.name]
 
@@ -130,9 +118,9 @@ def test_the_exposition_counts_processes_and_names_each_job_and_pod_once(host: S
         body, _ = agent.prometheus.render(None, None)
     finally:
         agent.close()
-    counts = {s["device"]: s for s in _series(body, catalog.DEVICE_CONSUMER_PROCESSES.name)}
+    counts = {s["device"]: s for s in label_sets(body, catalog.DEVICE_CONSUMER_PROCESSES.name)}
     assert set(counts) == {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"}  # an unused device is 0, not absent
-    info = _series(body, catalog.DEVICE_WORKLOAD_INFO.name)
+    info = label_sets(body, catalog.DEVICE_WORKLOAD_INFO.name)
     on_1 = sorted((s["kind"], s["slurm_job_id"], s["k8s_pod_name"]) for s in info if s["device"] == "mlx5_1")
     assert on_1 == [("pod", "", "trainer-0"), ("slurm", "4242", "")]  # two steps, one job series
     pod = next(s for s in info if s["kind"] == "pod" and s["device"] == "mlx5_2")
@@ -291,7 +279,7 @@ def test_serve_names_the_job_and_pod_over_http_and_in_otlp(
     from dataclasses import replace
 
     from rnic_exporter.config.otlp import OtlpSettings
-    from tests.sinks.test_otel import HttpReceiver, value_of
+    from tests.support.otlp import HttpReceiver, value_of
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -315,7 +303,7 @@ def test_serve_names_the_job_and_pod_over_http_and_in_otlp(
 
             def info_on_mlx5_1() -> list[dict[str, str]]:
                 body = http_get(f"{base}/metrics", timeout=5)[2]
-                return [s for s in _series(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
+                return [s for s in label_sets(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
 
             info = wait_for(info_on_mlx5_1, timeout=20, what="the workload info series on /metrics")
             assert {(s["kind"], s["slurm_job_id"], s["k8s_pod_name"]) for s in info} == {
@@ -491,7 +479,7 @@ def test_demo_names_the_job_in_the_gid_shift_step(tmp_path: Path) -> None:
             stop_process(proc)
     assert line["device"] == "mlx5_1" and "slurm job 4242 step 0" in line["consumers"]
     assert "step 1: GID index shift" in out and "Slurm job 4242 holds GID" in out
-    info = _series(body, catalog.DEVICE_WORKLOAD_INFO.name)
+    info = label_sets(body, catalog.DEVICE_WORKLOAD_INFO.name)
     assert {(s["device"], s["kind"]) for s in info} == {("mlx5_1", "slurm"), ("mlx5_1", "pod"), ("mlx5_2", "pod")}
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +17,8 @@ from rnic_exporter.sinks.prometheus import CounterView, PrometheusSink
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.agents import publish
 from tests.support.exposition import samples
+
+pytestmark = pytest.mark.sim_host(infiniband=0, gid_table_size=8)
 
 STALE: tuple[str, frozenset[tuple[str, str]]] = (catalog.COUNTERS_STALE.name, frozenset())
 
@@ -33,11 +34,6 @@ def _counted_devices(text: str) -> set[str]:
     return {
         dict(labels)["device"] for name, labels in samples(text) if name == "rnic_port_data_transmitted_bytes_total"
     }
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, gid_table_size=8)
 
 
 def test_a_scrape_before_the_first_poll_waits_for_it(host: SimHost) -> None:

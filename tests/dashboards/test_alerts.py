@@ -13,24 +13,16 @@ import pytest
 import yaml
 
 from rnic_exporter.catalog import metrics as catalog
+from tests.support.dashboards import ALERT_RULES, RULES, rules
 from tests.support.processes import require_binary
 from tests.support.promql import metric_names
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / "alerts"
-RULES = ALERTS / "rnic-exporter.rules.yml"
 UNIT_TESTS = sorted((ALERTS / "tests").glob("*.yml"))
 RUNBOOKS = REPO / "docs/runbooks"
 RUNBOOK_BASE = "https://github.com/rnic-exporter/rnic-exporter/blob/main/docs/runbooks/"
 PROMETHEUS_METRICS = {"up"}  # written by Prometheus itself, not by the exporter
-
-
-def _rules() -> list[dict[str, Any]]:
-    doc = yaml.safe_load(RULES.read_text())
-    return [rule for group in doc["groups"] for rule in group["rules"]]
-
-
-ALERT_RULES = [rule for rule in _rules() if "alert" in rule]
 
 
 def _promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -40,7 +32,7 @@ def _promtool(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def test_promtool_check_rules_passes() -> None:
     result = _promtool("check", "rules", "--lint=all", "--lint-fatal", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(_rules())} rules found" in result.stdout
+    assert f"SUCCESS: {len(rules())} rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass() -> None:
@@ -89,7 +81,7 @@ def test_every_runbook_belongs_to_an_alert() -> None:
 
 
 def test_every_metric_in_a_rule_is_in_the_catalogue() -> None:
-    for rule in _rules():
+    for rule in rules():
         # The expression, and the queries the description templates run (`...` | query) to show values.
         queries = [
             rule["expr"],

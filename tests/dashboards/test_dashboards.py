@@ -20,22 +20,15 @@ from rnic_exporter.catalog import events
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.dashboards import generate, recording
 from rnic_exporter.sim import SimHost
+from tests.support.dashboards import panels, substitute
 from tests.support.processes import Prometheus, exporter, free_port, http_get, require_binary
 from tests.support.promql import metric_names
+from tests.support.serve import serve_args
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = REPO / "dashboards"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-# What Grafana puts in for the variables when a query runs; "All" is the allValue `.*`.
-VARIABLES = {
-    "$__rate_interval": "1m",
-    "$__interval": "15s",
-    "$__range": "1h",
-    "$instance": ".*",
-    "$device": ".*",
-    "$port": ".*",
-}
 _LABEL_VALUES = re.compile(r"^label_values\((?P<selector>.+),\s*(?P<label>\w+)\)$")
 _EVENT_MATCHER = re.compile(r'\bevent\s*=~?\s*"([^"]*)"')
 
@@ -45,15 +38,9 @@ def dashboards() -> dict[str, dict[str, Any]]:
     return {filename: json.loads(text) for filename, text in generate().items()}
 
 
-def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for panel in dashboard["panels"]:
-        yield panel
-        yield from panel.get("panels", [])
-
-
 def _queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
     """(where, PromQL) for every panel target, variable and annotation."""
-    for panel in _panels(dashboard):
+    for panel in panels(dashboard):
         for t in panel.get("targets", []):
             yield f"panel {panel['title']!r} {t['refId']}", t["expr"]
     for var in dashboard["templating"]["list"]:
@@ -63,13 +50,6 @@ def _queries(dashboard: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield f"variable {var['name']}", f"group by ({match['label']}) ({match['selector']})"
     for annotation in dashboard["annotations"]["list"]:
         yield f"annotation {annotation['name']!r}", annotation["expr"]
-
-
-def _substitute(expr: str) -> str:
-    for variable, value in sorted(VARIABLES.items(), key=lambda kv: -len(kv[0])):
-        expr = expr.replace(variable, value)
-    assert "$" not in expr, f"unknown variable in {expr}"
-    return expr
 
 
 def test_committed_json_is_a_fresh_generation() -> None:
@@ -122,7 +102,7 @@ def test_every_panel_target_variable_and_annotation_uses_the_datasource_variable
     for filename, dashboard in dashboards.items():
         variables = {v["name"]: v for v in dashboard["templating"]["list"]}
         assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-        for panel in _panels(dashboard):
+        for panel in panels(dashboard):
             if panel["type"] == "row":
                 continue
             assert panel["datasource"] == DATASOURCE, f"{filename}: panel {panel['title']!r}"
@@ -140,14 +120,14 @@ def test_dashboards_have_the_variables_and_panel_kinds_asked_for(dashboards: dic
     fleet, host = dashboards["rnic-fleet-overview.json"], dashboards["rnic-host-detail.json"]
     assert [v["name"] for v in fleet["templating"]["list"]] == ["datasource", "instance"]
     assert [v["name"] for v in host["templating"]["list"]] == ["datasource", "instance", "device", "port"]
-    kinds = {p["type"] for d in dashboards.values() for p in _panels(d)}
+    kinds = {p["type"] for d in dashboards.values() for p in panels(d)}
     assert {"timeseries", "stat", "table", "state-timeline"} <= kinds
     assert not kinds & {"graph", "singlestat", "table-old"}, "deprecated panel types"
     for filename, dashboard in dashboards.items():
         assert dashboard["schemaVersion"] >= 36 and dashboard["uid"] == filename.removesuffix(".json")
-        ids = [p["id"] for p in _panels(dashboard)]
+        ids = [p["id"] for p in panels(dashboard)]
         assert len(ids) == len(set(ids)) and None not in ids
-        for panel in _panels(dashboard):
+        for panel in panels(dashboard):
             if panel["type"] == "row":
                 continue
             assert panel["description"], f"{filename}: panel {panel['title']!r} has no description"
@@ -157,7 +137,7 @@ def test_dashboards_have_the_variables_and_panel_kinds_asked_for(dashboards: dic
             if panel["type"] in {"stat", "state-timeline"}:
                 steps = defaults["thresholds"]["steps"]
                 assert steps[0]["value"] is None and len(steps) >= 2, f"{filename}: {panel['title']!r} thresholds"
-    gid_table = next(p for p in _panels(host) if p["title"] == "GID table")
+    gid_table = next(p for p in panels(host) if p["title"] == "GID table")
     assert metric_names(gid_table["targets"][0]["expr"]) == {catalog.GID_ENTRY_INFO.name}
 
 
@@ -218,7 +198,7 @@ def test_every_fleet_panel_reads_recorded_series(dashboards: dict[str, dict[str,
         assert raw == per_node, f"fleet {where} scans raw per-port series {sorted(raw - per_node)}: {expr}"
         recorded_panels += bool(metric_names(expr) & set(recording.BY_RECORD))
     # Time series step at least a minute: recorded series have one point per evaluation.
-    for panel in _panels(fleet):
+    for panel in panels(fleet):
         if panel["type"] == "timeseries":
             assert {t["interval"] for t in panel["targets"]} == {"1m"}, panel["title"]
     assert recorded_panels >= 20
@@ -262,7 +242,7 @@ def test_annotations_mark_catalogue_events(dashboards: dict[str, dict[str, Any]]
 
 def test_every_query_passes_promtool(tmp_path: Path, dashboards: dict[str, dict[str, Any]]) -> None:
     rules = [
-        {"record": f"dashboard:query_{i}", "expr": _substitute(expr)}
+        {"record": f"dashboard:query_{i}", "expr": substitute(expr)}
         for i, (_, expr) in enumerate(q for d in dashboards.values() for q in _queries(d))
     ]
     path = tmp_path / "dashboard-queries.rules.yml"
@@ -285,17 +265,7 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
     """
     host = SimHost.build(tmp_path / "sys", roce=3, gid_table_size=16)
     port = free_port()
-    args = [
-        "serve",
-        "--path.sysfs",
-        str(host.root),
-        "--web.listen-address",
-        f"127.0.0.1:{port}",
-        "--poll.interval",
-        "0.2",
-        "--state.dir",
-        str(tmp_path / "state"),
-    ]
+    args = serve_args(host.root, port, poll=0.2, state_dir=tmp_path / "state")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
@@ -327,7 +297,7 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
         must_answer: dict[str, str] = {}
         for filename, dashboard in dashboards.items():
             for where, expr in _queries(dashboard):
-                promql = _substitute(expr)
+                promql = substitute(expr)
                 _query(prom, promql)  # parses, or fails the test with Prometheus' error
                 if metric_names(expr) <= exposed:
                     must_answer[f"{filename} {where}"] = promql
@@ -383,7 +353,7 @@ def test_the_workloads_panel_names_the_job_and_pod_on_each_device(
     stop = threading.Event()
     daemon = threading.Thread(target=run, args=(config,), kwargs={"stop": stop, "scan": users.scan})
     daemon.start()
-    panel = next(p for p in _panels(dashboards["rnic-host-detail.json"]) if p["title"] == "Jobs and pods per device")
+    panel = next(p for p in panels(dashboards["rnic-host-detail.json"]) if p["title"] == "Jobs and pods per device")
     assert metric_names(panel["targets"][0]["expr"]) == {catalog.DEVICE_WORKLOAD_INFO.name}
     scrape = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -391,7 +361,7 @@ def test_the_workloads_panel_names_the_job_and_pod_on_each_device(
     }
     try:
         with Prometheus(tmp_path / "prom", scrape) as prom:
-            promql = _substitute(panel["targets"][0]["expr"])
+            promql = substitute(panel["targets"][0]["expr"])
 
             def both() -> list[dict[str, Any]] | None:
                 result = _query(prom, promql)

@@ -22,8 +22,7 @@ import pytest
 import yaml
 
 from rnic_exporter.dashboards import generate, recording
-from tests.dashboards.test_alerts import ALERT_RULES
-from tests.dashboards.test_dashboards import _panels, _substitute
+from tests.support.dashboards import ALERT_RULES, panels, substitute
 from tests.support.fleet import ADDRESS_GONE_S, NONFATAL_APART_S, PORT_DOWN_S, REPO, Fleet, loaded, query
 from tests.support.processes import Prometheus
 
@@ -218,7 +217,7 @@ PANELS: dict[tuple[str, str], list[Check]] = {
 
 def _fleet_targets() -> dict[tuple[str, str], str]:
     dashboard = json.loads(generate()["rnic-fleet-overview.json"])
-    return {(panel["title"], t["refId"]): t["expr"] for panel in _panels(dashboard) for t in panel.get("targets", [])}
+    return {(panel["title"], t["refId"]): t["expr"] for panel in panels(dashboard) for t in panel.get("targets", [])}
 
 
 def test_every_fleet_panel_target_is_checked() -> None:
@@ -229,7 +228,7 @@ def test_every_fleet_panel_target_is_checked() -> None:
 def test_fleet_panel_returns_the_right_hosts(prom: Prometheus, where: tuple[str, str]) -> None:
     expr = _fleet_targets()[where]
     for check in PANELS[where]:
-        promql = _substitute(expr.replace("$__range", f"{check.range_s}s"))
+        promql = substitute(expr.replace("$__range", f"{check.range_s}s"))
         result = query(prom, promql, check.at)
         what = f"{where} at t={check.at - FLEET.start:+}s: {promql}"
         if check.number is not None:

@@ -8,7 +8,7 @@ from rnic_exporter.detect.expected import MAX_EXPECTED_PER_PORT
 from rnic_exporter.detect.inputs import Inputs
 from rnic_exporter.detect.state import StateStore
 from rnic_exporter.sim import SimHost
-from tests.detect.test_detect import Run, names
+from tests.support.detect import Run, names
 
 
 class Addr:

@@ -16,53 +16,18 @@ import pytest
 from rnic_exporter.catalog import events as ev
 from rnic_exporter.catalog.events import Event
 from rnic_exporter.detect.conditions import judge
-from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.diff import diff
 from rnic_exporter.detect.flapping import FlapTracker
 from rnic_exporter.detect.inputs import Inputs
 from rnic_exporter.detect.problems import find_problems
 from rnic_exporter.detect.settings import DetectionSettings, FlapSettings, RatedExpectation
 from rnic_exporter.detect.state import STATE_FILE, State, StateStore
-from rnic_exporter.model.host import AdvertisedLink, Snapshot
+from rnic_exporter.model.host import AdvertisedLink
 from rnic_exporter.model.nccl import NcclSettings
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.address_risks import HostPaths, address_loss_risks
 from rnic_exporter.sources.ethtool import best_mode
-from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
-
-
-def read_full(host: SimHost) -> Snapshot:
-    root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
-    try:
-        return HostReader(root).read(full_gid_tables=True)
-    finally:
-        root.close()
-
-
-class Run:
-    """A detector over a simulated host, polled by hand; keeps every event it emitted."""
-
-    def __init__(self, host: SimHost, state_dir: Path | None = None, settings: DetectionSettings | None = None) -> None:
-        self.host = host
-        self.detector = Detector(settings or DetectionSettings(), StateStore(state_dir))
-        self.clock = 1_000_000.0
-
-    def poll(self, inputs: Inputs | None = None, advance: float = 5.0) -> list[Event]:
-        self.clock += advance
-        snap = replace(read_full(self.host), taken_at=self.clock)
-        return self.detector.observe(snap, inputs)
-
-
-def names(events: list[Event]) -> list[str]:
-    return sorted(e.name for e in events)
-
-
-def only(events: list[Event], name: str) -> Event:
-    found = [e for e in events if e.name == name]
-    assert len(found) == 1, f"expected one {name}, got {names(events)}"
-    return found[0]
-
+from tests.support.detect import Run, names, only, read_full
 
 # -- incident 1: the GID index shift ----------------------------------------------------------
 

@@ -31,9 +31,10 @@ from rnic_exporter.model.nccl import (
     select_gid_index,
 )
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import ReaderSettings
-from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.exposition import samples
+from tests.support.sim import refresh_overlay
 
 NETDEV = "ens1f0np0"
 LL = "fe80:0000:0000:0000:0e42:a1ff:fe41:2d36"
@@ -137,11 +138,6 @@ def check_json(host: SimHost, *extra: str, env: dict[str, str] | None = None) ->
     return code, json.loads(out)
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
-
-
 def problems(report: dict[str, object]) -> list[dict[str, str]]:
     found = report["problems"]
     assert isinstance(found, list)
@@ -208,7 +204,7 @@ def test_unreadable_gid_table_says_so_instead(host: SimHost, tmp_path: Path) -> 
         ReaderSettings(),
         HostPaths(rootfs=tmp_path / "none"),
         use_netlink=False,
-        root=SysfsRoot(host.root, errno_overlay=host.errno_overlay),
+        root=SimSysfsRoot(host.root, errno_overlay=host.errno_overlay),
     )
     found = [(p.code, p.severity, p.where, p.what) for p in report.problems]
     assert found == [
@@ -251,7 +247,7 @@ def agent_for(host: SimHost, tmp_path: Path) -> Agent:
         watch_netlink=False,
         watch_udev=False,
     )
-    return Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    return Agent(config, SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
 
 def test_metric_and_events_follow_the_pick(host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -270,12 +266,12 @@ def test_metric_and_events_follow_the_pick(host: SimHost, tmp_path: Path, caplog
         assert usable() == {"mlx5_0": 1, "mlx5_1": 1}  # mlx5_2 is InfiniBand: no series
         with caplog.at_level(logging.INFO, logger="rnic_exporter.events"):
             host.ipv6_only("mlx5_0")
-            agent.reader.root.errno_overlay = host.errno_overlay
+            refresh_overlay(agent.reader.root, host.errno_overlay)
             agent.poll_once(full_gid_tables=True)
             assert usable() == {"mlx5_0": 0, "mlx5_1": 1}
             agent.poll_once(full_gid_tables=True)  # still unusable: no second event
             host.add_address("mlx5_0", "10.0.0.1")
-            agent.reader.root.errno_overlay = host.errno_overlay
+            refresh_overlay(agent.reader.root, host.errno_overlay)
             agent.poll_once(full_gid_tables=True)
             assert usable() == {"mlx5_0": 1, "mlx5_1": 1}
         fired = [r for r in caplog.records if getattr(r, "fields", {}).get("event", "").startswith("rnic.nccl.gid_u")]
@@ -355,7 +351,7 @@ def test_check_and_gauge_judge_a_pin_of_another_family_alike(host: SimHost, tmp_
         watch_netlink=False,
         watch_udev=False,
     )
-    agent = Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    agent = Agent(config, SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
     try:
         agent.poll_once(full_gid_tables=True)
         body = agent.prometheus.render(None, None)[0].decode()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from rnic_exporter.detect.state import (
 from rnic_exporter.errors import ConfigError
 from rnic_exporter.sim import SimHost
 from tests.support.processes import exporter, free_port
+from tests.support.serve import python_serve_args, serve_args
 
 
 def _good() -> dict[str, Any]:
@@ -166,21 +166,12 @@ def test_a_second_daemon_on_one_state_dir_exits_2_in_one_line(tmp_path: Path) ->
     host = SimHost.build(tmp_path / "sys", roce=2, infiniband=0, gid_table_size=16)
     state = tmp_path / "shared-state"
     port = free_port()
-    args = [
-        "serve",
-        "--path.sysfs",
-        str(host.root),
-        "--state.dir",
-        str(state),
-        "--no-watch.netlink",
-        "--no-watch.udev",
-        "--no-collector.ethtool",
-    ]
+    quiet = ("--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool")
     with exporter(
-        [*args, "--web.listen-address", f"127.0.0.1:{port}"], ready_url=f"http://127.0.0.1:{port}/-/ready"
+        serve_args(host.root, port, *quiet, state_dir=state), ready_url=f"http://127.0.0.1:{port}/-/ready"
     ) as first:
         second = subprocess.run(
-            [sys.executable, "-m", "rnic_exporter", *args, "--web.listen-address", f"127.0.0.1:{free_port()}"],
+            python_serve_args(host.root, free_port(), *quiet, state_dir=state),
             capture_output=True,
             text=True,
             timeout=30,

@@ -21,6 +21,7 @@ import yaml
 
 from rnic_exporter.sim import SimHost
 from tests.support.processes import Alertmanager, Prometheus, exporter, free_port, http_get, require_binary
+from tests.support.serve import serve_args
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,13 +102,13 @@ class WebhookReceiver:
 
     def __init__(self) -> None:
         self.deliveries: list[Delivery] = []
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
+                with receiver.lock:
                     receiver.deliveries.append(Delivery(self.path.strip("/"), time.monotonic(), json.loads(body)))
                 self.send_response(200)
                 self.end_headers()
@@ -129,7 +130,7 @@ class WebhookReceiver:
 
     def firing(self, receiver: str) -> list[tuple[float, dict[str, str]]]:
         """(arrival, labels) of every firing alert posted to `receiver`."""
-        with self._lock:
+        with self.lock:
             return [
                 (d.at, a["labels"])
                 for d in self.deliveries
@@ -249,17 +250,7 @@ FAULTS = (
 def test_faults_in_a_simulated_host_reach_the_webhook(tmp_path: Path, webhook: WebhookReceiver) -> None:
     host = SimHost.build(tmp_path / "sys", roce=7, gid_table_size=16)  # mlx5_6 gets no fault
     port = free_port()
-    args = [
-        "serve",
-        "--path.sysfs",
-        str(host.root),
-        "--web.listen-address",
-        f"127.0.0.1:{port}",
-        "--poll.interval",
-        "0.2",
-        "--state.dir",
-        str(tmp_path / "state"),
-    ]
+    args = serve_args(host.root, port, poll=0.2, state_dir=tmp_path / "state")
     with (
         exporter(args, ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=tmp_path / "exporter.log"),
         Alertmanager(tmp_path / "am", _test_am_config(webhook)) as am,
@@ -337,7 +328,7 @@ def _scaled(route: dict[str, Any], factor: float) -> None:
 
 def _deliveries(webhook: WebhookReceiver, receiver: str) -> list[tuple[str, str]]:
     """(alertname, status) of every alert posted to `receiver`, in arrival order."""
-    with webhook._lock:
+    with webhook.lock:
         return [
             (a["labels"]["alertname"], a["status"])
             for d in webhook.deliveries
@@ -395,7 +386,7 @@ def test_the_page_title_is_the_rules_summary(tmp_path: Path, webhook: WebhookRec
         am.post_alerts([{**page, "annotations": {"summary": summary}}])
 
         def paged() -> list[dict[str, Any]]:
-            with webhook._lock:
+            with webhook.lock:
                 return [d.payload for d in webhook.deliveries if d.receiver == "pagerduty"]
 
         wait_for(lambda: bool(paged()), timeout=15, what="the PagerDuty event")

@@ -16,8 +16,10 @@ import pytest
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.sim import SimHost, SimProcfs
-from tests.daemon.test_consumer_wiring import POD_UID, _series
+from tests.support.exposition import label_sets
+from tests.support.fakeproc import POD_UID
 from tests.support.processes import exporter, free_port, http_get
+from tests.support.serve import serve_args
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -70,13 +72,13 @@ def test_serve_names_them_and_the_gid_shift_event_too(
     host, _, paths = tree
     port = free_port()
     log = tmp_path / "exporter.log"
-    args = ["serve", *paths, "--web.listen-address", f"127.0.0.1:{port}", "--poll.interval", "0.3"]
-    args += ["--state.dir", str(tmp_path / "state"), "--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
+    args = serve_args(host.root, port, *paths[2:], poll=0.3, state_dir=tmp_path / "state")
+    args += ["--no-watch.netlink", "--no-watch.udev", "--log.format", "json"]
     with exporter([*args, "--collector.consumers"], ready_url=f"http://127.0.0.1:{port}/-/ready", log_path=log):
 
         def info() -> list[dict[str, str]] | None:
             body = http_get(f"http://127.0.0.1:{port}/metrics")[2]
-            rows = [s for s in _series(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
+            rows = [s for s in label_sets(body, catalog.DEVICE_WORKLOAD_INFO.name) if s["device"] == "mlx5_1"]
             return rows if len(rows) == 2 else None
 
         rows = wait_for(info, timeout=20, what="two workloads on mlx5_1")

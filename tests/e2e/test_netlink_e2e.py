@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from rnic_exporter.sim.gid_table import address_gid
 from tests.support.exposition import Samples, samples
 from tests.support.netns import Netns, network_namespace
 from tests.support.processes import http_get
+from tests.support.serve import follow_netlink_args, python_serve_args
 from tests.support.wait import wait_for
 
 PORT = 19879  # a fresh namespace: nothing else listens there
@@ -67,19 +67,7 @@ def chain(tmp_path: Path) -> Iterator[tuple[Netns, Daemon, Path]]:
         sim_log = open(tmp_path / "simulate.log", "wb")  # noqa: SIM115 - closed below
         try:
             ns.popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "rnic_exporter",
-                    "simulate",
-                    str(sysfs),
-                    "--roce",
-                    "2",
-                    "--gid-table-size",
-                    "16",
-                    "--follow-netlink",
-                    "--hold-gids",
-                ],
+                follow_netlink_args(sysfs),
                 stdout=sim_log,
                 stderr=subprocess.STDOUT,
             )
@@ -95,16 +83,7 @@ def chain(tmp_path: Path) -> Iterator[tuple[Netns, Daemon, Path]]:
             try:
                 ns.popen(
                     [
-                        sys.executable,
-                        "-m",
-                        "rnic_exporter",
-                        "serve",
-                        "--path.sysfs",
-                        str(sysfs),
-                        "--web.listen-address",
-                        f"{ns.address}:{PORT}",
-                        "--state.dir",
-                        str(tmp_path / "state"),
+                        *python_serve_args(sysfs, f"{ns.address}:{PORT}", state_dir=tmp_path / "state"),
                         "--poll.interval",
                         "60",
                         "--log.format",

@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rnic_exporter import __version__
 from rnic_exporter.sim import SimHost
-from tests.sinks.test_otel import GrpcReceiver, HttpReceiver, Point, Record
+from tests.support.otlp import GrpcReceiver, HttpReceiver, Point, Record
 from tests.support.processes import exporter, free_port, http_get
+from tests.support.serve import serve_args
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -26,15 +27,7 @@ POLL_S = 0.3
 
 def _serve_args(host: SimHost, tmp_path: Path, port: int, endpoint: str, *extra: str) -> list[str]:
     return [
-        "serve",
-        "--path.sysfs",
-        str(host.root),
-        "--web.listen-address",
-        f"127.0.0.1:{port}",
-        "--poll.interval",
-        str(POLL_S),
-        "--state.dir",
-        str(tmp_path / "state"),
+        *serve_args(host.root, port, poll=POLL_S, state_dir=tmp_path / "state"),
         "--no-watch.netlink",
         "--no-watch.udev",
         "--otlp.endpoint",

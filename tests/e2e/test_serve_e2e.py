@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import ssl
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -17,15 +16,11 @@ import pytest
 
 from rnic_exporter.sim import SimHost
 from tests.support.processes import Prometheus, exporter, free_port, http_get, require_binary, stop_process
+from tests.support.serve import python_serve_args, serve_args
 from tests.support.tls import self_signed
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=32)
+pytestmark = [pytest.mark.e2e, pytest.mark.sim_host(roce=3, gid_table_size=32)]
 
 
 def _scrape_config(target: str, **extra: object) -> dict[str, object]:
@@ -56,15 +51,7 @@ def _assert_known_values(prom: Prometheus) -> None:
 def test_prometheus_scrapes_plain_http(tmp_path: Path, host: SimHost) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    args = [
-        "serve",
-        "--path.sysfs",
-        str(host.root),
-        "--web.listen-address",
-        f"127.0.0.1:{port}",
-        "--poll.interval",
-        "0.5",
-    ]
+    args = serve_args(host.root, port, poll=0.5)
     with exporter(args, ready_url=f"{base}/-/ready", log_path=tmp_path / "exporter.log"):
         status, headers, body = http_get(f"{base}/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -103,13 +90,7 @@ def test_prometheus_scrapes_tls_with_basic_auth(
     context = ssl.create_default_context(cafile=str(cert))
     auth = {"Authorization": "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()}
     args = [
-        "serve",
-        "--path.sysfs",
-        str(host.root),
-        "--web.listen-address",
-        f"127.0.0.1:{port}",
-        "--poll.interval",
-        "0.5",
+        *serve_args(host.root, port, poll=0.5),
         "--web.config.file",
         str(web_config),
     ]
@@ -149,8 +130,7 @@ def test_scrapes_from_the_first_moment_are_complete_or_refused(tmp_path: Path) -
     host = SimHost.build(tmp_path / "sys", roce=16, gid_table_size=32)
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    argv = [sys.executable, "-m", "rnic_exporter", "serve", "--path.sysfs", str(host.root)]
-    argv += ["--web.listen-address", f"127.0.0.1:{port}", "--no-watch.netlink", "--no-watch.udev"]
+    argv = python_serve_args(host.root, port, "--no-watch.netlink", "--no-watch.udev")
     responses: list[tuple[float, int, bytes]] = []
     stop = threading.Event()
 

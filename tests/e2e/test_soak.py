@@ -4,19 +4,16 @@ or threads. Run it alone with `pytest -m soak`; `bench/soak.py` is the hour-long
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from rnic_exporter.catalog import events as ev
+from tests.support import soak
+from tests.support.serve import Ours
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import soak  # noqa: E402
-from harness import Ours  # noqa: E402
-
-from rnic_exporter.catalog import events as ev  # noqa: E402
 
 
 @pytest.mark.soak
@@ -45,11 +42,11 @@ def test_a_second_sighting_of_an_event_is_a_failure(tmp_path: Path) -> None:
     run = soak.Soak(soak.SoakConfig(devices=2, gid_slots=8), tmp_path, lambda _: None)
     run.t0 = 0.0
     key = (ev.DEVICE_DISCOVERED.name, "mlx5_0", "")
-    run._on_event(key)
+    run.on_event(key)
     assert not run.result.failures
-    run._on_event(key)
+    run.on_event(key)
     assert len(run.result.failures) == 1 and "seen 2 times, expected 1" in run.result.failures[0]
-    run._on_event((ev.NCCL_GID_INDEX_CHANGED.name, "mlx5_0", ""))  # derived: counted, never a failure
+    run.on_event((ev.NCCL_GID_INDEX_CHANGED.name, "mlx5_0", ""))  # derived: counted, never a failure
     assert len(run.result.failures) == 1 and run.result.derived == Counter({ev.NCCL_GID_INDEX_CHANGED.name: 1})
 
 

@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import errno
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.host import PMA_EXTENDED_COUNTERS
 from tests.support.processes import free_port, http_get, stop_process
+from tests.support.serve import start_demo
 from tests.support.wait import wait_for
 
+pytestmark = pytest.mark.sim_host(infiniband=0, gid_table_size=8)
+
 PORT = "class/infiniband/mlx5_0/ports/1"
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, gid_table_size=8)
 
 
 def test_without_pma_text_survives_traffic_and_flaps(host: SimHost) -> None:
@@ -73,25 +68,7 @@ def test_dropped_gid_table_and_state_file_stay_dropped(host: SimHost) -> None:
 
 def test_demo_shows_the_link_local_pick_and_the_port_without_pma() -> None:
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rnic_exporter",
-            "demo",
-            "--devices",
-            "6",
-            "--step.seconds",
-            "1",
-            "--poll.interval",
-            "0.2",
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_demo(port)
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         seen: set[str] = set()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,16 +21,12 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.follow import DEFAULT_DELAY_S, NetlinkFollower
 from rnic_exporter.sim.gid_table import address_gid
 from tests.support.netns import Netns, network_namespace
+from tests.support.serve import follow_netlink_args
 from tests.support.wait import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.sim_host(infiniband=0)]
 
 ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    return SimHost.build(tmp_path / "sys", roce=2, infiniband=0, gid_table_size=16)
 
 
 @pytest.fixture
@@ -170,19 +165,7 @@ def test_updates_wait_for_the_work_queue_delay(ns: Netns, host: SimHost) -> None
 def test_simulate_command_follows_netlink_until_sigterm(ns: Netns, tmp_path: Path) -> None:
     root = tmp_path / "sim"
     proc = ns.popen(
-        [
-            sys.executable,
-            "-m",
-            "rnic_exporter",
-            "simulate",
-            str(root),
-            "--roce",
-            "2",
-            "--gid-table-size",
-            "16",
-            "--follow-netlink",
-            "--hold-gids",
-        ],
+        follow_netlink_args(root),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,11 +11,11 @@ import pytest
 
 from rnic_exporter.config.otlp import OtlpSettings
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.otel_metrics import otlp_number
 from rnic_exporter.sinks.samples import ExporterStats, Published
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
-from tests.sinks.test_otel import HttpReceiver
+from tests.support.otlp import HttpReceiver
 from tests.support.wait import wait_for
 
 SATURATED = (1 << 64) - 1
@@ -47,7 +47,7 @@ def test_counters_beyond_int64_do_not_stop_the_batch(tmp_path: Path) -> None:
     (counters / "port_rcv_data").write_text(f"{SATURATED}\n")  # x4 into bytes: 2^66
     (counters / "port_xmit_data").write_text(f"{1 << 61}\n")  # x4: exactly 2^63
     (counters / "symbol_error").write_text(f"{SATURATED}\n")
-    root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+    root = SimSysfsRoot(host.root, errno_overlay=host.errno_overlay)
     snap = HostReader(root).read(full_gid_tables=True)
     root.close()
     with HttpReceiver() as rcv:

@@ -14,11 +14,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.samples import ExporterStats
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.agents import FedSink
-from tests.support.exposition import render_text
+from tests.support.exposition import render_text, value
 from tests.support.processes import require_binary
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "procfs-fixture.prom"
@@ -32,13 +32,9 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     return out
 
 
-def value(text: str, name: str, **labels: str) -> float | None:
-    return samples(text).get((name, frozenset(labels.items())))
-
-
 def read(root: Path, host: SimHost | None = None) -> Snapshot:
     overlay = host.errno_overlay if host is not None else None
-    return HostReader(SysfsRoot(root, errno_overlay=overlay)).read()
+    return HostReader(SimSysfsRoot(root, errno_overlay=overlay)).read()
 
 
 def test_malformed_rate_costs_only_that_series(tmp_path: Path) -> None:
@@ -136,7 +132,7 @@ def test_exposition_passes_promtool(tmp_path: Path) -> None:
 
 def test_sink_negotiates_format_and_gzip(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
-    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    reader = HostReader(SimSysfsRoot(host.root, errno_overlay=host.errno_overlay))
     sink = FedSink(reader)
     sink.publish(reader.read(), ExporterStats(polls=1))
     body, headers = sink.render(None, None)
@@ -213,7 +209,7 @@ def test_incremental_rendering_matches_a_full_render_poll_after_poll(tmp_path: P
 
     host = SimHost.build(tmp_path / "sys", roce=3, infiniband=1, gid_table_size=16)
     overlay = host.errno_overlay
-    reader = HostReader(SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    reader = HostReader(SimSysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
     sink = FedSink(reader)
     detection = catalog.BY_NAME[catalog.PORT_UP.name]  # any spec; the extra families stand in for detection
 
@@ -294,7 +290,7 @@ def test_negotiation_is_prometheus_clients(accept: str | None) -> None:
 
 def test_gzip_is_compressed_once_per_poll_for_whoever_asks(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
-    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    reader = HostReader(SimSysfsRoot(host.root, errno_overlay=host.errno_overlay))
     sink = FedSink(reader)
     sink.publish(reader.read(), ExporterStats(polls=1))
     first, _ = sink.render(None, "gzip")
@@ -309,7 +305,7 @@ def test_gzip_resumes_after_what_did_not_change_and_still_decompresses_to_the_bo
     """The compressor's state after the unchanged beginning is reused; whatever moved (the own series
     at the end, a port in the middle, back to quiet), each body decompresses to the plain one."""
     host = SimHost.build(tmp_path / "sys", roce=2, gid_table_size=8)
-    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    reader = HostReader(SimSysfsRoot(host.root, errno_overlay=host.errno_overlay))
     sink = FedSink(reader)
     for polls, change in enumerate([None, None, None, "down", None, None, "traffic", None], start=1):
         if change == "down":

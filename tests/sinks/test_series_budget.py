@@ -9,10 +9,10 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.detection import PORT_EVENT_RULES, PORT_EVENTS
 from rnic_exporter.sources.infiniband import counter_ceiling
-from rnic_exporter.sources.sysfs import SysfsRoot
-from tests.daemon.test_agent_detection import make_agent
+from tests.support.agent import make_agent
 from tests.support.exposition import Samples, samples
 from tests.support.wait import wait_for
 
@@ -158,7 +158,7 @@ def test_excluded_hw_counters_are_never_read(tmp_path: Path) -> None:
         watch_netlink=False,
         watch_udev=False,
     )
-    agent = Agent(config, SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    agent = Agent(config, SimSysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
     agent.poll_once(full_gid_tables=True)
     got = scrape(agent)
     # Anchored like node_exporter's filters: `np_.*` is the np_ family, `out_of_sequence` that one file.

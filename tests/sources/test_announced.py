@@ -14,16 +14,17 @@ from pathlib import Path
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.samples import ExporterStats, freshness_part
 from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader
-from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.sim import refresh_overlay
 
 NEW_PREFIX_GID = "fec0:0000:0000:0000:0c42:a103:0002:c7a9"
 
 
 def trusting_reader(sim_host: SimHost) -> tuple[HostReader, list[float]]:
     now = [0.0]
-    root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    root = SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
     reader = HostReader(root, clock=lambda: now[0])
     reader.state_pass(full_gid_tables=True)
     reader.state_pass(trust_events=True)
@@ -122,7 +123,7 @@ def test_the_safety_sweep_re_reads_every_state_file_and_no_empty_gid_slot(sim_ho
     later reads the same as before (a pending-delete entry reads as empty; docs/gid-index-moves.md)."""
     reader, now = trusting_reader(sim_host)
     old, new = sim_host.gid_shift("mlx5_1")  # nothing announces it
-    reader.root.errno_overlay = sim_host.errno_overlay  # a copy: the kernel's EINVALs of empty slots now
+    refresh_overlay(reader.root, sim_host.errno_overlay)  # a copy: the kernel's EINVALs of empty slots now
     port = reader.state_pass(trust_events=True).snapshot.port("mlx5_1", 1)
     assert port is not None and port.nccl_gid_index == old != new
     now[0] += 2 * reader.safety_s  # past every device's (staggered) sweep

@@ -16,6 +16,7 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.model.host import ReadError
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.host import PMA_EXTENDED_COUNTERS
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.availability import FirstReads, summarize
 from rnic_exporter.sources.reader import HostReader, ReaderSettings
@@ -98,7 +99,7 @@ def scraping_agent(host: SimHost, overlay: dict[str, int] | None = None) -> Agen
     errnos its reads answer (the host's own by default)."""
     agent = Agent(
         ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
-        SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay if overlay is None else overlay),
+        SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay if overlay is None else overlay),
     )
     agent._counter_pass.max_age_s = 0.0  # each scrape reads counters
     return agent
@@ -129,7 +130,7 @@ def test_einval_on_every_counter_from_the_first_read_is_no_problem(tmp_path: Pat
     for name in PMA_EXTENDED_COUNTERS:
         host.fail_with(f"{PORT}/counters/{name}", errno.EINVAL)
     host.fail_with("class/infiniband/mlx5_0/board_id", errno.EINVAL)  # a device attribute it never had
-    report = check(host, tmp_path, SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    report = check(host, tmp_path, SimSysfsRoot(host.root, errno_overlay=host.errno_overlay))
     assert report.healthy, report.problems
     assert any("counters/*" in note and "not_supported" in note for note in report.notes)
     assert any("mlx5_0: board_id: not_supported" in note for note in report.notes)
@@ -177,7 +178,7 @@ def test_counters_failing_after_having_been_read_are_a_warning(
     if code == errno.EIO:  # a one-shot check sees EIO as the failure it always is
         for name in PMA_EXTENDED_COUNTERS:
             host.fail_with(f"{PORT}/counters/{name}", code)
-        report = check(host, tmp_path, SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+        report = check(host, tmp_path, SimSysfsRoot(host.root, errno_overlay=host.errno_overlay))
         assert {p.severity for p in report.problems} == {"warning"}
         assert len(report.problems) == len(PMA_EXTENDED_COUNTERS)
 
@@ -216,7 +217,7 @@ def test_an_attribute_a_driver_lacks_does_not_make_every_poll_learn_the_device_a
         host = SimHost.build(tmp_path / f"sys-{lacking}", roce=1, gid_table_size=8)
         if lacking is not None:
             host.fail_with("class/infiniband/mlx5_0/board_id", lacking)
-        root = SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay)
+        root = SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay)
         reader = HostReader(root)
         reader.read(full_gid_tables=True)
         reader.read()

@@ -25,6 +25,9 @@ from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.fakeproc import KTHREAD_STAT, add_process
 from tests.support.faultfs import MountFactory
 
+# mlx5_0, mlx5_1 (RoCE), mlx5_2 (IB), each with its uverbsN node.
+pytestmark = pytest.mark.sim_host(gid_table_size=4)
+
 UID = "8d3f6a2e-1c4b-4e7a-9f0d-2b5c6e7f8a91"
 UID_ = UID.replace("-", "_")
 BURSTABLE = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"
@@ -151,12 +154,6 @@ def test_dev_attribute_and_kernel_thread_flags() -> None:
 
 
 # -- the walk over a fake procfs tree ----------------------------------------------------------
-
-
-@pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    """mlx5_0, mlx5_1 (RoCE), mlx5_2 (IB), each with its uverbsN node."""
-    return SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=4)
 
 
 def _by_name_only(host: SimHost) -> None:

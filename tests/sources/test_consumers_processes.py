@@ -25,6 +25,8 @@ from rnic_exporter.sources.consumers import scan
 from tests.support.processes import require_binary
 from tests.support.verbs_holders import OPENABLE_CHAR_DEVICES, Cgroups, Holder, cgroups, holders, start
 
+pytestmark = pytest.mark.sim_host(gid_table_size=4)
+
 PROCFS = Path("/proc")
 POD_UID = "3b5d7f91-2c4e-4a6b-8d0f-1e3a5c7b9d2f"
 POD2_UID = "c0ffee00-1234-4abc-9def-00112233aabb"
@@ -33,9 +35,9 @@ CID2 = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 
 @pytest.fixture
-def host(tmp_path: Path) -> SimHost:
+def host(sim_host: SimHost) -> SimHost:
     """mlx5_0..2, their verbs nodes numbered as the holders' device nodes."""
-    sim = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=4)
+    sim = sim_host
     for name, (major, minor) in zip(sorted(sim.devices), OPENABLE_CHAR_DEVICES, strict=True):
         sim.set_verbs_rdev(name, major, minor)
     return sim

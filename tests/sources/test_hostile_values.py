@@ -19,6 +19,7 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.cli import main
 from rnic_exporter.model.host import GidEntry, LinkRate, Netdev, Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.samples import ExporterStats, snapshot_families
 from rnic_exporter.sources.gids import parse_gid_type, parse_netdev_name
@@ -33,7 +34,7 @@ from rnic_exporter.sources.infiniband import (
 from rnic_exporter.sources.netclass import parse_int, parse_mac
 from rnic_exporter.sources.pci import parse_link_speed, parse_link_width
 from rnic_exporter.sources.reader import HostReader
-from rnic_exporter.sources.sysfs import MalformedValueError, SysfsRoot
+from rnic_exporter.sources.sysfs import MalformedValueError
 from tests.support.agents import FedSink
 
 HUGE = "9" * 400
@@ -94,7 +95,7 @@ def test_model_properties_never_raise() -> None:
 
 
 def _read(host: SimHost) -> tuple[str, Snapshot]:
-    root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+    root = SimSysfsRoot(host.root, errno_overlay=host.errno_overlay)
     try:
         reader = HostReader(root)
         snap = reader.read(full_gid_tables=True)

@@ -25,6 +25,7 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.config.file import reader_settings
 from rnic_exporter.daemon.agent import Agent, Announcer, ServeConfig
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.counters import BACKOFF_MAX_S
 from rnic_exporter.sources.read_thread import Gate, ReadRunner
 from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, HostReader, run_here
@@ -62,7 +63,7 @@ def make_agent(root: SysfsRoot, tmp_path: Path, announcer: Announcer | None = No
 
 
 def test_a_counter_change_is_visible_in_the_very_next_scrape(sim_host: SimHost, tmp_path: Path) -> None:
-    agent = make_agent(SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay), tmp_path)
+    agent = make_agent(SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay), tmp_path)
     agent._counter_pass.max_age_s = 0.0  # every scrape is "the next one" (Prometheus' come seconds apart)
     try:
         agent.poll_once(full_gid_tables=True)
@@ -80,7 +81,7 @@ def test_a_counter_change_is_visible_in_the_very_next_scrape(sim_host: SimHost, 
 
 
 def test_concurrent_scrapes_share_one_counter_pass(sim_host: SimHost, tmp_path: Path) -> None:
-    agent = make_agent(SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay), tmp_path)
+    agent = make_agent(SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay), tmp_path)
     try:
         agent.poll_once(full_gid_tables=True)
         passes = agent._counter_pass.passes
@@ -101,7 +102,7 @@ def test_a_quiet_poll_reads_only_what_no_event_announces(sim_host: SimHost, tmp_
     link's current speed and width, and the InfiniBand port's state, rate and GID files (plus a
     sweep of its empty GID slots); a RoCE port's netdev, state, rate and GIDs wait for an
     announcement or the safety sweep. Nothing new is handed to the sinks."""
-    root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    root = SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
     agent = make_agent(root, tmp_path, announcer=Announcements(trusted=True))
     try:
         agent.poll_once(full_gid_tables=True)
@@ -142,7 +143,7 @@ def test_the_safety_sweep_reads_what_events_announce(sim_host: SimHost, tmp_path
     """A change no announcement came for (a GID slot freed when its last user let go) is seen by
     the next safety sweep; a device's sweep comes every safety interval, staggered."""
     now = [1000.0]
-    root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    root = SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
     reader = HostReader(root, clock=lambda: now[0])
     reader.safety_s = 60.0
     first = reader.state_pass(full_gid_tables=True).snapshot
@@ -157,7 +158,7 @@ def test_the_safety_sweep_reads_what_events_announce(sim_host: SimHost, tmp_path
 
 def test_without_trust_every_poll_reads_everything(sim_host: SimHost, tmp_path: Path) -> None:
     """The fallback (netlink off or failing): every attribute at the fast interval, and says so."""
-    root = SysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    root = SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
     announcer = Announcements(trusted=False)
     agent = make_agent(root, tmp_path, announcer=announcer)
     try:

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import HostReader, Job, run_here
-from rnic_exporter.sources.sysfs import SysfsRoot
 
 PORT = "class/infiniband/mlx5_0/ports/1"
 
 
 def reader_of(host: SimHost, overlay: dict[str, int]) -> HostReader:
-    return HostReader(SysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
+    return HostReader(SimSysfsRoot(host.root, hold_fds=True, errno_overlay=overlay))
 
 
 def test_a_gid_listing_that_failed_once_is_read_again(sim_host: SimHost) -> None:

@@ -34,9 +34,11 @@ from rnic_exporter.model.host import (
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.gid_table import address_gid
 from rnic_exporter.sim.host import ETH_RATE_NAMES, IB_LANE_GBPS
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader
 from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot
 from tests.support.netdev import read_netdev
+from tests.support.sim import refresh_overlay
 
 Content = tuple[tuple[Device, ...], dict[str, Netdev], dict[str, PcieLink]]
 
@@ -49,7 +51,7 @@ def content(snap: Snapshot) -> Content:
 def poll(reader: HostReader, host: SimHost, *, full_gid_tables: bool | frozenset[str] = False) -> Snapshot:
     """One poll of a reader kept across host changes. `SimHost.errno_overlay` is a copy, not a view,
     so the kernel's EINVAL answers for empty GID slots are taken again first."""
-    reader.root.errno_overlay = host.errno_overlay
+    refresh_overlay(reader.root, host.errno_overlay)
     return reader.read(full_gid_tables=full_gid_tables)
 
 
@@ -687,7 +689,7 @@ def two_nics(tmp_path_factory: pytest.TempPathFactory) -> SimHost:
 
 @pytest.fixture(scope="module")
 def healthy(two_nics: SimHost) -> Snapshot:
-    snap = HostReader(SysfsRoot(two_nics.root, errno_overlay=two_nics.errno_overlay)).read()
+    snap = HostReader(SimSysfsRoot(two_nics.root, errno_overlay=two_nics.errno_overlay)).read()
     assert snap.errors == () and len(snap.devices) == 2
     return snap
 
@@ -726,13 +728,13 @@ def error_rows(snap: Snapshot) -> list[tuple[str, int | None, str, str]]:
 def test_one_fault_costs_one_attribute(two_nics: SimHost, healthy: Snapshot, fault: Fault) -> None:
     overlay = dict(two_nics.errno_overlay)
     assert fault.rel not in overlay
-    earlier = HostReader(SysfsRoot(two_nics.root, errno_overlay=overlay))
+    earlier = HostReader(SimSysfsRoot(two_nics.root, errno_overlay=overlay))
     assert content(earlier.read()) == content(healthy)
     with injected(two_nics, fault, overlay):
-        first = HostReader(SysfsRoot(two_nics.root, errno_overlay=overlay)).read()
-        earlier.root.errno_overlay = overlay
+        first = HostReader(SimSysfsRoot(two_nics.root, errno_overlay=overlay)).read()
+        refresh_overlay(earlier.root, overlay)
         later = earlier.read()
-    after = HostReader(SysfsRoot(two_nics.root, errno_overlay=two_nics.errno_overlay)).read()
+    after = HostReader(SimSysfsRoot(two_nics.root, errno_overlay=two_nics.errno_overlay)).read()
     assert content(after) == content(healthy) and after.errors == (), "the fault was not undone"
 
     want = fault.expect(healthy)
@@ -755,7 +757,7 @@ def test_one_fault_costs_one_attribute(two_nics: SimHost, healthy: Snapshot, fau
         )
 
 
-class RemovingRoot(SysfsRoot):
+class RemovingRoot(SimSysfsRoot):
     """Takes `victim` off the simulated bus just before attribute read number `at` (never when -1)."""
 
     def __init__(self, host: SimHost, victim: str, at: int) -> None:
@@ -847,7 +849,7 @@ def test_device_removed_mid_read(sim_host: SimHost) -> None:
             assert_partial(snap.pcie[VICTIM_BDF], healthy.pcie[VICTIM_BDF])
         sim_host.restore_device(VICTIM)
     assert cut_short >= len(points) // 2  # the removal did land in the middle of reading the victim
-    again = HostReader(SysfsRoot(sim_host.root, errno_overlay=sim_host.errno_overlay)).read()
+    again = HostReader(SimSysfsRoot(sim_host.root, errno_overlay=sim_host.errno_overlay)).read()
     assert content(again) == content(healthy) and again.errors == ()
 
 
@@ -855,7 +857,7 @@ def test_device_removed_mid_read(sim_host: SimHost) -> None:
 
 
 def held_reader(host: SimHost) -> HostReader:
-    return HostReader(SysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    return HostReader(SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
 
 def test_held_fds_see_rewritten_values(sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]) -> None:
@@ -915,7 +917,7 @@ def test_held_fds_reopen_after_remove_and_restore(sim_host: SimHost, read_sim: C
 
 
 def test_gid_shift_is_seen_on_the_next_poll(sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]) -> None:
-    readers = {"open per read": HostReader(SysfsRoot(sim_host.root)), "held fds": held_reader(sim_host)}
+    readers = {"open per read": HostReader(SimSysfsRoot(sim_host.root)), "held fds": held_reader(sim_host)}
     for reader in readers.values():
         port = poll(reader, sim_host).port("mlx5_0", 1)
         assert port is not None and port.nccl_gid_index == 3
@@ -969,7 +971,7 @@ def polls_until_seen(reader: HostReader, host: SimHost, index: int, budget: int)
 def test_address_in_an_empty_slot_is_found_by_the_sweep(one_big_table: SimHost, polls_before: int) -> None:
     """Wherever the sweep stands when the address arrives, it is seen within ceil(size/slots)+1 polls."""
     host = one_big_table
-    reader = HostReader(SysfsRoot(host.root))
+    reader = HostReader(SimSysfsRoot(host.root))
     for _ in range(1 + polls_before):  # the first poll reads whole tables, the others sweep
         port = poll(reader, host).port("mlx5_0", 1)
         assert port is not None and [g.index for g in port.gids] == [0, 1, 2, 3]
@@ -985,7 +987,7 @@ def test_address_in_an_empty_slot_is_found_by_the_sweep(one_big_table: SimHost, 
 
 def test_forced_full_read_finds_a_new_address_at_once(one_big_table: SimHost) -> None:
     host = one_big_table
-    reader = HostReader(SysfsRoot(host.root))
+    reader = HostReader(SimSysfsRoot(host.root))
     poll(reader, host)
     poll(reader, host)  # the sweep has now moved past the lowest empty slots
     with new_address(host, "10.0.78.1") as (v1, v2):
@@ -1007,7 +1009,7 @@ def test_fixture_copy_is_a_separate_tree(fixture_sys: Path, fixture_copy: Path) 
 def test_new_settings_recompute_the_nccl_pick(tmp_path: Path) -> None:
     """A config reload that changes NCCL settings must not keep the pick cached under the old ones."""
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
-    reader = HostReader(SysfsRoot(host.root, errno_overlay=host.errno_overlay))
+    reader = HostReader(SimSysfsRoot(host.root, errno_overlay=host.errno_overlay))
     assert reader.read().ports[0].nccl_gid_index == 3
     reader.settings = reader_settings(nccl_env={"NCCL_IB_ROCE_VERSION_NUM": "1"})
     assert reader.read().ports[0].nccl_gid_index == 2
@@ -1055,7 +1057,7 @@ def test_a_fault_is_reported_on_every_poll_while_it_lasts(two_nics: SimHost, hea
         (f"class/net/{VICTIM_NETDEV}/mtu", (VICTIM, 1, f"net/{VICTIM_NETDEV}/mtu", "EIO")),
     ):
         overlay = dict(two_nics.errno_overlay)
-        reader = HostReader(SysfsRoot(two_nics.root, hold_fds=True, errno_overlay=overlay))
+        reader = HostReader(SimSysfsRoot(two_nics.root, hold_fds=True, errno_overlay=overlay))
         assert content(reader.read()) == content(healthy)
         overlay[rel] = errno.EIO
         faulty = [reader.read() for _ in range(3)]

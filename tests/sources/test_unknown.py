@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,14 +14,16 @@ from rnic_exporter.cli import Exit, main
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.samples import ExporterStats, Published
-from tests.sinks.test_otel import HttpReceiver
 from tests.support.exposition import render_text, samples
+from tests.support.otlp import HttpReceiver
 from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.sim_host(infiniband=0)
 
 
 @pytest.fixture
-def host(tmp_path: Path) -> SimHost:
-    host = SimHost.build(tmp_path / "sys", roce=2, gid_table_size=16)
+def host(sim_host: SimHost) -> SimHost:
+    host = sim_host
     host.drop_state_file("mlx5_1")
     host.drop_gid_table("mlx5_0")
     return host

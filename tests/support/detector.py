@@ -10,13 +10,13 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import HostReader, ReaderSettings
-from rnic_exporter.sources.sysfs import SysfsRoot
 
 
 def read(host: SimHost, settings: ReaderSettings | None = None) -> Snapshot:
     """One full read of the simulated host through the real reading layer."""
-    root = SysfsRoot(host.root, errno_overlay=host.errno_overlay)
+    root = SimSysfsRoot(host.root, errno_overlay=host.errno_overlay)
     try:
         return HostReader(root, settings).read(full_gid_tables=True)
     finally:

@@ -23,6 +23,28 @@ def samples(text: str) -> Samples:
     }
 
 
+def value(text: str | bytes, name: str, **labels: str) -> float | None:
+    """The value of the sample `name` whose labels are exactly `labels`, or None."""
+    body = text.decode() if isinstance(text, bytes) else text
+    return samples(body).get((name, frozenset(labels.items())))
+
+
+def first_value(text: str | bytes, name: str, **labels: str) -> float | None:
+    """The value of the first sample `name` whose labels include `labels`, or None."""
+    body = text.decode() if isinstance(text, bytes) else text
+    for family in text_string_to_metric_families(body):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+def label_sets(text: str | bytes, name: str) -> list[dict[str, str]]:
+    """The labels of every sample named `name` in `text`, in order."""
+    body = text.decode() if isinstance(text, bytes) else text
+    return [dict(s.labels) for family in text_string_to_metric_families(body) for s in family.samples if s.name == name]
+
+
 class Renderer:
     """Renders families; keeps each series' last line for the next call."""
 

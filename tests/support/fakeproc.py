@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# The Kubernetes pod of the consumers tests (a pod UID as the kubelet writes it in cgroup paths).
+POD_UID = "6c1f3a52-8d0e-4b7e-9a43-1b2c3d4e5f60"
 KTHREAD_STAT = "2 (kthreadd) S 0 0 0 0 -1 2129984 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0"
 USER_STAT = "{pid} (python3) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 3 1 0 0 20 0 4 0 900 0 0"
 

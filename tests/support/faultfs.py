@@ -398,6 +398,10 @@ class FaultyMount:
 
     # -- requests ---------------------------------------------------------------------------
 
+    def ping(self) -> None:
+        """One round trip to the server: it is up and answering."""
+        self._request(cmd="ping")
+
     def _request(self, **request: Any) -> dict[str, Any]:
         with self._lock:
             if self._sock is None:
@@ -585,7 +589,7 @@ def mount_faultfs(backing: Path, mount: Path | None = None, *, timeout: float = 
                 if time.monotonic() >= deadline:
                     raise FaultfsError(f"faultfs not mounted at {mount} after {timeout}s: {fs.server_log()}")
                 time.sleep(0.02)
-            fs._request(cmd="ping")
+            fs.ping()
             yield fs
         finally:
             fs.close()

@@ -65,6 +65,11 @@ class Reply:
 ServerFactory = Callable[..., WebServer]
 
 
+def front_samples(server: WebServer) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    """The front's own families (rnic_exporter_http_*) as a scrape would carry them: name -> samples."""
+    return {family.spec.name: family.samples for family in server.families()}
+
+
 def request(
     server: WebServer,
     path: str = "/metrics",
@@ -111,6 +116,15 @@ def tls_config(users: dict[str, str] | None = None, extra_tls: str = "") -> str:
 
 def users_config(users: dict[str, str]) -> str:
     return "basic_auth_users:\n" + "".join(f"  {user}: '{bcrypt_hash(pw)}'\n" for user, pw in users.items())
+
+
+def users_yaml(users: dict[str, tuple[str, int]]) -> str:
+    """basic_auth_users with each user's bcrypt cost chosen."""
+    lines = [
+        f"  {user}: '{bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=cost)).decode()}'\n"
+        for user, (pw, cost) in users.items()
+    ]
+    return "basic_auth_users:\n" + "".join(lines)
 
 
 def client_context(certs: Certs, *, with_cert: bool = False) -> ssl.SSLContext:

@@ -5,6 +5,7 @@ file uses: certificates, a config directory, the fake provider, servers that are
 from __future__ import annotations
 
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,12 @@ def serve(provider: FakeProvider) -> Iterator[ServerFactory]:
     yield start
     for server in servers:
         server.shutdown()
+
+
+@pytest.fixture
+def sockets() -> Iterator[list[socket.socket]]:
+    """Client sockets a test opens, closed after it."""
+    opened: list[socket.socket] = []
+    yield opened
+    for sock in opened:
+        sock.close()

@@ -524,7 +524,7 @@ def test_reload_applies_new_users(serve: ServerFactory, tmp_path: Path) -> None:
     server = serve(config)
     assert request(server, headers=basic("alice", "old")).status == 200
     write_config(tmp_path, users_config({"alice": "new"}))
-    server.reload_web_config()
+    server.watcher.reload()
     assert request(server, headers=basic("alice", "old")).status == 401
     assert request(server, headers=basic("alice", "new")).status == 200
 
@@ -536,7 +536,7 @@ def test_broken_file_on_reload_keeps_the_old_config(
     server = serve(config)
     write_config(tmp_path, "basic_auth_users:\n  alice: not-a-hash\n")
     with caplog.at_level(logging.ERROR, logger="rnic_exporter.web.server"):
-        server.reload_web_config()
+        server.watcher.reload()
     assert any("basic_auth_users.alice" in record.getMessage() for record in caplog.records)
     assert request(server, headers=basic("alice", "old")).status == 200
 
@@ -565,7 +565,7 @@ def test_reload_that_would_turn_tls_off_is_refused(
     server = serve(config)
     write_config(confdir, "")
     with caplog.at_level(logging.ERROR, logger="rnic_exporter.web.server"):
-        server.reload_web_config()
+        server.watcher.reload()
     assert any("restart" in record.getMessage() for record in caplog.records)
     assert request(server, context=client_context(certs)).status == 200
 

@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import bcrypt
@@ -21,19 +21,12 @@ from tests.support.web import (
     FakeProvider,
     ServerFactory,
     basic,
+    front_samples,
     read_until_closed,
     request,
+    users_yaml,
     write_config,
 )
-
-
-def users_yaml(users: dict[str, tuple[str, int]]) -> str:
-    """basic_auth_users with each user's bcrypt cost chosen."""
-    lines = [
-        f"  {user}: '{bcrypt.hashpw(pw.encode(), bcrypt.gensalt(rounds=cost)).decode()}'\n"
-        for user, (pw, cost) in users.items()
-    ]
-    return "basic_auth_users:\n" + "".join(lines)
 
 
 class RecordingCheckpw:
@@ -62,14 +55,6 @@ def checkpw(monkeypatch: pytest.MonkeyPatch) -> RecordingCheckpw:
     recorder = RecordingCheckpw()
     monkeypatch.setattr(bcrypt, "checkpw", recorder)
     return recorder
-
-
-@pytest.fixture
-def sockets() -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    yield opened
-    for sock in opened:
-        sock.close()
 
 
 def connect(server_address: tuple[str, int], opened: list[socket.socket]) -> socket.socket:
@@ -180,7 +165,7 @@ def test_at_the_cap_a_client_on_its_own_address_does_not_wait_behind_a_flood_fro
         assert scraper.getresponse().read() == BODY
     finally:
         scraper.close()
-    closed = {family.spec.name: family.samples for family in server.families()}
+    closed = front_samples(server)
     assert closed["rnic_exporter_http_connections_closed_for_room_total"] == [(("waiting",), 1.0), (("accept",), 1.0)]
 
 
@@ -201,11 +186,14 @@ def test_at_the_cap_a_flood_from_several_addresses_is_closed_rather_than_left_ah
     for source in ("127.0.0.2", "127.0.0.3") * 2:
         flood(source)
     wait_for(lambda: server.open_connections == 4, timeout=DEADLINE, what="the flood to fill the cap")
-    reactor = server._reactor
-    assert reactor is not None
+
+    def refused() -> float:
+        closed = dict(front_samples(server)["rnic_exporter_http_connections_closed_for_room_total"])
+        return closed[("accept",)]
+
     for source in ("127.0.0.2", "127.0.0.3") * 40:
         flood(source)
-    wait_for(lambda: reactor.refused == 80, timeout=DEADLINE, what="the flood's newcomers to be closed")
+    wait_for(lambda: refused() == 80, timeout=DEADLINE, what="the flood's newcomers to be closed")
     host, port = address
     scraper = http.client.HTTPConnection(host, port, timeout=DEADLINE)  # from 127.0.0.1
     try:

@@ -4,8 +4,6 @@ Over real sockets: the kubelet's httpGet sends no credentials and, with `scheme:
 check the certificate; the container's HEALTHCHECK reads the exporter's command line.
 """
 
-# ruff: noqa: F811  (test parameters name the fixtures imported from test_web, as pytest requires)
-
 from __future__ import annotations
 
 import http.client
@@ -21,6 +19,7 @@ import pytest
 import yaml
 
 from rnic_exporter.commands import healthcheck
+from tests.support.serve import serve_args
 from tests.support.web import (
     Certs,
     FakeProvider,
@@ -29,9 +28,9 @@ from tests.support.web import (
     client_context,
     request,
     tls_config,
+    users_yaml,
     write_config,
 )
-from tests.web.test_web_abuse import sockets, users_yaml  # noqa: F401  (sockets: a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,19 +80,20 @@ def test_an_unhealthy_exporter_says_why_without_credentials(provider: FakeProvid
     assert (reply.status, reply.body) == (503, b"no poll yet\n")
 
 
-def serve_args(server_address: tuple[str, int], *rest: str) -> list[str]:
+def installed_argv(server_address: tuple[str, int], *rest: str) -> list[str]:
+    """The command line of the packaged exporter listening where `server_address` is."""
     host, port = server_address
     return ["/opt/rnic-exporter/bin/rnic-exporter", "serve", f"--web.listen-address={host}:{port}", *rest]
 
 
 def test_healthcheck_follows_the_listen_address_and_the_web_configs_tls(serve: ServerFactory, confdir: Path) -> None:
     plain = serve()
-    assert healthcheck.check(serve_args(plain.bound[0]), confdir) is None
+    assert healthcheck.check(installed_argv(plain.bound[0]), confdir) is None
     tls = serve(write_config(confdir, tls_config({"alice": "s3cret"})))
-    assert healthcheck.check(serve_args(tls.bound[0], "--web.config.file", "web.yml"), confdir) is None
+    assert healthcheck.check(installed_argv(tls.bound[0], "--web.config.file", "web.yml"), confdir) is None
     # The same port without the web config: plain HTTP to a TLS port gets no answer.
     with pytest.raises((OSError, http.client.HTTPException)):
-        healthcheck.check(serve_args(tls.bound[0]), confdir)
+        healthcheck.check(installed_argv(tls.bound[0]), confdir)
 
 
 def test_healthcheck_with_client_certificates_required_checks_the_connection(
@@ -101,10 +101,10 @@ def test_healthcheck_with_client_certificates_required_checks_the_connection(
 ) -> None:
     text = tls_config(extra_tls="  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: client.crt\n")
     server = serve(write_config(confdir, text))
-    assert healthcheck.check(serve_args(server.bound[0], "--web.config.file=web.yml"), confdir) is None
+    assert healthcheck.check(installed_argv(server.bound[0], "--web.config.file=web.yml"), confdir) is None
     server.shutdown()
     with pytest.raises(OSError):
-        healthcheck.check(serve_args(server.bound[0], "--web.config.file=web.yml"), confdir)
+        healthcheck.check(installed_argv(server.bound[0], "--web.config.file=web.yml"), confdir)
 
 
 def test_healthcheck_reads_the_exporters_command_line_and_exits_by_its_health(
@@ -114,7 +114,7 @@ def test_healthcheck_reads_the_exporters_command_line_and_exits_by_its_health(
     proc = tmp_path / "proc"
     proc.mkdir()
     (proc / "cmdline").write_bytes(
-        b"\0".join(a.encode() for a in serve_args(server.bound[0], "--web.config.file", "web.yml"))
+        b"\0".join(a.encode() for a in installed_argv(server.bound[0], "--web.config.file", "web.yml"))
     )
     os.symlink(confdir, proc / "cwd")  # the exporter's working directory: the relative config path
     assert healthcheck.main(proc) == 0
@@ -138,8 +138,9 @@ def test_the_dockerfiles_healthcheck_passes_against_serve_with_tls_basic_auth_an
     host = SimHost.build(tmp_path / "sys", roce=1, gid_table_size=8)
     write_config(confdir, tls_config({"alice": "s3cret"}))
     port = free_port()
-    args = ["serve", "--path.sysfs", str(host.root), "--web.listen-address", f"127.0.0.1:{port}", "--poll.interval=0.5"]
-    args += ["--state.dir=", "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool"]
+    args = serve_args(
+        host.root, port, "--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool", poll=0.5, state_dir=""
+    )
     command = [sys.executable if word == "python" else word for word in dockerfile_healthcheck()]
     with exporter(
         [*args, "--web.config.file", "web.yml"], ready_url=f"https://127.0.0.1:{port}/-/ready", context=unverified(),

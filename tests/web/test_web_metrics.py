@@ -1,7 +1,5 @@
 """The HTTP front's own metrics (rnic_exporter_http_*), over real sockets."""
 
-# ruff: noqa: F811  (test parameters name the fixtures imported from test_web, as pytest requires)
-
 from __future__ import annotations
 
 import socket
@@ -9,14 +7,18 @@ import threading
 from pathlib import Path
 
 from tests.support.wait import wait_for
-from tests.support.web import DEADLINE, FakeProvider, ServerFactory, basic, request, write_config
-from tests.web.test_web_abuse import sockets, users_yaml  # noqa: F401  (sockets: a fixture)
+from tests.support.web import (
+    DEADLINE,
+    FakeProvider,
+    ServerFactory,
+    basic,
+    front_samples,
+    request,
+    users_yaml,
+    write_config,
+)
 
 # -- the front's own metrics -------------------------------------------------------------------
-
-
-def samples(server: object) -> dict[str, list[tuple[tuple[str, ...], float]]]:
-    return {family.spec.name: family.samples for family in server.families()}  # type: ignore[attr-defined]
 
 
 def test_responses_are_counted_by_code_and_the_scrape_cap_apart(
@@ -38,7 +40,7 @@ def test_responses_are_counted_by_code_and_the_scrape_cap_apart(
     assert request(server).status == 401
     assert request(server, "/nowhere", headers=auth).status == 404
     assert request(server, "/-/healthy", headers=auth).status == 200
-    counted = samples(server)
+    counted = front_samples(server)
     assert counted["rnic_exporter_http_requests_total"] == [
         (("200",), 2.0),
         (("401",), 1.0),
@@ -55,7 +57,9 @@ def test_a_request_head_too_large_is_counted_as_431(serve: ServerFactory, socket
     sock.sendall(b"GET / HTTP/1.1\r\nX: " + b"a" * (70 * 1024))
     assert sock.recv(64).startswith(b"HTTP/1.1 431")
     wait_for(
-        lambda: (("431",), 1.0) in samples(server)["rnic_exporter_http_requests_total"], timeout=DEADLINE, what="431"
+        lambda: (("431",), 1.0) in front_samples(server)["rnic_exporter_http_requests_total"],
+        timeout=DEADLINE,
+        what="431",
     )
 
 
@@ -65,7 +69,7 @@ def test_connections_closed_for_room_are_counted(serve: ServerFactory, sockets: 
         sockets.append(socket.create_connection(server.bound[0], timeout=DEADLINE))
     wait_for(lambda: server.open_connections == 2, timeout=DEADLINE, what="the cap to be reached")
     assert request(server).status == 200  # it takes the oldest silent connection's place
-    assert samples(server)["rnic_exporter_http_connections_closed_for_room_total"] == [
+    assert front_samples(server)["rnic_exporter_http_connections_closed_for_room_total"] == [
         (("waiting",), 1.0),
         (("accept",), 0.0),
     ]

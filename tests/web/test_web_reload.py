@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.web import reload
 from rnic_exporter.web.reload import WebConfigWatcher
 from tests.support.processes import free_port, http_get, stop_process
+from tests.support.serve import python_serve_args
 from tests.support.wait import wait_for
 from tests.support.web import (
     Certs,
@@ -159,7 +159,7 @@ def test_weakening_client_certificate_checks_is_refused(
     server = serve(write_config(confdir, tls_config(extra_tls=before)))
     write_config(confdir, tls_config(extra_tls=after))
     with caplog.at_level(logging.ERROR):
-        server.reload_web_config()
+        server.watcher.reload()
     assert reason in reload_errors(caplog)[0]
     with pytest.raises(OSError):
         request(server, context=client_context(certs))  # still no entry without a client certificate
@@ -217,29 +217,14 @@ def test_serve_reports_a_refused_web_config_reload_in_its_metric(sim_host: SimHo
     web_config = write_config(tmp_path, users_config({"alice": "pw"}))
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rnic_exporter",
-            "serve",
-            "--path.sysfs",
-            str(sim_host.root),
-            "--web.config.file",
-            str(web_config),
-            "--web.listen-address",
-            f"127.0.0.1:{port}",
-            "--web.max-connections",
-            "8",
-            "--web.max-requests",
-            "2",
-            "--poll.interval",
-            "0.2",
-            "--state.dir",
-            "",
-            "--no-watch.netlink",
-            "--no-watch.udev",
-            "--no-collector.ethtool",
-        ],
+        python_serve_args(
+            sim_host.root,
+            port,
+            *("--web.config.file", str(web_config), "--web.max-connections", "8", "--web.max-requests", "2"),
+            *("--no-watch.netlink", "--no-watch.udev", "--no-collector.ethtool"),
+            poll=0.2,
+            state_dir="",
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
