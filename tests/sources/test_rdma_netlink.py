@@ -1,0 +1,286 @@
+"""The RDMA netlink client: real kernel refusals, replies over a real datagram socket, strict parsing.
+
+The answers of a real RDMA stack (rxe on Debian 6.1 and 6.12) are parsed in
+test_rdma_netlink_captures.py from what the kernel lab captured; here the kernel says no for real
+(no RDMA netlink on this machine kind, or rtnetlink refusing an nldev request), and replies built
+with the same pyroute2 classes go through a socketpair, to reach every branch of the exchange.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from rnic_exporter.sources import rdma_netlink as nl
+from rnic_exporter.sources.rdma_netlink import RdmaNetlink, Unavailable
+from rnic_exporter.sources.read_path import NO_HW_COUNTERS, choose_read_path
+
+NLDEV_STAT = nl.message_type(nl.CMD_STAT_GET)
+
+
+def reply(command: int, seq: int, attrs: list[tuple[str, object]], flags: int = 0) -> bytes:
+    """A kernel-shaped nldev message (the encoder is pyroute2's, as for requests)."""
+    msg = nl._message_class()()
+    msg["header"]["type"] = nl.message_type(command)
+    msg["header"]["flags"] = flags
+    msg["header"]["sequence_number"] = seq
+    msg["attrs"] = attrs
+    msg.encode()
+    return bytes(msg.data)
+
+
+def ack(seq: int, code: int = 0) -> bytes:
+    body = struct.pack("=i", -code) + nl.NLMSG_HEADER.pack(16, NLDEV_STAT, 0, seq, 0)
+    return nl.NLMSG_HEADER.pack(16 + len(body), nl.NLMSG_ERROR, 0, seq, 0) + body
+
+
+def done(seq: int) -> bytes:
+    return nl.NLMSG_HEADER.pack(20, nl.NLMSG_DONE, nl.NLM_F_MULTI, seq, 0) + b"\0\0\0\0"
+
+
+def counters(seq: int, values: dict[str, int], dev: str = "mlx5_0", index: int = 3, port: int = 1) -> bytes:
+    entries = [("ENTRY", {"attrs": [("NAME", n), ("VALUE", v)]}) for n, v in values.items()]
+    attrs: list[tuple[str, object]] = [("DEV_INDEX", index), ("DEV_NAME", dev), ("PORT_INDEX", port)]
+    return reply(nl.CMD_STAT_GET, seq, [*attrs, ("STAT_HWCOUNTERS", {"attrs": entries})])
+
+
+@contextmanager
+def peer(answer: Callable[[bytes], list[bytes]]) -> Iterator[RdmaNetlink]:
+    """A client whose socket is one end of a real datagram socketpair; a thread answers each
+    request with `answer(request)` (a list of datagrams)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    class Unbound(socket.socket):
+        def bind(self, _address: object) -> None:  # AF_UNIX pairs are connected already
+            return None
+
+    client_sock = Unbound(fileno=ours.detach())
+    stop = threading.Event()
+
+    def serve() -> None:
+        theirs.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                request = theirs.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            for datagram in answer(request):
+                theirs.send(datagram)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = RdmaNetlink(timeout_s=0.5, socket_factory=lambda: client_sock)
+    try:
+        yield client
+    finally:
+        stop.set()
+        thread.join(2)
+        client.close()
+        theirs.close()
+
+
+def seq_of(request: bytes) -> int:
+    return int(nl.NLMSG_HEADER.unpack_from(request)[3])
+
+
+# -- real kernels saying no -----------------------------------------------------------------------
+
+
+def test_a_protocol_without_a_kernel_socket_is_unavailable_not_an_exception() -> None:
+    """NETLINK protocol 31 has no kernel socket on any Linux: the same EPROTONOSUPPORT as
+    NETLINK_RDMA where ib_core is not loaded."""
+    client = RdmaNetlink(socket_factory=lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 31))
+    got = client.port_counters(1, 1)
+    assert isinstance(got, Unavailable)
+    assert (got.reason, got.errno) == ("no_rdma_netlink", errno.EPROTONOSUPPORT), got
+    assert "ib_core" in got.detail
+    assert isinstance(client.devices(), Unavailable)
+
+
+def test_a_kernel_refusing_the_request_is_a_typed_reason() -> None:
+    """rtnetlink answers an nldev message type with EOPNOTSUPP: the kernel's own NLMSG_ERROR path."""
+    with RdmaNetlink(socket_factory=lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)) as client:
+        got = client.port_counters(1, 1)
+        assert isinstance(got, Unavailable) and got.reason == "not_supported", got
+        dump = client.devices()
+        assert isinstance(dump, Unavailable) and dump.reason == "not_supported", dump
+
+
+# -- the exchange -----------------------------------------------------------------------------
+
+
+def test_stat_get_reads_every_counter_of_the_port_in_one_request() -> None:
+    values = {"rx_write_requests": 7, "out_of_buffer": 0, "np_cnp_sent": 2**64 - 1}
+    requests: list[bytes] = []
+
+    def answer(request: bytes) -> list[bytes]:
+        requests.append(request)
+        seq = seq_of(request)
+        return [counters(seq, values) + ack(seq)]
+
+    with peer(answer) as client:
+        got = client.port_counters(3, 1)
+    assert not isinstance(got, Unavailable), got
+    assert (got.device, got.device_index, got.port, dict(got.values)) == ("mlx5_0", 3, 1, values)
+    assert got.disabled is None
+    assert len(requests) == 1
+    length, mtype, flags, _seq, _pid = nl.NLMSG_HEADER.unpack_from(requests[0])
+    assert (length, mtype, flags) == (len(requests[0]), NLDEV_STAT, nl.NLM_F_REQUEST | nl.NLM_F_ACK)
+
+
+def test_the_disabled_optional_counters_come_from_stat_get_status() -> None:
+    def answer(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        if nl.NLMSG_HEADER.unpack_from(request)[1] == NLDEV_STAT:
+            return [counters(seq, {"out_of_buffer": 1}), ack(seq)]
+        entries = [
+            ("ENTRY", {"attrs": [("NAME", "out_of_buffer"), ("INDEX", 0)]}),
+            ("ENTRY", {"attrs": [("NAME", "cc_rx_ce_pkts"), ("INDEX", 1), ("DYNAMIC", 1)]}),
+        ]
+        base: list[tuple[str, object]] = [("DEV_INDEX", 3), ("DEV_NAME", "mlx5_0"), ("PORT_INDEX", 1)]
+        return [reply(nl.CMD_STAT_GET_STATUS, seq, [*base, ("STAT_HWCOUNTERS", {"attrs": entries})]) + ack(seq)]
+
+    with peer(answer) as client:
+        got = client.port_counters(3, 1, with_status=True)
+    assert not isinstance(got, Unavailable), got
+    assert got.disabled == frozenset({"cc_rx_ce_pkts"})
+
+
+def test_an_older_kernel_without_stat_status_still_gives_the_counters() -> None:
+    def answer(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        if nl.NLMSG_HEADER.unpack_from(request)[1] == NLDEV_STAT:
+            return [counters(seq, {"out_of_buffer": 1}) + ack(seq)]
+        return [ack(seq, errno.EOPNOTSUPP)]
+
+    with peer(answer) as client:
+        got = client.port_counters(3, 1, with_status=True)
+    assert not isinstance(got, Unavailable) and got.disabled is None and dict(got.values) == {"out_of_buffer": 1}
+
+
+def test_a_dump_collects_every_message_until_done() -> None:
+    def device(seq: int, index: int, name: str) -> bytes:
+        attrs: list[tuple[str, object]] = [
+            ("DEV_INDEX", index),
+            ("DEV_NAME", name),
+            ("PORT_INDEX", 2),
+            ("NODE_GUID", 0x0C42A10300B1C2D3),
+            ("FW_VERSION", "28.39.1002"),
+        ]
+        return reply(nl.CMD_GET, seq, attrs, nl.NLM_F_MULTI)
+
+    def answer(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        return [device(seq, 0, "mlx5_0") + device(seq, 1, "mlx5_1"), done(seq)]
+
+    with peer(answer) as client:
+        got = client.devices()
+    assert not isinstance(got, Unavailable), got
+    assert [(d.index, d.name, d.ports, d.node_guid, d.fw_version) for d in got] == [
+        (0, "mlx5_0", 2, "0c42:a103:00b1:c2d3", "28.39.1002"),
+        (1, "mlx5_1", 2, "0c42:a103:00b1:c2d3", "28.39.1002"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (errno.ENODEV, "no_device"),
+        (errno.EINVAL, "no_device"),
+        (errno.EPERM, "permission"),
+        (errno.EOPNOTSUPP, "not_supported"),
+        (errno.EIO, "io_error"),
+    ],
+)
+def test_each_kernel_error_has_its_reason(code: int, reason: str) -> None:
+    with peer(lambda request: [ack(seq_of(request), code)]) as client:
+        got = client.port_counters(9, 1)
+    assert isinstance(got, Unavailable) and (got.reason, got.errno) == (reason, code), got
+
+
+def test_no_answer_is_a_timeout_within_the_deadline() -> None:
+    with peer(lambda request: []) as client:
+        start = time.monotonic()
+        first = client.port_counters(3, 1)
+        took = time.monotonic() - start
+    assert isinstance(first, Unavailable) and first.reason == "timeout", first
+    assert 0.5 <= took < 2.0, took
+
+
+def test_an_answer_to_an_earlier_request_is_skipped() -> None:
+    def answer(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        return [counters(seq - 1, {"stale": 1}) + ack(seq - 1), counters(seq, {"fresh": 2}) + ack(seq)]
+
+    with peer(answer) as client:
+        got = client.port_counters(3, 1)
+    assert not isinstance(got, Unavailable) and dict(got.values) == {"fresh": 2}, got
+
+
+@pytest.mark.parametrize(
+    ("datagram", "what"),
+    [
+        (lambda seq: counters(seq, {"a": 1})[:-3], "message length"),
+        (
+            lambda seq: reply(nl.CMD_STAT_GET, seq, [("DEV_INDEX", 3), ("STAT_HWCOUNTERS", {"attrs": []})]),
+            "DEV_NAME missing",
+        ),
+        (lambda seq: reply(nl.CMD_STAT_GET, seq, [("DEV_INDEX", 3), ("DEV_NAME", "m"), ("PORT_INDEX", 1)]), "HWCOUNT"),
+        (lambda seq: nl.NLMSG_HEADER.pack(16, 0x1234, 0, seq, 0), "not nldev"),
+    ],
+)
+def test_a_malformed_reply_is_unavailable_with_what_was_wrong(datagram: Callable[[int], bytes], what: str) -> None:
+    with peer(lambda request: [datagram(seq_of(request)) + ack(seq_of(request))]) as client:
+        got = client.port_counters(3, 1)
+    assert isinstance(got, Unavailable) and got.reason == "malformed" and what in got.detail, got
+
+
+def test_a_counter_twice_in_one_reply_is_malformed() -> None:
+    def answer(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        entry = ("ENTRY", {"attrs": [("NAME", "a"), ("VALUE", 1)]})
+        attrs: list[tuple[str, object]] = [("DEV_INDEX", 3), ("DEV_NAME", "m"), ("PORT_INDEX", 1)]
+        return [reply(nl.CMD_STAT_GET, seq, [*attrs, ("STAT_HWCOUNTERS", {"attrs": [entry, entry]})]) + ack(seq)]
+
+    with peer(answer) as client:
+        got = client.port_counters(3, 1)
+    assert isinstance(got, Unavailable) and got.reason == "malformed" and "twice" in got.detail, got
+
+
+# -- which path a device is read by ---------------------------------------------------------------
+
+
+def _probe(values: dict[str, int]) -> nl.PortCounters:
+    return nl.PortCounters(3, "mlx5_0", 1, values)
+
+
+def test_netlink_is_chosen_where_it_gives_every_sysfs_counter() -> None:
+    names = {1: frozenset({"out_of_buffer", "np_cnp_sent"})}
+    got = choose_read_path("mlx5_0", names, {1: _probe({"out_of_buffer": 0, "np_cnp_sent": 0, "cc_rx_ce_pkts": 0})})
+    assert got.path == "netlink", got
+
+
+def test_sysfs_stays_where_netlink_is_refused_lacks_a_counter_or_was_not_asked() -> None:
+    names = {1: frozenset({"out_of_buffer", "np_cnp_sent"}), 2: frozenset({"out_of_buffer"})}
+    refused = Unavailable("no_device", "STAT_GET 3/1: EINVAL", errno.EINVAL)
+    got = choose_read_path("mlx5_0", names, {1: refused, 2: _probe({"out_of_buffer": 0})})
+    assert (got.path, got.reason.startswith("port 1: netlink no_device")) == ("sysfs", True), got
+    lacking = choose_read_path("mlx5_0", names, {1: _probe({"out_of_buffer": 0}), 2: _probe({"out_of_buffer": 0})})
+    assert (lacking.path, lacking.reason) == ("sysfs", "port 1: netlink lacks np_cnp_sent")
+    unasked = choose_read_path("mlx5_0", names, {1: _probe({"out_of_buffer": 0, "np_cnp_sent": 0})})
+    assert (unasked.path, unasked.reason) == ("sysfs", "port 2: netlink not asked yet")
+
+
+def test_a_device_without_hw_counters_or_with_device_wide_ones_stays_on_sysfs() -> None:
+    assert choose_read_path("rxe0", {1: frozenset()}, {}).reason == NO_HW_COUNTERS
+    wide = choose_read_path("hfi1_0", {0: frozenset({"x"}), 1: frozenset({"y"})}, {1: _probe({"y": 1})})
+    assert wide.path == "sysfs" and "device-wide" in wide.reason
