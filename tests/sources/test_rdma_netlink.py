@@ -25,15 +25,31 @@ from rnic_exporter.sources.read_path import NO_HW_COUNTERS, choose_read_path
 NLDEV_STAT = nl.message_type(nl.CMD_STAT_GET)
 
 
-def reply(command: int, seq: int, attrs: list[tuple[str, object]], flags: int = 0) -> bytes:
-    """A kernel-shaped nldev message (the encoder is pyroute2's, as for requests)."""
-    msg = nl._message_class()()
-    msg["header"]["type"] = nl.message_type(command)
-    msg["header"]["flags"] = flags
-    msg["header"]["sequence_number"] = seq
-    msg["attrs"] = attrs
-    msg.encode()
-    return bytes(msg.data)
+Attr = tuple[int, object]
+
+
+def encode(attrs: list[Attr]) -> bytes:
+    """Attributes as the kernel lays them out: int values u32 unless wrapped as ("u64", v) or
+    ("u8", v), str NUL-terminated, list a nested table."""
+    out = b""
+    for kind, value in attrs:
+        if isinstance(value, list):
+            out += nl.attr(kind, encode(value))
+        elif isinstance(value, str):
+            out += nl.text_attr(kind, value)
+        elif isinstance(value, tuple) and value[0] == "u64":
+            out += nl.u64_attr(kind, value[1])
+        elif isinstance(value, tuple) and value[0] == "u8":
+            out += nl.attr(kind, struct.pack("=B", value[1]))
+        else:
+            assert isinstance(value, int)
+            out += nl.u32_attr(kind, value)
+    return out
+
+
+def reply(command: int, seq: int, attrs: list[Attr], flags: int = 0) -> bytes:
+    """A kernel-shaped nldev message."""
+    return nl.message(nl.message_type(command), flags, seq, encode(attrs))
 
 
 def ack(seq: int, code: int = 0) -> bytes:
@@ -41,14 +57,17 @@ def ack(seq: int, code: int = 0) -> bytes:
     return nl.NLMSG_HEADER.pack(16 + len(body), nl.NLMSG_ERROR, 0, seq, 0) + body
 
 
-def done(seq: int) -> bytes:
-    return nl.NLMSG_HEADER.pack(20, nl.NLMSG_DONE, nl.NLM_F_MULTI, seq, 0) + b"\0\0\0\0"
+def done(seq: int, code: int = 0) -> bytes:
+    return nl.NLMSG_HEADER.pack(20, nl.NLMSG_DONE, nl.NLM_F_MULTI, seq, 0) + struct.pack("=i", -code)
+
+
+def hw(values: dict[str, int]) -> Attr:
+    entries: list[Attr] = [(81, [(82, n), (83, ("u64", v))]) for n, v in values.items()]
+    return (80, entries)
 
 
 def counters(seq: int, values: dict[str, int], dev: str = "mlx5_0", index: int = 3, port: int = 1) -> bytes:
-    entries = [("ENTRY", {"attrs": [("NAME", n), ("VALUE", v)]}) for n, v in values.items()]
-    attrs: list[tuple[str, object]] = [("DEV_INDEX", index), ("DEV_NAME", dev), ("PORT_INDEX", port)]
-    return reply(nl.CMD_STAT_GET, seq, [*attrs, ("STAT_HWCOUNTERS", {"attrs": entries})])
+    return reply(nl.CMD_STAT_GET, seq, [(1, index), (2, dev), (3, port), hw(values)])
 
 
 @contextmanager
@@ -142,12 +161,11 @@ def test_the_disabled_optional_counters_come_from_stat_get_status() -> None:
         seq = seq_of(request)
         if nl.NLMSG_HEADER.unpack_from(request)[1] == NLDEV_STAT:
             return [counters(seq, {"out_of_buffer": 1}), ack(seq)]
-        entries = [
-            ("ENTRY", {"attrs": [("NAME", "out_of_buffer"), ("INDEX", 0)]}),
-            ("ENTRY", {"attrs": [("NAME", "cc_rx_ce_pkts"), ("INDEX", 1), ("DYNAMIC", 1)]}),
+        entries: list[Attr] = [
+            (81, [(82, "out_of_buffer"), (94, 0)]),
+            (81, [(82, "cc_rx_ce_pkts"), (94, 1), (95, ("u8", 1))]),
         ]
-        base: list[tuple[str, object]] = [("DEV_INDEX", 3), ("DEV_NAME", "mlx5_0"), ("PORT_INDEX", 1)]
-        return [reply(nl.CMD_STAT_GET_STATUS, seq, [*base, ("STAT_HWCOUNTERS", {"attrs": entries})]) + ack(seq)]
+        return [reply(nl.CMD_STAT_GET_STATUS, seq, [(1, 3), (2, "mlx5_0"), (3, 1), (80, entries)]) + ack(seq)]
 
     with peer(answer) as client:
         got = client.port_counters(3, 1, with_status=True)
@@ -169,13 +187,7 @@ def test_an_older_kernel_without_stat_status_still_gives_the_counters() -> None:
 
 def test_a_dump_collects_every_message_until_done() -> None:
     def device(seq: int, index: int, name: str) -> bytes:
-        attrs: list[tuple[str, object]] = [
-            ("DEV_INDEX", index),
-            ("DEV_NAME", name),
-            ("PORT_INDEX", 2),
-            ("NODE_GUID", 0x0C42A10300B1C2D3),
-            ("FW_VERSION", "28.39.1002"),
-        ]
+        attrs: list[Attr] = [(1, index), (2, name), (3, 2), (6, ("u64", 0x0C42A10300B1C2D3)), (5, "28.39.1002")]
         return reply(nl.CMD_GET, seq, attrs, nl.NLM_F_MULTI)
 
     def answer(request: bytes) -> list[bytes]:
@@ -189,6 +201,12 @@ def test_a_dump_collects_every_message_until_done() -> None:
         (0, "mlx5_0", 2, "0c42:a103:00b1:c2d3", "28.39.1002"),
         (1, "mlx5_1", 2, "0c42:a103:00b1:c2d3", "28.39.1002"),
     ]
+
+
+def test_a_dump_that_failed_says_so_in_done() -> None:
+    with peer(lambda request: [done(seq_of(request), errno.EINVAL)]) as client:
+        got = client.devices()
+    assert isinstance(got, Unavailable) and got.reason == "no_device", got
 
 
 @pytest.mark.parametrize(
@@ -230,11 +248,11 @@ def test_an_answer_to_an_earlier_request_is_skipped() -> None:
     ("datagram", "what"),
     [
         (lambda seq: counters(seq, {"a": 1})[:-3], "message length"),
-        (
-            lambda seq: reply(nl.CMD_STAT_GET, seq, [("DEV_INDEX", 3), ("STAT_HWCOUNTERS", {"attrs": []})]),
-            "DEV_NAME missing",
-        ),
-        (lambda seq: reply(nl.CMD_STAT_GET, seq, [("DEV_INDEX", 3), ("DEV_NAME", "m"), ("PORT_INDEX", 1)]), "HWCOUNT"),
+        (lambda seq: reply(nl.CMD_STAT_GET, seq, [(1, 3), (80, [])]), "DEV_NAME missing"),
+        (lambda seq: reply(nl.CMD_STAT_GET, seq, [(1, 3), (2, "m"), (3, 1)]), "HWCOUNT"),
+        (lambda seq: reply(nl.CMD_STAT_GET, seq, [(1, ("u64", 3)), (2, "m"), (3, 1), (80, [])]), "not 4"),
+        (lambda seq: reply(nl.CMD_STAT_GET, seq, [(1, 3), (2, "m"), (3, 1), (80, [(81, [(82, "a")])])]), "VALUE"),
+        (lambda seq: nl.message(NLDEV_STAT, 0, seq, encode([(1, 3), (80, [])]) + nl.attr(2, b"no-nul")), "NUL"),
         (lambda seq: nl.NLMSG_HEADER.pack(16, 0x1234, 0, seq, 0), "not nldev"),
     ],
 )
@@ -247,9 +265,8 @@ def test_a_malformed_reply_is_unavailable_with_what_was_wrong(datagram: Callable
 def test_a_counter_twice_in_one_reply_is_malformed() -> None:
     def answer(request: bytes) -> list[bytes]:
         seq = seq_of(request)
-        entry = ("ENTRY", {"attrs": [("NAME", "a"), ("VALUE", 1)]})
-        attrs: list[tuple[str, object]] = [("DEV_INDEX", 3), ("DEV_NAME", "m"), ("PORT_INDEX", 1)]
-        return [reply(nl.CMD_STAT_GET, seq, [*attrs, ("STAT_HWCOUNTERS", {"attrs": [entry, entry]})]) + ack(seq)]
+        entry: Attr = (81, [(82, "a"), (83, ("u64", 1))])
+        return [reply(nl.CMD_STAT_GET, seq, [(1, 3), (2, "m"), (3, 1), (80, [entry, entry])]) + ack(seq)]
 
     with peer(answer) as client:
         got = client.port_counters(3, 1)
