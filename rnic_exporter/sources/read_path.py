@@ -28,7 +28,8 @@ NO_HW_COUNTERS = "no hw_counters: nothing to read either way"
 class ReadPath:
     device: str
     path: Path
-    reason: str  # a short sentence: why this path (for the info metric's label and the log)
+    reason: str  # a short sentence for the log: why this path
+    code: str  # the same as a stable label value (rnic_exporter_read_path_info{reason})
 
 
 def choose_read_path(
@@ -42,20 +43,22 @@ def choose_read_path(
     A device-wide `hw_counters/` (port 0 here, some drivers') has no netlink request of its own:
     such a device stays on sysfs."""
     if not any(sysfs_hw_names.values()):
-        return ReadPath(device, "sysfs", NO_HW_COUNTERS)
+        return ReadPath(device, "sysfs", NO_HW_COUNTERS, "no_hw_counters")
     if sysfs_hw_names.get(0):
-        return ReadPath(device, "sysfs", "device-wide hw_counters/ has no netlink request")
+        return ReadPath(device, "sysfs", "device-wide hw_counters/ has no netlink request", "device_wide")
     for port in sorted(sysfs_hw_names):
         probe = probes.get(port)
         if probe is None:
-            return ReadPath(device, "sysfs", f"port {port}: netlink not asked yet")
+            return ReadPath(device, "sysfs", f"port {port}: netlink not asked yet", "not_asked")
         if isinstance(probe, Unavailable):
-            return ReadPath(device, "sysfs", f"port {port}: netlink {probe.reason} ({probe.detail})")
+            reason = f"port {port}: netlink {probe.reason} ({probe.detail})"
+            return ReadPath(device, "sysfs", reason, f"netlink_{probe.reason}")
         missing = sorted(sysfs_hw_names[port] - probe.values.keys())
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            return ReadPath(device, "sysfs", f"port {port}: netlink lacks {shown}")
-    return ReadPath(device, "netlink", f"STAT_GET answers every hw counter of {len(sysfs_hw_names)} port(s)")
+            return ReadPath(device, "sysfs", f"port {port}: netlink lacks {shown}", "netlink_lacks_counters")
+    reason = f"STAT_GET answers every hw counter of {len(sysfs_hw_names)} port(s)"
+    return ReadPath(device, "netlink", reason, "netlink_answers")
 
 
 __all__ = ["NO_HW_COUNTERS", "ReadPath", "choose_read_path"]

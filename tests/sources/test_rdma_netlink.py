@@ -283,21 +283,25 @@ def _probe(values: dict[str, int]) -> nl.PortCounters:
 def test_netlink_is_chosen_where_it_gives_every_sysfs_counter() -> None:
     names = {1: frozenset({"out_of_buffer", "np_cnp_sent"})}
     got = choose_read_path("mlx5_0", names, {1: _probe({"out_of_buffer": 0, "np_cnp_sent": 0, "cc_rx_ce_pkts": 0})})
-    assert got.path == "netlink", got
+    assert (got.path, got.code) == ("netlink", "netlink_answers"), got
 
 
 def test_sysfs_stays_where_netlink_is_refused_lacks_a_counter_or_was_not_asked() -> None:
     names = {1: frozenset({"out_of_buffer", "np_cnp_sent"}), 2: frozenset({"out_of_buffer"})}
     refused = Unavailable("no_device", "STAT_GET 3/1: EINVAL", errno.EINVAL)
     got = choose_read_path("mlx5_0", names, {1: refused, 2: _probe({"out_of_buffer": 0})})
-    assert (got.path, got.reason.startswith("port 1: netlink no_device")) == ("sysfs", True), got
+    assert (got.path, got.code, got.reason.startswith("port 1: netlink no_device")) == (
+        "sysfs",
+        "netlink_no_device",
+        True,
+    )
     lacking = choose_read_path("mlx5_0", names, {1: _probe({"out_of_buffer": 0}), 2: _probe({"out_of_buffer": 0})})
     assert (lacking.path, lacking.reason) == ("sysfs", "port 1: netlink lacks np_cnp_sent")
     unasked = choose_read_path("mlx5_0", names, {1: _probe({"out_of_buffer": 0, "np_cnp_sent": 0})})
-    assert (unasked.path, unasked.reason) == ("sysfs", "port 2: netlink not asked yet")
+    assert (unasked.path, unasked.reason, unasked.code) == ("sysfs", "port 2: netlink not asked yet", "not_asked")
 
 
 def test_a_device_without_hw_counters_or_with_device_wide_ones_stays_on_sysfs() -> None:
     assert choose_read_path("rxe0", {1: frozenset()}, {}).reason == NO_HW_COUNTERS
     wide = choose_read_path("hfi1_0", {0: frozenset({"x"}), 1: frozenset({"y"})}, {1: _probe({"y": 1})})
-    assert wide.path == "sysfs" and "device-wide" in wide.reason
+    assert (wide.path, wide.code) == ("sysfs", "device_wide") and "device-wide" in wide.reason
