@@ -468,18 +468,24 @@ class RdmaNetlink:
             return counters
         return PortCounters(counters.device_index, counters.device, counters.port, counters.values, disabled, seconds)
 
-    def qp_owners(self) -> list[QpOwner] | Unavailable:
-        """Every QP of every device with its owner (RES_QP_GET dump; a user QP's pid as seen from
-        this PID namespace)."""
-        got = self._dump_raw(CMD_RES_QP_GET, [], "QP dump")
-        if isinstance(got, Unavailable):
-            return got
+    def qp_owners(self, devices: Sequence[NlDevice] | None = None) -> list[QpOwner] | Unavailable:
+        """Every QP of every device with its owner: one RES_QP_GET dump per device (the kernel wants
+        the device index, as for ports). A user QP's pid is as this PID namespace sees it; QPs of
+        processes in other PID namespaces are not listed."""
+        if devices is None:
+            listed = self.devices()
+            if isinstance(listed, Unavailable):
+                return listed
+            devices = listed
         owners: list[QpOwner] = []
-        try:
-            for msg in got:
-                owners.extend(parse_qps(msg))
-        except MalformedError as exc:
-            return Unavailable("malformed", f"QP dump: {exc}")
+        for device in devices:
+            got = self._dump(CMD_RES_QP_GET, [(A_DEV_INDEX, device.index)], parse_qps, f"QP dump of {device.name}")
+            if isinstance(got, Unavailable):
+                if got.reason == "no_device":
+                    continue
+                return got
+            for part in got:
+                owners.extend(part)
         return owners
 
     # -- plumbing ---------------------------------------------------------------------------

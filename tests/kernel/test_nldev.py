@@ -100,3 +100,16 @@ def test_a_stat_get_costs_less_than_reading_every_file(nldev: dict[str, Any]) ->
     replaces (each measured with the lifespan cache expired, as a scrape finds it)."""
     t = nldev["timing"]
     assert t["netlink_stat_get_cpu_ms"] <= t["sysfs_all_files_cpu_ms"], t
+
+
+def test_the_qp_table_names_the_processes_holding_qps(nldev: dict[str, Any]) -> None:
+    """RES_QP_GET while both ib_send_bw processes run on rxe0: both pids own QPs there (the
+    consumers feature's answer without scanning /proc/*/fd), each with its comm."""
+    qps = nldev["traffic"]["qps"]
+    owners = qps["owners"]
+    assert isinstance(owners, list), owners
+    on_rxe0 = {o["pid"] for o in owners if o["device"] == "rxe0" and o["pid"] is not None}
+    assert {qps["pids"]["server"], qps["pids"]["client"]} <= on_rxe0, (qps["pids"], owners)
+    consumers = {c["pid"]: c for c in qps["consumers"]["rxe0"]}
+    for pid in qps["pids"].values():
+        assert consumers[pid]["comm"] == "ib_send_bw" and consumers[pid]["qps"] >= 1, consumers[pid]

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import pytest
 
 from rnic_exporter.sources import rdma_netlink as nl
+from rnic_exporter.sources.qp_owners import QpConsumer, consumers_by_device
 from rnic_exporter.sources.rdma_netlink import RdmaNetlink, Unavailable
 from rnic_exporter.sources.read_path import NO_HW_COUNTERS, choose_read_path
 
@@ -305,3 +306,42 @@ def test_a_device_without_hw_counters_or_with_device_wide_ones_stays_on_sysfs() 
     assert choose_read_path("rxe0", {1: frozenset()}, {}).reason == NO_HW_COUNTERS
     wide = choose_read_path("hfi1_0", {0: frozenset({"x"}), 1: frozenset({"y"})}, {1: _probe({"y": 1})})
     assert (wide.path, wide.code) == ("sysfs", "device_wide") and "device-wide" in wide.reason
+
+
+# -- QP owners for the consumers feature ----------------------------------------------------------
+
+
+def test_qp_owners_group_by_device_and_pid_with_comm_and_ports() -> None:
+    owners = [
+        nl.QpOwner(0, "mlx5_0", 1, 1, 7, 3, None, "ib_core"),
+        nl.QpOwner(0, "mlx5_0", 1, 90, 2, 3, 4242, None),
+        nl.QpOwner(0, "mlx5_0", 2, 91, 2, 3, 4242, None),
+        nl.QpOwner(0, "mlx5_0", None, 92, 2, 0, 4242, None),
+        nl.QpOwner(1, "mlx5_1", 1, 93, 2, 3, 777, None),  # exited since the dump: no comm
+    ]
+    comms = {4242: "python3"}
+    got = consumers_by_device(owners, comms.get)
+    assert dict(got) == {
+        "mlx5_0": [
+            QpConsumer("mlx5_0", None, "ib_core", 1, (1,)),
+            QpConsumer("mlx5_0", 4242, "python3", 3, (1, 2)),
+        ]
+    }
+
+
+def test_qp_dumps_are_per_device_and_a_device_gone_meanwhile_is_skipped() -> None:
+    def answer(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        mtype = nl.NLMSG_HEADER.unpack_from(request)[1]
+        if mtype == nl.message_type(nl.CMD_GET):
+            devs = [reply(nl.CMD_GET, seq, [(1, i), (2, f"mlx5_{i}"), (3, 1), (6, ("u64", i))], 2) for i in (0, 1)]
+            return [b"".join(devs), done(seq)]
+        index = struct.unpack_from("=I", request, 16 + 4)[0]
+        if index == 1:
+            return [done(seq, errno.ENODEV)]
+        qp: Attr = (20, [(3, 1), (21, 90), (26, ("u8", 2)), (27, ("u8", 3)), (28, 4242)])
+        return [reply(nl.CMD_RES_QP_GET, seq, [(1, 0), (2, "mlx5_0"), (19, [qp])], 2), done(seq)]
+
+    with peer(answer) as client:
+        got = client.qp_owners()
+    assert got == [nl.QpOwner(0, "mlx5_0", 1, 90, 2, 3, 4242, None)], got

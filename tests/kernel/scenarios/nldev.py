@@ -11,6 +11,7 @@ and the sysfs fallback where netlink cannot see the device.
    counter exactly, whatever traffic does in between. After traffic stops, the values stand still:
    netlink must equal sysfs exactly.
 3. CPU and wall time of one port's counters: all sysfs files vs one STAT_GET, 200 times each.
+   While it runs, the QP table (RES_QP_GET) must name both perftest processes on rxe0.
 4. The fallback: the RDMA subsystem in exclusive netns mode, rxe0 in the root namespace, a client
    whose socket lives in a new netns c (the process keeps the root's /sys, as a container with the
    host's /sys in its own network namespace): the dump is empty, STAT_GET for rxe0 is refused, the
@@ -25,6 +26,7 @@ import subprocess
 import time
 from typing import Any
 
+from rnic_exporter.sources.qp_owners import consumers_by_device
 from rnic_exporter.sources.rdma_netlink import RdmaNetlink, Unavailable, in_network_namespace
 from rnic_exporter.sources.read_path import choose_read_path
 from tests.kernel.lab import SYS_IB, VA_ADDR, Lab, LabError, measured, read_attr
@@ -144,6 +146,7 @@ def _under_traffic(lab: Lab, nl: RdmaNetlink, index: int) -> dict[str, Any]:
     server = subprocess.Popen(common, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     client: subprocess.Popen[bytes] | None = None
     rounds: list[dict[str, Any]] = []
+    qps: dict[str, Any] = {}
     try:
         lab.wait_until(
             lambda: server.poll() is not None or ":18611" in lab.sh("ss -Hltn", check=False).stdout,
@@ -171,6 +174,11 @@ def _under_traffic(lab: Lab, nl: RdmaNetlink, index: int) -> dict[str, Any]:
             rounds.append(
                 {"before": before, "netlink": dict(got.values), "after": after, "stat_s": round(got.seconds, 6)}
             )
+        # Who holds QPs, while both perftest processes do (RES_QP_GET), and what the consumers step makes of it.
+        owners = nl.qp_owners()
+        qps = {"owners": as_json(owners), "pids": {"server": server.pid, "client": client.pid}}
+        if not isinstance(owners, Unavailable):
+            qps["consumers"] = {dev: [as_json(c) for c in found] for dev, found in consumers_by_device(owners).items()}
     finally:
         for p in (client, server):
             if p is not None and p.poll() is None:
@@ -185,6 +193,7 @@ def _under_traffic(lab: Lab, nl: RdmaNetlink, index: int) -> dict[str, Any]:
     time.sleep(wait)
     still = nl.port_counters(index, 1)
     return {
+        "qps": qps,
         "rounds": rounds,
         "lifespan_s": lifespan_s(),
         "still_sysfs": still_sysfs,
