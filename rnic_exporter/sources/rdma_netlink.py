@@ -427,20 +427,8 @@ class RdmaNetlink:
     def ports(self, devices: Sequence[NlDevice] | None = None) -> list[NlPort] | Unavailable:
         """Every port of every device: one PORT_GET dump per device (the kernel dumps the ports of
         the device named by DEV_INDEX; without it, EINVAL), as `rdma link show` does."""
-        if devices is None:
-            listed = self.devices()
-            if isinstance(listed, Unavailable):
-                return listed
-            devices = listed
-        ports: list[NlPort] = []
-        for device in devices:
-            got = self._dump(CMD_PORT_GET, [(A_DEV_INDEX, device.index)], parse_port, f"port dump of {device.name}")
-            if isinstance(got, Unavailable):
-                if got.reason == "no_device":
-                    continue  # gone since the device dump
-                return got
-            ports.extend(got)
-        return ports
+        got = self._per_device(CMD_PORT_GET, parse_port, "port dump", devices)
+        return got
 
     def port_counters(self, device_index: int, port: int, with_status: bool = False) -> PortCounters | Unavailable:
         """Every hw counter of one port in one request (STAT_GET, no resource: the default counter).
@@ -472,23 +460,29 @@ class RdmaNetlink:
         """Every QP of every device with its owner: one RES_QP_GET dump per device (the kernel wants
         the device index, as for ports). A user QP's pid is as this PID namespace sees it; QPs of
         processes in other PID namespaces are not listed."""
+        got = self._per_device(CMD_RES_QP_GET, parse_qps, "QP dump", devices)
+        return got if isinstance(got, Unavailable) else [qp for part in got for qp in part]
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _per_device(
+        self, command: int, parse: Callable[[Attrs], Any], what: str, devices: Sequence[NlDevice] | None
+    ) -> list[Any] | Unavailable:
+        """A dump per device (`devices`, else a device dump first); a device gone since is skipped."""
         if devices is None:
             listed = self.devices()
             if isinstance(listed, Unavailable):
                 return listed
             devices = listed
-        owners: list[QpOwner] = []
+        out: list[Any] = []
         for device in devices:
-            got = self._dump(CMD_RES_QP_GET, [(A_DEV_INDEX, device.index)], parse_qps, f"QP dump of {device.name}")
+            got = self._dump(command, [(A_DEV_INDEX, device.index)], parse, f"{what} of {device.name}")
             if isinstance(got, Unavailable):
                 if got.reason == "no_device":
                     continue
                 return got
-            for part in got:
-                owners.extend(part)
-        return owners
-
-    # -- plumbing ---------------------------------------------------------------------------
+            out.extend(got)
+        return out
 
     def _dump(
         self, command: int, attrs: Sequence[tuple[int, int]], parse: Callable[[Attrs], Any], what: str
