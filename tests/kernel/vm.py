@@ -292,12 +292,17 @@ def kvm_works(tools: Tools, log: list[str]) -> bool:
         return False
     key = _probe_key(tools)
     cache = _cache_file()
+    known: dict[str, bool] = {}
     try:
         cached = json.loads(cache.read_text())
-        if cached.get("key") == key:
-            log.append(f"KVM: cached probe result {cached['works']} ({cache}; delete it to probe again)")
-            return bool(cached["works"])
-    except (OSError, ValueError):
+        # one answer per host kernel/qemu/CPU/guest kernel (two guest kernels alternate in a run)
+        known = {str(k): bool(v) for k, v in cached.get("probes", {}).items()}
+        if "key" in cached:
+            known.setdefault(str(cached["key"]), bool(cached["works"]))
+        if key in known:
+            log.append(f"KVM: cached probe result {known[key]} ({cache}; delete it to probe again)")
+            return known[key]
+    except (OSError, ValueError, AttributeError):
         pass
     probe_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"kernel-lab-kvm-probe-{os.getpid()}"
     probe_dir.mkdir(parents=True, exist_ok=True)
@@ -314,7 +319,7 @@ def kvm_works(tools: Tools, log: list[str]) -> bool:
     shutil.rmtree(probe_dir, ignore_errors=True)
     log.append(f"KVM: probe boot {'succeeded' if works else 'failed or hung'} in {time.monotonic() - start:.1f} s")
     cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"key": key, "works": works}))
+    cache.write_text(json.dumps({"probes": {**known, key: works}}))
     return works
 
 
