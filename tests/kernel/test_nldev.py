@@ -114,3 +114,11 @@ def test_the_qp_table_names_the_processes_holding_qps(nldev: dict[str, Any]) -> 
     consumers = {c["pid"]: c for c in qps["consumers"]["rxe0"]}
     for pid in qps["pids"].values():
         assert consumers[pid]["comm"] == "ib_send_bw" and consumers[pid]["qps"] >= 1, consumers[pid]
+
+
+def test_node_exporter_scraped_the_same_sysfs(nldev: dict[str, Any]) -> None:
+    """The reference beside the two paths: node_exporter's infiniband collector on the same devices
+    (the figure is in the lab's summary; rxe has no counters/, which its collector may call an error)."""
+    ne = nldev["node_exporter"]
+    assert any(ln.startswith('node_scrape_collector_success{collector="infiniband"}') for ln in ne["infiniband_lines"])
+    assert ne["scrapes"] == 50 and ne["wall_ms_per_scrape"] > 0

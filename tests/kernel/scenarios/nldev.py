@@ -10,7 +10,8 @@ and the sysfs fallback where netlink cannot see the device.
    waits out twice the lifespan before the next: then before <= netlink <= after holds for every
    counter exactly, whatever traffic does in between. After traffic stops, the values stand still:
    netlink must equal sysfs exactly.
-3. CPU and wall time of one port's counters: all sysfs files vs one STAT_GET, 100 times each, alternating.
+3. CPU and wall time of one port's counters: all sysfs files vs one STAT_GET, 100 times each, alternating;
+   and node_exporter's infiniband collector scraping the same sysfs (its CPU per scrape).
    While it runs, the QP table (RES_QP_GET) must name both perftest processes on rxe0.
 4. The fallback: the RDMA subsystem in exclusive netns mode, rxe0 in the root namespace, a client
    whose socket lives in a new netns c (the process keeps the root's /sys, as a container with the
@@ -22,15 +23,17 @@ The raw replies (hex) are kept: the unit suite parses them (tests/fixtures/kerne
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 from rnic_exporter.sources.qp_owners import consumers_by_device
 from rnic_exporter.sources.rdma_netlink import RdmaNetlink, Unavailable, in_network_namespace
 from rnic_exporter.sources.read_path import choose_read_path
-from tests.kernel.lab import SYS_IB, VA_ADDR, Lab, LabError, measured, read_attr
+from tests.kernel.lab import SYS_IB, VA_ADDR, Lab, LabError, free_port, measured, read_attr
 
 ROUNDS = 12
 TIMING_REPEATS = 100
@@ -114,6 +117,7 @@ def _run(lab: Lab, result: dict[str, Any]) -> None:
         record.clear()
         nl.record = None
         result["timing"] = _timing(nl, index)
+        result["node_exporter"] = _node_exporter(lab)
         names = {1: frozenset(hw_sysfs())}
         probe = nl.port_counters(index, 1)
         result["decision_root"] = as_json(choose_read_path("rxe0", names, {1: probe}))
@@ -135,6 +139,7 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
         "equal_at_rest": isinstance(still, dict) and still.get("values") == result["traffic"]["still_sysfs"],
         "counters": len(result["traffic"]["still_sysfs"]),
         **result["timing"],
+        "node_exporter_cpu_ms_per_scrape": result["node_exporter"]["cpu_ms_per_scrape"],
     }
 
 
@@ -226,6 +231,45 @@ def _timing(nl: RdmaNetlink, index: int) -> dict[str, float]:
         out[f"{what}_cpu_ms"] = round(cpu[what] / TIMING_REPEATS * 1000, 4)
         out[f"{what}_wall_ms"] = round(wall[what] / TIMING_REPEATS * 1000, 4)
     return out
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = read_attr(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _node_exporter(lab: Lab, scrapes: int = 50) -> dict[str, Any]:
+    """node_exporter's infiniband collector (the host's Debian package, through the shared root file
+    system) scraping the same real sysfs: its CPU per scrape, from its /proc stat (10 ms ticks, so
+    over many scrapes)."""
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if binary is None:
+        raise LabError("no node_exporter on the host: install prometheus-node-exporter")
+    port = free_port()
+    log = open(lab.out / "node_exporter.log", "w")  # noqa: SIM115 (lives as long as the process)
+    argv = [binary, "--collector.disable-defaults", "--collector.infiniband", f"--web.listen-address=127.0.0.1:{port}"]
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        lab.wait_until(lambda: urllib.request.urlopen(url, timeout=5).status == 200, 60, "node_exporter answers")
+        cpu0, wall0 = _proc_cpu_s(proc.pid), time.perf_counter()
+        for _ in range(scrapes):
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                body = resp.read().decode()
+        cpu = _proc_cpu_s(proc.pid) - cpu0
+        wall = time.perf_counter() - wall0
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+    lines = [ln for ln in body.splitlines() if ln.startswith(("node_infiniband_", "node_scrape_collector_success"))]
+    return {
+        "version": subprocess.run([binary, "--version"], capture_output=True, text=True).stderr.splitlines()[:1],
+        "scrapes": scrapes,
+        "cpu_ms_per_scrape": round(cpu / scrapes * 1000, 3),
+        "wall_ms_per_scrape": round(wall / scrapes * 1000, 3),
+        "infiniband_lines": lines[:60],
+    }
 
 
 def _fallback(lab: Lab) -> dict[str, Any]:
