@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rnic_exporter.sources.rdma_netlink import QpOwner
+from rnic_exporter.sources.nldev import QpOwner
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from rnic_exporter.sources.rdma_netlink import PortCounters, Unavailable
+from rnic_exporter.sources.nldev import PortCounters, Unavailable
 
 Path = Literal["netlink", "sysfs"]
 NO_HW_COUNTERS = "no hw_counters: nothing to read either way"

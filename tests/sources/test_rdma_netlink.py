@@ -18,9 +18,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from rnic_exporter.sources import rdma_netlink as nl
+from rnic_exporter.sources import nldev as nl
+from rnic_exporter.sources.nldev import RdmaNetlink, Unavailable
 from rnic_exporter.sources.qp_owners import QpConsumer, consumers_by_device
-from rnic_exporter.sources.rdma_netlink import RdmaNetlink, Unavailable
 from rnic_exporter.sources.read_path import NO_HW_COUNTERS, choose_read_path
 
 NLDEV_STAT = nl.message_type(nl.CMD_STAT_GET)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rnic_exporter.sources import rdma_netlink as nl
+from rnic_exporter.sources import nldev as nl
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURES = sorted(FIXTURES.glob("kernel-rxe-*/nldev.json"))

@@ -30,8 +30,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from rnic_exporter.sources.nldev import RdmaNetlink, Unavailable, in_network_namespace
 from rnic_exporter.sources.qp_owners import consumers_by_device
-from rnic_exporter.sources.rdma_netlink import RdmaNetlink, Unavailable, in_network_namespace
 from rnic_exporter.sources.read_path import choose_read_path
 from tests.kernel.lab import SYS_IB, VA_ADDR, Lab, LabError, free_port, measured, read_attr
 
