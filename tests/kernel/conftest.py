@@ -18,6 +18,8 @@ import pytest
 from tests.kernel.vm import SECOND_KERNEL_SCENARIOS, LabSetupError, RunReport, all_scenarios, run_lab
 
 OUT_ENV = "RNIC_KERNEL_LAB_OUT"
+# Assert on the results a run kept (`scripts/kernel-lab --keep-out DIR`) instead of booting: DIR/<scenario>/.
+KEPT_ENV = "RNIC_KERNEL_LAB_KEPT"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,6 +68,9 @@ def kernel_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         names = [n for n in names if n in SECOND_KERNEL_SCENARIOS]
     if not names:
         pytest.fail("no kernel scenarios selected", pytrace=False)
+    if os.environ.get(KEPT_ENV):
+        reports[which] = RunReport(Path(os.environ[KEPT_ENV]), "kept", names, kernel=f"kept in {os.environ[KEPT_ENV]}")
+        return reports[which]
     out = Path(os.environ[OUT_ENV]) / which if os.environ.get(OUT_ENV) else tmp_path_factory.mktemp(f"lab-{which}")
     try:
         report = run_lab(names, out, kernel=which)
