@@ -15,63 +15,91 @@ from typing import Any
 
 import pytest
 
-from tests.kernel.vm import LabSetupError, RunReport, all_scenarios, run_lab
+from tests.kernel.vm import SECOND_KERNEL_SCENARIOS, LabSetupError, RunReport, all_scenarios, run_lab
 
 OUT_ENV = "RNIC_KERNEL_LAB_OUT"
+# Assert on the results a run kept (`scripts/kernel-lab --keep-out DIR`) instead of booting: DIR/<scenario>/.
+KEPT_ENV = "RNIC_KERNEL_LAB_KEPT"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "kernel: boots the real Linux RDMA stack (rdma_rxe) under QEMU (the kernel lab)")
 
 
+def _module_scenarios(module: object) -> list[str]:
+    wanted = getattr(module, "SCENARIOS", None)
+    if wanted is None and module is not None:
+        stem = Path(str(getattr(module, "__file__", ""))).stem.removeprefix("test_")
+        wanted = [stem] if stem in set(all_scenarios()) else []
+    return list(wanted or [])
+
+
 def _scenarios_of(session: pytest.Session) -> list[str]:
     names: list[str] = []
-    known = set(all_scenarios())
     for item in session.items:
         if item.get_closest_marker("kernel") is None:
             continue
-        module = getattr(item, "module", None)
-        wanted = getattr(module, "SCENARIOS", None)
-        if wanted is None and module is not None:
-            stem = Path(str(module.__file__)).stem.removeprefix("test_")
-            wanted = [stem] if stem in known else []
-        for name in wanted or []:
+        for name in _module_scenarios(getattr(item, "module", None)):
             if name not in names:
                 names.append(name)
     return names
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module whose scenarios all run on the second kernel too is tested on both (ids [first],
+    [second]); the rest on the first only (vm.SECOND_KERNEL_SCENARIOS says why)."""
+    if "kernel_lab" not in metafunc.fixturenames:
+        return
+    wanted = _module_scenarios(metafunc.module)
+    both = bool(wanted) and set(wanted) <= set(SECOND_KERNEL_SCENARIOS)
+    metafunc.parametrize("kernel_lab", ["first", "second"] if both else ["first"], indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
 def kernel_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> RunReport:
-    """The one boot of this session, with every selected scenario's result."""
+    """One boot per kernel this session: the first kernel runs every selected scenario, the second
+    those of them in SECOND_KERNEL_SCENARIOS."""
+    which = str(getattr(request, "param", "first"))
+    reports = request.config.stash.setdefault(_REPORTS, {})
+    if which in reports:
+        return reports[which]
     names = _scenarios_of(request.session)
+    if which == "second":
+        names = [n for n in names if n in SECOND_KERNEL_SCENARIOS]
     if not names:
         pytest.fail("no kernel scenarios selected", pytrace=False)
-    out = Path(os.environ[OUT_ENV]) if os.environ.get(OUT_ENV) else tmp_path_factory.mktemp("kernel-lab")
+    if os.environ.get(KEPT_ENV):
+        reports[which] = RunReport(Path(os.environ[KEPT_ENV]), "kept", names, kernel=f"kept in {os.environ[KEPT_ENV]}")
+        return reports[which]
+    out = Path(os.environ[OUT_ENV]) / which if os.environ.get(OUT_ENV) else tmp_path_factory.mktemp(f"lab-{which}")
     try:
-        report = run_lab(names, out)
+        report = run_lab(names, out, kernel=which)
     except LabSetupError as exc:
         pytest.fail(str(exc), pytrace=False)
-    request.config.stash[_REPORT] = report
+    reports[which] = report
     return report
 
 
-_REPORT = pytest.StashKey[RunReport]()
+_REPORTS = pytest.StashKey[dict[str, RunReport]]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """The lab's figures at the end of every run, passed or failed, `-q` or not: which accelerator
     ran, boot and scenario times, and each real event's latency as the exporter saw it."""
-    report = config.stash.get(_REPORT, None)
-    if report is None:
+    reports = config.stash.get(_REPORTS, {})
+    if not reports:
         return
     terminalreporter.section("kernel lab")
-    for line in report.summary().splitlines():
-        terminalreporter.write_line(line)
-    events = report.result("events")
-    if isinstance(events, dict) and isinstance(events.get("figures"), dict):
-        for what, figure in sorted(events["figures"].items()):
-            terminalreporter.write_line(f"  event {what}: in a scrape after {figure.get('scrape_s')} s ({figure})")
+    for report in reports.values():
+        for line in report.summary().splitlines():
+            terminalreporter.write_line(line)
+        events = report.result("events")
+        if isinstance(events, dict) and isinstance(events.get("figures"), dict):
+            for what, figure in sorted(events["figures"].items()):
+                terminalreporter.write_line(f"  event {what}: in a scrape after {figure.get('scrape_s')} s ({figure})")
+        nldev = report.result("nldev")
+        if isinstance(nldev, dict) and isinstance(nldev.get("figures"), dict):
+            terminalreporter.write_line(f"  nldev: {nldev['figures']}")
 
 
 def scenario_result(report: RunReport, name: str) -> Any:
