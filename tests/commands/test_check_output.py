@@ -17,7 +17,7 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
-from tests.sources.test_availability import check as check_in_process
+from tests.support.check import check_in_process
 
 
 @pytest.fixture

@@ -93,6 +93,9 @@ SILENT = {
     "RnicDeviceReadStuck",
     "RnicExporterNeverPolled",
     "RnicPortFlapping",
+    "RnicExporterConfigReloadFailed",
+    "RnicExporterStateUnwritable",
+    "RnicExporterEventSourceFailing",
 }
 # Before any fault, in each fault, after the flap, and past the 5-minute lookback of the NIC that vanished;
 # the AER ones either side of each window's edges (off the second a range's edge falls on a sample).

@@ -10,17 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from rnic_exporter.cli import Exit, main
-from rnic_exporter.commands.check import CheckReport, run_check
 from rnic_exporter.daemon.agent import Agent, ServeConfig
-from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.model.host import ReadError
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.host import PMA_EXTENDED_COUNTERS
 from rnic_exporter.sim.sysfs_root import SimSysfsRoot
-from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.availability import FirstReads, summarize
-from rnic_exporter.sources.reader import HostReader, ReaderSettings
+from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.check import check_in_process as check
 
 PORT = "class/infiniband/mlx5_0/ports/1"
 
@@ -80,18 +78,6 @@ def test_summary_groups_a_directory() -> None:
         "mlx5_0 port 1: rate: absent",
         "mlx5_0 port 1: counters/* (3 files): no_pma",
     ]
-
-
-def check(host: SimHost, tmp_path: Path, root: SysfsRoot | None = None) -> CheckReport:
-    return run_check(
-        host.root,
-        None,
-        DetectionSettings(),
-        ReaderSettings(),
-        HostPaths(rootfs=tmp_path / "none"),
-        use_netlink=False,
-        root=root,
-    )
 
 
 def scraping_agent(host: SimHost, overlay: dict[str, int] | None = None) -> Agent:
