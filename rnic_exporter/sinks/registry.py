@@ -33,10 +33,12 @@ class SelfMetrics:
         self._providers: tuple[FamilyProvider, ...] = providers
         self._reloads: tuple[Reloads, ...] = ()
 
-    def register(self, families: FamilyProvider, reloads: Reloads | None = None) -> None:
-        """`reloads`: the part whose own config file's last reload counts too (the web server)."""
+    def register(self, families: FamilyProvider, reloads: Reloads | None = None, *, first: bool = False) -> None:
+        """`reloads`: the part whose own config file's last reload counts too (the web server).
+        `first`: ahead of the providers so far (the agent's bookkeeping: an exposition lists it
+        right after detection's families, before the process's)."""
         with self._lock:
-            self._providers += (families,)
+            self._providers = (families, *self._providers) if first else (*self._providers, families)
             if reloads is not None:
                 self._reloads += (reloads,)
 
