@@ -1,9 +1,10 @@
 """The exporter's own health families, in one list every sink collects from (client_python's
 `CollectorRegistry`).
 
-Whatever has health to show (the process, the HTTP front, the OTLP exporter, the consumer scan)
-registers once at startup; each sink collects at its own pace, a scrape or an export. So a scrape
-started by the web front reads the front's counters from here, not through the daemon.
+Whatever has health to show (the agent's own counters, the process, the HTTP front, the OTLP
+exporter, the consumer scan) registers once at startup; each sink collects at its own pace, a scrape
+or an export. So a scrape started by the web front reads the front's counters from here, not
+through the daemon.
 """
 
 from __future__ import annotations
