@@ -66,4 +66,3 @@ class ReadContext:
     clock: Callable[[], float]  # counter back-off's and the safety sweep's time
     settings: ReaderSettings
     safety_s: float = SAFETY_S  # --poll.safety-interval: what events announce is re-read this often
-    full_gid_reads: int = 0  # whole GID tables read (tests and benchmarks count them)

@@ -107,11 +107,6 @@ class HostReader:
         self._context.safety_s = seconds
 
     @property
-    def full_gid_reads(self) -> int:
-        """Whole GID tables read so far."""
-        return self._context.full_gid_reads
-
-    @property
     def settings(self) -> ReaderSettings:
         return self._context.settings
 
