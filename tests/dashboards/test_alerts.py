@@ -127,6 +127,12 @@ def test_the_issue_alerts_are_all_there() -> None:
         "RnicPcieAerFatalErrors": "critical",
         "RnicPcieAerNonFatalErrors": "warning",
         "RnicPcieAerCorrectableRising": "warning",
+        "RnicLinkSymbolErrors": "warning",
+        "RnicLinkRetrained": "warning",
+        "RnicPortReceiveErrors": "warning",
+        "RnicRoceRetransmissions": "warning",
+        "RnicRoceRetriesExceeded": "critical",
+        "RnicReceiveDrops": "warning",
     }
 
 
