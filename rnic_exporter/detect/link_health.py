@@ -202,7 +202,7 @@ class Verdict:
         if self.increase is None:
             return f"{self.signal}: no rate ({self.note})"
         what = "BER" if self.signal == "symbol_error" else "of packets"
-        text = f"{self.signal} +{self.increase} in {window_s:g} s ({self.per_second or 0:.3g}/s"
+        text = f"{self.signal} +{self.increase} in {window_s:.3g} s ({self.per_second or 0:.3g}/s"
         text += f", {what} {self.ratio:.2g})" if self.ratio is not None else ")"
         if self.limit and self.level in ("degrading", "critical"):
             text += f", above {self.limit}"
@@ -299,14 +299,14 @@ def _judge_one(
         limit = f"BER {t.symbol_error_ber:g} or {t.errors_per_hour:g}/h"
         return _with(base, "degrading" if over else "ok", ber, limit)
     if signal.kind == "event":
-        return _with(base, "degrading" if increase > 0 else "ok", None, "any")
+        return _with(base, "degrading" if increase > 0 else "ok", None, "0")
     if signal.kind == "errors":
         over = increase >= t.min_errors and per_hour > t.errors_per_hour
         return _with(base, "degrading" if over else "ok", None, f"{t.errors_per_hour:g}/h")
     if signal.kind == "congestion":
         return _with(base, "congested" if increase > 0 else "ok", None, "")
     if signal.kind == "fatal":
-        return _with(base, "critical" if increase > 0 else "ok", None, "any")
+        return _with(base, "critical" if increase > 0 else "ok", None, "0")
     if signal.kind == "transport":
         packets = _packets(prev, cur, 2)
         ratio = increase / packets if packets else None

@@ -34,6 +34,7 @@ import errno
 import os
 import shutil
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -764,6 +765,20 @@ class SimHost:
                 dev.counters[f"port_{direction}_packets"] += packets
                 dev.counters[f"unicast_{direction}_packets"] += packets
             self._write_counters(dev)
+
+    def add_counts(self, name: str, counts: Mapping[str, int]) -> None:
+        """Advance the named counters of `name`'s port (PMA or hw_counters, wherever the driver has
+        the file) as errors would: a cable going bad, a lossy path. A name the driver lacks is
+        refused, so a story cannot invent a file the kernel never writes."""
+        dev = self.devices[name]
+        for counter, step in counts.items():
+            if counter in dev.counters:
+                dev.counters[counter] += step
+            elif counter in dev.hw_counters:
+                dev.hw_counters[counter] += step
+            else:
+                raise KeyError(f"{name} has no counter {counter!r} (driver {dev.driver})")
+        self._write_counters(dev)
 
 
 __all__ = ["ROCE_V1", "ROCE_V2", "SimDevice", "SimHost", "ethernet_rate_text", "rate_text", "rxe_rate_text"]
