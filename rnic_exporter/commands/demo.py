@@ -47,9 +47,10 @@ CABLE_GOING_BAD = {
     "packet_seq_err": 1200.0,
     "roce_adp_retrans": 300.0,
 }
-# The cable degrades this long before the link renegotiates: the degrading alerts (for: 5m) go pending
-# well before the speed ones, so a Prometheus watching the demo sees them fire first.
-CABLE_LEAD_S = 150.0
+# The cable degrades this many steps before the link renegotiates (150 s at the default 20 s steps): the
+# degrading alerts (for: 5m) go pending well before the speed ones, so a Prometheus watching the demo sees
+# them fire first. In steps, so a fast demo (tests: 1 s steps) stays fast.
+CABLE_LEAD_STEPS = 7.5
 
 
 def _cable_going_bad(host: SimHost) -> str:
@@ -121,7 +122,7 @@ def wait_before(step: int, step_seconds: float) -> float:
     act = STEPS[step % len(STEPS)].act
     if act is _heal:
         return max(step_seconds, HOLD_BEFORE_HEAL_S)
-    return max(step_seconds, CABLE_LEAD_S) if act is _speed_drop else step_seconds
+    return step_seconds * CABLE_LEAD_STEPS if act is _speed_drop else step_seconds
 
 
 # Filled in by run_demo: the commands, as they run on this machine, against the demo's tree.
