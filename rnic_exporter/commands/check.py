@@ -8,12 +8,15 @@ what the daemon learned.
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
 from rnic_exporter.detect.inputs import gather_inputs
+from rnic_exporter.detect.port_health import health_problems, judge_host
 from rnic_exporter.detect.problems import SEVERITY_ORDER, Problem, aer_problems, fails, find_problems
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import StateStore
@@ -155,6 +158,7 @@ def run_check(
     reader = HostReader(root or SysfsRoot(sysfs), reader_settings)
     with contextlib.closing(reader):
         snap = reader.read(full_gid_tables=True)
+        samples = sample_counters(reader, settings.link_health.check_window_seconds)
     excluded = reader_settings.excludes_all(snap, sysfs)
     if excluded is not None:  # nothing would be checked: "OK: 0 devices" would be a lie
         raise ConfigError(excluded)
@@ -173,14 +177,70 @@ def run_check(
             f"the consumer scan was incomplete ({users.skipped} process(es) not inspectable): "
             "a problem may put more workloads at risk than it names"
         )
+    notes.append(samples.note)
     problems = sorted(
         [
             *find_problems(cur, snap.errors, settings.nccl, settings.nccl_gid_index_source, str(store.path or "")),
             *aer_problems(snap),
+            *link_health_problems(samples, settings, cur, users),
         ],
         key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code),
     )
     return CheckReport(tuple(problems), tuple(notes), len(snap.devices), len(snap.ports), users)
+
+
+# `check` needs a rate of the error counters: it reads them twice, this far apart (the config file's
+# [link_health] check_window_seconds, 3 s by default), instead of trusting the daemon's history, which
+# may be missing or stale on a node that just booted. Tests replace the wait (`tests/conftest.py`).
+def wait_between_samples(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+clock = time.monotonic  # what times the two reads (tests move it with their wait)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSamples:
+    first: Snapshot
+    second: Snapshot
+    first_at: float  # monotonic midpoints of the two reads: the counters' own time
+    second_at: float
+    window_s: float  # as configured; the judged window is second_at - first_at
+
+    @property
+    def note(self) -> str:
+        return (
+            f"link health: counters read twice, {self.window_s:g} s apart ([link_health] check_window_seconds); "
+            "slower trends are the daemon's alerts"
+        )
+
+
+def sample_counters(reader: HostReader, window_s: float, wait: Callable[[float], None] | None = None) -> CounterSamples:
+    """Two counter reads `window_s` apart, each timed at its midpoint."""
+    started = clock()
+    first = reader.read()
+    first_at = (started + clock()) / 2
+    (wait or wait_between_samples)(window_s)
+    started = clock()
+    second = reader.read()
+    return CounterSamples(first, second, first_at, (started + clock()) / 2, window_s)
+
+
+def link_health_problems(
+    samples: CounterSamples, settings: DetectionSettings, cur: HostConditions, users: ConsumerScan | None
+) -> list[Problem]:
+    """The ports whose error counters rose too fast between the two reads (detect/link_health.py)."""
+    consumers = None if users is None else {d: tuple(workload_names(users.workloads(d))) for d in users.by_device}
+    healths = judge_host(
+        samples.first,
+        samples.second,
+        settings.link_health,
+        prev_at=samples.first_at,
+        cur_at=samples.second_at,
+        conditions=cur,
+        consumers=consumers,
+    )
+    return health_problems(healths)
 
 
 def format_report(report: CheckReport, fail_on: str = "warning") -> str:

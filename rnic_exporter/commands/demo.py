@@ -38,6 +38,32 @@ def _gid_shift(host: SimHost) -> str:
     )
 
 
+# The cable of mlx5_2 going bad, per second: symbol errors at BER 1.25e-11 on 400 Gb/s (12x the IBTA
+# limit), a retrain a minute, and the RoCE retransmissions of a lossy link (out_of_sequence at 2e-4 of
+# the ~12M packets a second the demo's half-busy port carries, over the 1e-4 limit; the others below it).
+CABLE_GOING_BAD = {
+    "symbol_error": 5.0,
+    "link_error_recovery": 1 / 60,
+    "out_of_sequence": 2500.0,
+    "packet_seq_err": 1200.0,
+    "roce_adp_retrans": 300.0,
+}
+# The cable degrades this many steps before the link renegotiates (150 s at the default 20 s steps): the
+# degrading alerts (for: 5m) go pending well before the speed ones, so a Prometheus watching the demo sees
+# them fire first. In steps, so a fast demo (tests: 1 s steps) stays fast.
+CABLE_LEAD_STEPS = 7.5
+
+
+def _cable_going_bad(host: SimHost) -> str:
+    host.degrade_link("mlx5_2", CABLE_GOING_BAD)
+    return (
+        "mlx5_2's cable is going bad: symbol errors (5/s, BER 1.25e-11 > IBTA 1e-12), a link retrain a minute, "
+        "RoCE retransmissions (out_of_sequence, packet_seq_err, roce_adp_retrans). In a few minutes it "
+        'renegotiates to a lower speed. Look at rnic_port_pma_total{device="mlx5_2"} and '
+        f"rnic_port_hw_stat_total; RnicLinkSymbolErrors fires before RnicLinkBelowRated. Run {_HINTS['check']}"
+    )
+
+
 def _speed_drop(host: SimHost) -> str:
     host.set_speed("mlx5_2", 200)
     return (
@@ -83,11 +109,12 @@ def _heal(host: SimHost) -> str:
     host.add_address("mlx5_0", "10.0.0.1")
     host.restore_device("mlx5_4")
     host.set_speed("mlx5_2", 400)
+    host.degrade_link("mlx5_2", {})  # the cable replaced
     host.set_pcie("mlx5_3", 32.0, 16)
     host.release_gids("mlx5_1")
     return (
-        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 "
-        "ended. The cycle starts again."
+        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 has a new cable and runs 400G, mlx5_3 Gen5 x16, "
+        "the job on mlx5_1 ended. The cycle starts again."
     )
 
 
@@ -99,7 +126,10 @@ HOLD_BEFORE_HEAL_S = 6 * 60.0
 
 def wait_before(step: int, step_seconds: float) -> float:
     """Seconds between step `step - 1` and step `step` (0-based, cycling)."""
-    return max(step_seconds, HOLD_BEFORE_HEAL_S) if STEPS[step % len(STEPS)].act is _heal else step_seconds
+    act = STEPS[step % len(STEPS)].act
+    if act is _heal:
+        return max(step_seconds, HOLD_BEFORE_HEAL_S)
+    return step_seconds * CABLE_LEAD_STEPS if act is _speed_drop else step_seconds
 
 
 # Filled in by run_demo: the commands, as they run on this machine, against the demo's tree.
@@ -107,6 +137,7 @@ _HINTS = {"check": "rnic-exporter check --path.sysfs <the tree above> --state.di
 
 STEPS = (
     Step("GID index shift (incident 1)", _gid_shift),
+    Step("A cable going bad (issue 31)", _cable_going_bad),
     Step("Speed below rated (incident 2)", _speed_drop),
     Step("PCIe downtrain (incident 2)", _pcie_downtrain),
     Step("NIC disappeared (incident 2)", _nic_gone),

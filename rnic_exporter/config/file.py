@@ -28,6 +28,10 @@ environment beats the file's `[nccl]`, which beats NCCL's own config files (`con
     clear_after_seconds = 900     # quiet time before it counts as stable again
     [addresses]
     forget_after_seconds = 86400  # an expected address missing this long stops being expected
+    [link_health]                 # error-counter thresholds (detect/link_health.py says their sources)
+    symbol_error_ber = 1e-12      # IBTA lane BER limit; also errors_per_hour = 120 (NVSentinel)
+    retransmission_ratio = 1e-4   # RoCE retransmissions and sequence errors per packet
+    check_window_seconds = 3      # check: seconds between its two counter reads
     [[rated]]                     # expectations; all given match keys must agree; last match wins
     match = { hca_type = "MT4129" }   # keys: device, pci_address, hca_type, board_id
     port_rate_gbps = 400
@@ -51,6 +55,7 @@ from rnic_exporter.config.bounds import (
     FORGET_AFTER,
     GBPS,
     GTS,
+    LINK_HEALTH,
     POLL_INTERVAL,
     TRANSITIONS,
     WIDTH,
@@ -102,6 +107,7 @@ class FileConfig:
     flap_window_seconds: float | None = None
     flap_clear_after_seconds: float | None = None
     address_forget_after_seconds: float | None = None
+    link_health: Mapping[str, float] = field(default_factory=dict)  # [link_health] key -> value
     rated: tuple[RatedExpectation, ...] = ()
     consumers_enabled: bool | None = None
     consumers_interval_seconds: float | None = None
@@ -127,6 +133,7 @@ class FileConfig:
             if from_file
             else base.nccl_gid_index_source,
             address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s,
+            link_health=base.link_health.with_overrides(self.link_health),
         )
 
 
@@ -238,6 +245,7 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "rated": (_rated, "rated"),
     "collector.consumers.enabled": (_bool, "consumers_enabled"),
     "collector.consumers.interval_seconds": (within(CONSUMER_INTERVAL), "consumers_interval_seconds"),
+    **{f"link_health.{key}": (within(bound), f"health:{key}") for key, bound in LINK_HEALTH.items()},
 }
 _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}
 
@@ -280,6 +288,7 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
     _flatten(data, "", flat, problems)
     values: dict[str, Any] = {}
     env: dict[str, str] = {}
+    health: dict[str, float] = {}
     for key, value in flat.items():
         spec = _SCHEMA.get(key)
         if spec is None:
@@ -302,6 +311,8 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
             continue
         if target.startswith("env:"):
             env[target.removeprefix("env:")] = str(checked)
+        elif target.startswith("health:"):
+            health[target.removeprefix("health:")] = checked
         else:
             values[target] = checked
     if problems:
@@ -309,7 +320,7 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
             [f"and {len(problems) - _SHOWN_PROBLEMS} more problem(s)"] if len(problems) > _SHOWN_PROBLEMS else []
         )
         raise ConfigError(one_line(f"config file {path}: " + "; ".join(shown)))
-    return FileConfig(nccl_env=env, **values)
+    return FileConfig(nccl_env=env, link_health=health, **values)
 
 
 _SHOWN_PROBLEMS = 8  # a message is read by a person: the first few problems, and how many more

@@ -8,7 +8,13 @@ from grafanalib.core import Dashboard
 
 from rnic_exporter.catalog import events as e
 from rnic_exporter.catalog import metrics as c
-from rnic_exporter.dashboards.fleet import ERROR_COUNTERS, HOST_DASHBOARD_UID, RETRANSMISSION_COUNTERS
+from rnic_exporter.catalog.link_health import SIGNALS, LinkHealthThresholds
+from rnic_exporter.dashboards.fleet import (
+    ERROR_COUNTERS,
+    HOST_DASHBOARD_UID,
+    LINK_ERROR_COUNTERS,
+    RETRANSMISSION_COUNTERS,
+)
 from rnic_exporter.dashboards.panels import (
     BAD_OK,
     NEUTRAL,
@@ -45,6 +51,15 @@ ANNOTATIONS: tuple[tuple[str, str, tuple[e.EventSpec, ...]], ...] = (
     ("Address loss", "purple", (e.ADDRESS_LOST, e.ADDRESS_RESTORED)),
     ("Device and link", "yellow", (e.DEVICE_DISAPPEARED, e.DEVICE_REAPPEARED, e.LINK_BELOW_RATED)),
 )
+# The link-health row draws the limits `check`, the events and the alerts judge with.
+LIMITS = LinkHealthThresholds()
+# RoCE retransmissions and sequence errors (mlx5 and rxe names), and receive drops: detect/link_health.py.
+TRANSPORT_COUNTERS = "|".join(c for s in SIGNALS if s.kind == "transport" for c in s.counters)
+DROP_COUNTERS = "|".join(c for s in SIGNALS if s.kind == "drops" for c in s.counters)
+
+
+def _limit(value: float) -> list[dict[str, object]]:
+    return [{"color": "green", "value": None}, {"color": "red", "value": value}]
 
 
 def event_matcher(specs: Sequence[e.EventSpec]) -> str:
@@ -68,6 +83,7 @@ def build() -> Dashboard:
     _workloads(lay)
     _link(lay)
     _traffic(lay)
+    _link_health(lay)
     _errors(lay)
     _gids(lay)
     return dashboard(
@@ -268,6 +284,88 @@ def _traffic(lay: Layout) -> None:
             thresholds=NEUTRAL,
         ),
         w=12,
+        h=8,
+    )
+
+
+def _link_health(lay: Layout) -> None:
+    """Issue 31: the counters that rise before a job dies, as the alerts judge them."""
+    lay.row("Link health")
+    by_port = "on (instance, job, device, port) group_left ()"
+    pma, hw = name(c.PORT_PMA), name(c.PORT_HW_STAT)
+    packets = (
+        f"(rate({name(c.PORT_PACKETS_RECEIVED)}{{{PORT_SEL}}}[5m]) + on (instance, job, device, port) "
+        f"rate({name(c.PORT_PACKETS_TRANSMITTED)}{{{PORT_SEL}}}[5m]))"
+    )
+    lay.add(
+        timeseries(
+            "Symbol-error bit-error rate",
+            "Symbol errors per bit carried (5-minute rate over the active rate, lanes x per-lane speed); the red "
+            f"line is the IBTA limit {LIMITS.symbol_error_ber:g} (RnicLinkSymbolErrors).",
+            [
+                target(
+                    f'rate({pma}{{counter="symbol_error", {PORT_SEL}}}[5m]) / {by_port} '
+                    f"({name(c.PORT_ACTIVE_RATE)}{{{PORT_SEL}}} > 0) / 8",
+                    "{{device}}/{{port}} BER",
+                )
+            ],
+            "sci",
+            thresholds=_limit(LIMITS.symbol_error_ber),
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Link retraining and integrity",
+            "Link retrains (link_error_recovery), drops (link_downed) and link-integrity threshold "
+            "crossings per 5 minutes: a healthy link shows none (RnicLinkRetrained).",
+            [
+                target(
+                    f'increase({pma}{{counter=~"{LINK_ERROR_COUNTERS.replace("symbol_error|", "")}", {PORT_SEL}}}[5m])',
+                    "{{device}}/{{port}} {{counter}}",
+                )
+            ],
+            "short",
+            thresholds=OK_BAD,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Retransmissions per packet",
+            "RoCE retransmission and sequence-error counters per packet the port carried, both directions "
+            f"(5-minute rates); the red line is {LIMITS.retransmission_ratio:g} (RnicRoceRetransmissions). "
+            "Ports without PMA packet counters (rxe) show in the Retransmissions panel below.",
+            [
+                target(
+                    f'rate({hw}{{counter=~"{TRANSPORT_COUNTERS}", {PORT_SEL}}}[5m]) / {by_port} {packets}',
+                    "{{device}}/{{port}} {{counter}}",
+                )
+            ],
+            "sci",
+            thresholds=_limit(LIMITS.retransmission_ratio),
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Receive drops per received packet",
+            f"out_of_buffer (and rx_discards_phy where present) per received packet; the red line is "
+            f"{LIMITS.drop_ratio:g} (RnicReceiveDrops).",
+            [
+                target(
+                    f'rate({hw}{{counter=~"{DROP_COUNTERS}", {PORT_SEL}}}[5m]) / {by_port} '
+                    f"rate({name(c.PORT_PACKETS_RECEIVED)}{{{PORT_SEL}}}[5m])",
+                    "{{device}}/{{port}} {{counter}}",
+                ),
+            ],
+            "sci",
+            thresholds=_limit(LIMITS.drop_ratio),
+        ),
+        w=6,
         h=8,
     )
 

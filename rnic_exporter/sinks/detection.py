@@ -42,8 +42,11 @@ _ROCE_PORT = (
 )
 _CONFIGURED_INDEX = (ev.NCCL_GID_INDEX_INVALID, ev.NCCL_GID_INDEX_VALID)  # NCCL_IB_GID_INDEX is set
 _NETDEV_PORT = (ev.ADDRESS_LOST, ev.ADDRESS_RESTORED)  # addresses are a netdev's
+# Link health (detect/link_health_events.py): not created at 0 until the daemon judges counters
+# (the agent's wiring adds them to `port_events`); until then one counts from 1 like any unforeseen event.
+_LINK_HEALTH = (ev.PORT_DEGRADING, ev.PORT_RECOVERED)
 # Every port event has a rule above (tests/sinks/test_series_budget.py holds the catalogue to that).
-PORT_EVENT_RULES = (_EVERY_PORT, _ROCE_PORT, _CONFIGURED_INDEX, _NETDEV_PORT)
+PORT_EVENT_RULES = (_EVERY_PORT, _ROCE_PORT, _CONFIGURED_INDEX, _NETDEV_PORT, _LINK_HEALTH)
 
 
 def port_events(view: PortView) -> tuple[str, ...]:

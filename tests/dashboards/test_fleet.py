@@ -83,6 +83,10 @@ WINDOWS: dict[str, list[tuple[float, float, list[Key]]]] = {
     "RnicPcieAerFatalErrors": [(AER_F, AER_F + AER_SEEN_S, _ports("aer_fatal"))],
     "RnicPcieAerNonFatalErrors": [(AER_N, AER_N + NONFATAL_APART_S + AER_SEEN_S, _ports("aer_nonfatal"))],
     "RnicPcieAerCorrectableRising": [(AER_C + FLEET.step, INF, _ports("aer_correctable"))],
+    # The degraded link's symbol errors (2/s: BER 1e-11 at 200 Gb/s, 7,200 an hour) and receive errors
+    # (1/s) count from its first sample after the renegotiation, a step after it.
+    "RnicLinkSymbolErrors": [(FLEET.at("speed") + FLEET.step, INF, _ports("speed"))],
+    "RnicPortReceiveErrors": [(FLEET.at("speed") + FLEET.step, INF, _ports("speed"))],
 }
 # Never injected, but their metrics are in the fleet (up, last poll, read stuck, flapping): they must stay silent.
 # (The AER alerts must also stay silent on the counts every twelfth host had before the exporter started.)
@@ -96,6 +100,12 @@ SILENT = {
     "RnicExporterConfigReloadFailed",
     "RnicExporterStateUnwritable",
     "RnicExporterEventSourceFailing",
+    # The degraded link retransmits 0.5/s, below the 1/s of a port without packet counters; nothing retrains,
+    # drops or exhausts its retries.
+    "RnicRoceRetransmissions",
+    "RnicLinkRetrained",
+    "RnicRoceRetriesExceeded",
+    "RnicReceiveDrops",
 }
 # Before any fault, in each fault, after the flap, and past the 5-minute lookback of the NIC that vanished;
 # the AER ones either side of each window's edges (off the second a range's edge falls on a sample).
@@ -208,6 +218,9 @@ PANELS: dict[tuple[str, str], list[Check]] = {
     ("Ports with GID or address changes", "A"): [Check(E, per_host=dict.fromkeys(GID, 2))],  # two changes
     ("Ports with GID or address changes", "B"): [Check(E, per_host=dict.fromkeys(GID, 1))],  # 3 -> 5
     ("Ports with GID or address changes", "C"): [Check(E, per_host=dict.fromkeys(GID, 2))],  # 3 -> 1 -> 5
+    ("Ports with link errors", "A"): [Check(E, number=len(_ports("speed"))), Check(FLEET.start + 300, number=0)],
+    ("Ports retransmitting", "A"): [Check(E, number=len(_ports("speed"))), Check(FLEET.start + 300, number=0)],
+    ("Link errors by port", "A"): [Check(E, hosts=SPEED)],
     ("Top error counters", "A"): [Check(E, hosts=SPEED)],
     ("Top retransmission counters", "A"): [Check(E, hosts=SPEED)],
     # Every host but the ones missing a NIC carries the same traffic: any 20 of them.
