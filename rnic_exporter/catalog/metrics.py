@@ -709,6 +709,13 @@ ETHTOOL_REQUESTS = _m(
     "ethtool requests sent (operation=module_eeprom per 128-byte page, fec, pause, link_state, gstats): "
     "each costs the NIC firmware work (a register access per module page or statistics group on mlx5).",
 )
+WIRE_READ_ERRORS = _m(
+    "rnic_exporter_wire_read_errors_total",
+    "counter",
+    ("operation",),
+    "Wire reads that failed (operation=link_state, fec, pause, module_eeprom, gstats, hwmon, or poll for a "
+    "pass that failed as a whole); an unsupported operation (veth, IPoIB) is not an error and not counted.",
+)
 WIRE_METRICS: tuple[MetricSpec, ...] = (
     MODULE_INFO,
     MODULE_TEMPERATURE,
@@ -739,6 +746,7 @@ WIRE_METRICS: tuple[MetricSpec, ...] = (
     DEVICE_TEMPERATURE,
     DEVICE_TEMPERATURE_CRITICAL,
     ETHTOOL_REQUESTS,
+    WIRE_READ_ERRORS,
 )
 
 METRICS: tuple[MetricSpec, ...] = (

@@ -29,6 +29,8 @@ from rnic_exporter.sinks.prometheus import CounterFeed
 from rnic_exporter.sinks.registry import SelfMetrics
 
 if TYPE_CHECKING:
+    from rnic_exporter.daemon.wire_watch import WireWatch
+    from rnic_exporter.sources.wire import WireReader
     from rnic_exporter.web.server import WebServer
 
 log = logging.getLogger("rnic_exporter.agent")
@@ -65,8 +67,11 @@ def run(
     explicit: frozenset[str] = frozenset(),
     stop: threading.Event | None = None,
     scan: Scan | None = None,
+    wire: WireReader | None = None,
 ) -> int:
-    """Run until stopped. Returns the process exit code; raises ConfigError before serving."""
+    """Run until stopped. Returns the process exit code; raises ConfigError before serving.
+
+    `scan` and `wire` replace the real consumer scan and wire reader (the simulator's)."""
     wake, reload = threading.Event(), threading.Event()
     base = config  # flags and defaults: every (re)load of the file starts from these
     config = apply_file(base, set(explicit))
@@ -86,15 +91,20 @@ def run(
     )
     web = web_server(config, agent)
     health.register(web.families, reloads=web)
+    wire_watch = start_wire_watch(config, agent, health, wire) if config.wire else None
     tune_process()
     with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll
         cleanup.callback(agent.close)
         cleanup.callback(web.shutdown)
+        if wire_watch is not None:
+            cleanup.callback(wire_watch.close)
         watchers = start_watchers(
             netlink, config.watch_udev, agent.netlink_event, lambda: agent.rnic_netdevs, schedule, cleanup
         )
         agent.poll_once(full_gid_tables=True)
+        if wire_watch is not None:
+            wire_watch.start()  # after the first poll: it reads the netdevs that poll found
         settle_garbage_collector()
         log.info(
             "listening",
@@ -165,4 +175,19 @@ def start_consumer_watch(config: ServeConfig, scan: Scan | None = None) -> Consu
     paths = config.host_paths
     watch = ConsumerWatch(scan or scanner(config.sysfs, paths.procfs, paths.rootfs), config.consumers)
     watch.start()
+    return watch
+
+
+def start_wire_watch(config: ServeConfig, agent: Agent, health: SelfMetrics, reader: WireReader | None) -> WireWatch:
+    """The wire reader over the agent's RoCE netdevs, its families in the registry every sink reads
+    (--collector.wire); `reader` replaces the real one (the simulator's). Started after the first poll."""
+    from rnic_exporter.daemon.wire_watch import WireWatch
+
+    if reader is None:
+        from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
+        from rnic_exporter.sources.wire import WireReader
+
+        reader = WireReader(EthtoolNetlink())
+    watch = WireWatch(reader, lambda: agent.last, sysfs=config.sysfs)
+    health.register(watch.families)
     return watch
