@@ -541,8 +541,8 @@ CONSUMER_METRICS: tuple[MetricSpec, ...] = (
 
 # The wire below a RoCE netdev: its pluggable module, FEC, why the link went down, pause and PFC.
 # Read over ethtool netlink and `ethtool -S` on their own timers (sources/ethtool_netlink.py,
-# sources/pause_stats.py). They join METRICS, the README's table and the OTel mapping when the
-# daemon exports them; until then WIRE_METRICS is their one declaration.
+# sources/pause_stats.py) by daemon/wire_watch.py; WIRE_METRICS (part of METRICS) is what the wire
+# alerts may name.
 MODULE_LABELS = NETDEV_LABELS
 LANE_LABELS = (*NETDEV_LABELS, "lane")
 THRESHOLD_LABELS = (*NETDEV_LABELS, "limit")  # high_alarm, low_alarm, high_warning, low_warning
@@ -814,6 +814,7 @@ METRICS: tuple[MetricSpec, ...] = (
     HTTP_CONNECTIONS_CLOSED_FOR_ROOM,
     *PROCESS_METRICS.values(),
     *CONSUMER_METRICS,
+    *WIRE_METRICS,
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})
