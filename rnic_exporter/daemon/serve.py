@@ -29,7 +29,7 @@ from rnic_exporter.sinks.prometheus import CounterFeed
 from rnic_exporter.sinks.registry import SelfMetrics
 
 if TYPE_CHECKING:
-    from rnic_exporter.daemon.wire_watch import WireWatch
+    from rnic_exporter.daemon.wire_watch import Snapshots, WireWatch
     from rnic_exporter.sources.wire import WireReader
     from rnic_exporter.web.server import WebServer
 
@@ -80,6 +80,9 @@ def run(
     schedule = PollSchedule(config.poll_interval_s, wake)
     health = SelfMetrics(ProcessFamilies().families)
     netlink = NetlinkAnnouncer(schedule) if config.watch_netlink else None
+    # Built before the agent (its port-down events carry the wire's link-down reason); it reads the
+    # agent's last snapshot only once started, after the first poll.
+    wire_watch = wire_watch_for(config, lambda: agent.last, wire) if config.wire else None
     agent = Agent(
         config,
         stop=stop,
@@ -88,10 +91,12 @@ def run(
         announcer=netlink,
         health=health,
         state_lock_unwritten=state_lock.problem is not None,
+        annotate=wire_watch.annotate if wire_watch is not None else None,
     )
     web = web_server(config, agent)
     health.register(web.families, reloads=web)
-    wire_watch = start_wire_watch(config, agent, health, wire) if config.wire else None
+    if wire_watch is not None:
+        health.register(wire_watch.families)
     tune_process()
     with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll
@@ -178,9 +183,10 @@ def start_consumer_watch(config: ServeConfig, scan: Scan | None = None) -> Consu
     return watch
 
 
-def start_wire_watch(config: ServeConfig, agent: Agent, health: SelfMetrics, reader: WireReader | None) -> WireWatch:
-    """The wire reader over the agent's RoCE netdevs, its families in the registry every sink reads
-    (--collector.wire); `reader` replaces the real one (the simulator's). Started after the first poll."""
+def wire_watch_for(config: ServeConfig, snapshots: Snapshots, reader: WireReader | None) -> WireWatch:
+    """The wire reader over the RoCE netdevs of `snapshots` (--collector.wire); `reader` replaces the
+    real one (the simulator's). Its families go into the registry every sink reads; started after the
+    first poll."""
     from rnic_exporter.daemon.wire_watch import WireWatch
 
     if reader is None:
@@ -188,6 +194,4 @@ def start_wire_watch(config: ServeConfig, agent: Agent, health: SelfMetrics, rea
         from rnic_exporter.sources.wire import WireReader
 
         reader = WireReader(EthtoolNetlink())
-    watch = WireWatch(reader, lambda: agent.last, sysfs=config.sysfs)
-    health.register(watch.families)
-    return watch
+    return WireWatch(reader, snapshots, sysfs=config.sysfs)

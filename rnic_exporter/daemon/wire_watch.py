@@ -20,12 +20,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from rnic_exporter.catalog import metrics as catalog
+from rnic_exporter.catalog.events import PORT_DOWN, Event
 from rnic_exporter.model.host import Snapshot
-from rnic_exporter.model.wire import DeviceTemperatures, NetdevWire
+from rnic_exporter.model.wire import DeviceTemperatures, LinkState, NetdevWire
 from rnic_exporter.sinks.samples import Family, FamilyBuilder
 from rnic_exporter.sinks.wire_samples import Netdev, hwmon_samples, wire_samples
 from rnic_exporter.sources.hwmon import read_mlx5_hwmon
@@ -177,6 +179,28 @@ class WireWatch:
                 "wire read failed; its series keep their last reading (counted from now on)",
                 extra={"fields": {"operation": operation, "err": f"{type(exc).__name__}: {exc}"}},
             )
+
+    def annotate(self, events: Sequence[Event]) -> list[Event]:
+        """Each port-down event with why its netdev's link is down (ethtool extended link state:
+        `link_down_reason`, `link_down_substate`) where the driver says, asked now: a link-state
+        request costs no firmware access, and the timer's last reading may predate the drop. Never
+        raises; an unsupported or failed request leaves the event as it is."""
+        out = []
+        for event in events:
+            state = None
+            if event.spec is PORT_DOWN and event.netdev:
+                try:
+                    state = self.reader.ethtool.link_state(event.netdev)
+                except Exception as exc:  # a reader bug must not cost the event
+                    self._fail("link_state", exc)
+            if isinstance(state, LinkState) and state.link_up is False and state.ext_state is not None:
+                why = {"link_down_reason": state.ext_state}
+                if state.ext_substate:
+                    why["link_down_substate"] = state.ext_substate
+                out.append(replace(event, attributes={**event.attributes, **why}))
+            else:
+                out.append(event)
+        return out
 
     def families(self) -> Iterable[Family]:
         """The last poll's families and the error counts (0 per operation on a healthy host)."""

@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 
 from rnic_exporter.catalog import metrics as c
+from rnic_exporter.catalog.events import PORT_DOWN, Event
 from rnic_exporter.config.serve import ServeConfig
+from rnic_exporter.daemon.agent import Agent
 from rnic_exporter.daemon.serve import run
 from rnic_exporter.daemon.wire_watch import ERROR_OPERATIONS, WireWatch, roce_netdevs
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.wire import NetdevWire
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.wire import SimEthtool, SimWire
-from rnic_exporter.sinks.samples import Family
+from rnic_exporter.sinks.samples import Family, Published
 from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
 from rnic_exporter.sources.wire import WireReader
 from tests.support.agent import make_agent
@@ -172,3 +174,48 @@ def test_without_the_collector_no_wire_family_is_registered(tmp_path: Path) -> N
         stop.set()
         daemon.join(30)
     assert "rnic_module_" not in text and c.WIRE_READ_ERRORS.name not in text
+
+
+class _Records:
+    """An `agent.EventSink` keeping every published event."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def publish(self, record: Published) -> None:
+        self.events.extend(record.events)
+
+    def families(self) -> list[Family]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_port_down_event_says_why_the_link_is_down(tmp_path: Path) -> None:
+    """The agent's port-down events carry the driver's extended link state (asked at the event), as the
+    log line and the OTLP record spell `Event.fields()`; a port whose driver does not say keeps its event."""
+    host = SimHost.build(tmp_path / "sys", roce=2)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    wire.add("ens2f0np0")
+    records = _Records()
+    holder: list[Agent] = []
+    watch = WireWatch(WireReader(SimEthtool(wire), gstats=wire.gstats), lambda: holder[0].last)
+    config = ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False, ethtool=False)
+    agent = Agent(config, sinks=(lambda _counters: records,), annotate=watch.annotate)
+    holder.append(agent)
+    try:
+        agent.poll_once(full_gid_tables=True)
+        host.set_port_up("mlx5_0", False)
+        host.set_port_up("mlx5_1", False)
+        wire.link_down("ens1f0np0", ext_state=5, ext_substate=1)  # cable issue, unsupported cable
+        wire.link_down("ens2f0np0", ext_state=None)
+        agent.poll_once(event=True)
+    finally:
+        agent.close()
+    down = {e.netdev: e.fields() for e in records.events if e.spec is PORT_DOWN}
+    assert set(down) == {"ens1f0np0", "ens2f0np0"}, records.events
+    assert down["ens1f0np0"]["link_down_reason"] == "cable_issue"
+    assert down["ens1f0np0"]["link_down_substate"] == "unsupported_cable"
+    assert "link_down_reason" not in down["ens2f0np0"]
