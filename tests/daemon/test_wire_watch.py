@@ -219,3 +219,42 @@ def test_a_port_down_event_says_why_the_link_is_down(tmp_path: Path) -> None:
     assert down["ens1f0np0"]["link_down_reason"] == "cable_issue"
     assert down["ens1f0np0"]["link_down_substate"] == "unsupported_cable"
     assert "link_down_reason" not in down["ens2f0np0"]
+
+
+def test_otlp_exports_the_wire_too(tmp_path: Path) -> None:
+    """The wire's families reach the OTLP sink through the registry: decoded from the export's bytes."""
+    from dataclasses import replace
+
+    from rnic_exporter.config.otlp import resolve
+    from tests.support.otlp import HttpReceiver
+
+    host = SimHost.build(tmp_path / "sys", roce=1)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    with HttpReceiver() as rcv:
+        otlp = resolve({"otlp_endpoint": rcv.url}, {})
+        assert otlp is not None
+        config = ServeConfig(
+            sysfs=host.root,
+            listen=(f"127.0.0.1:{free_port()}",),
+            poll_interval_s=0.5,
+            state_dir=None,
+            watch_netlink=False,
+            watch_udev=False,
+            ethtool=False,
+            otlp=replace(otlp, interval_s=0.5),
+        )
+        stop = threading.Event()
+        reader = WireReader(SimEthtool(wire), gstats=wire.gstats)
+        daemon = threading.Thread(target=run, args=(config,), kwargs={"stop": stop, "wire": reader})
+        daemon.start()
+        try:
+            point = wait_for(
+                lambda: next((p for p in rcv.received.latest_points() if p.metric == "rnic.module.rx_power"), None),
+                timeout=30,
+                what="rnic.module.rx_power in an OTLP export",
+            )
+        finally:
+            stop.set()
+            daemon.join(30)
+    assert point.unit == "W" and point.attrs["netdev"] == "ens1f0np0" and point.value == pytest.approx(0.9e-3)
