@@ -7,25 +7,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rnic_exporter.commands.check import CheckReport, format_report, run_check
-from rnic_exporter.detect.settings import DetectionSettings
+from rnic_exporter.commands.check import CheckReport, format_report
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.wire import SimEthtool, SimPort, SimWire
-from rnic_exporter.sources.address_risks import HostPaths
-from rnic_exporter.sources.reader import ReaderSettings
 from rnic_exporter.sources.wire import WireReader
+from tests.support.check import check_in_process
 
 
 def _check(host: SimHost, wire: SimWire, tmp_path: Path) -> CheckReport:
-    return run_check(
-        host.root,
-        None,
-        DetectionSettings(),
-        ReaderSettings(),
-        HostPaths(rootfs=tmp_path / "none"),
-        use_netlink=False,
-        wire=WireReader(SimEthtool(wire), gstats=wire.gstats),
-    )
+    return check_in_process(host, tmp_path, wire=WireReader(SimEthtool(wire), gstats=wire.gstats))
 
 
 def _wire(*netdevs: str) -> SimWire:

@@ -5,16 +5,13 @@ and never stops the daemon; --no-collector.wire builds nothing."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
 from rnic_exporter.catalog import metrics as c
 from rnic_exporter.catalog.events import PORT_DOWN, Event
-from rnic_exporter.config.serve import ServeConfig
 from rnic_exporter.daemon.agent import Agent
-from rnic_exporter.daemon.serve import run
 from rnic_exporter.daemon.wire_watch import ERROR_OPERATIONS, WireWatch, roce_netdevs
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.wire import NetdevWire
@@ -27,6 +24,7 @@ from tests.support.agent import make_agent
 from tests.support.exposition import samples
 from tests.support.netns import network_namespace
 from tests.support.processes import free_port, http_get
+from tests.support.serve import serving, sim_serve_config
 from tests.support.wait import wait_for
 
 
@@ -59,19 +57,6 @@ def test_serve_exports_the_simulated_wire(tmp_path: Path) -> None:
     wire.add("ens2f0np0")
     wire.fec_errors("ens1f0np0", corrected=1200, uncorrectable=3)
     port = free_port()
-    config = ServeConfig(
-        sysfs=host.root,
-        listen=(f"127.0.0.1:{port}",),
-        poll_interval_s=0.5,
-        state_dir=None,
-        watch_netlink=False,
-        watch_udev=False,
-        ethtool=False,
-    )
-    stop = threading.Event()
-    reader = WireReader(SimEthtool(wire), gstats=wire.gstats)
-    daemon = threading.Thread(target=run, args=(config,), kwargs={"stop": stop, "wire": reader})
-    daemon.start()
 
     def scraped() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
         try:
@@ -81,12 +66,8 @@ def test_serve_exports_the_simulated_wire(tmp_path: Path) -> None:
         got = samples(body.decode()) if status == 200 else {}
         return got if any(name == c.MODULE_RX_POWER.name for name, _ in got) else None
 
-    try:
+    with serving(sim_serve_config(host.root, port), wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
         got = wait_for(scraped, timeout=30, what="the wire series on /metrics")
-    finally:
-        stop.set()
-        daemon.join(30)
-    assert not daemon.is_alive()
     nd = {"device": "mlx5_0", "port": "1", "netdev": "ens1f0np0"}
     assert got[(c.MODULE_RX_POWER.name, frozenset({**nd, "lane": "1"}.items()))] == pytest.approx(0.9e-3)
     assert got[(c.MODULE_TEMPERATURE.name, frozenset(nd.items()))] == pytest.approx(45.0, abs=0.01)
@@ -142,23 +123,8 @@ def test_a_reader_that_raises_is_counted_and_never_raised(tmp_path: Path) -> Non
 def test_without_the_collector_no_wire_family_is_registered(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=1)
     port = free_port()
-    config = ServeConfig(
-        sysfs=host.root,
-        listen=(f"127.0.0.1:{port}",),
-        poll_interval_s=0.5,
-        state_dir=None,
-        watch_netlink=False,
-        watch_udev=False,
-        ethtool=False,
-        wire=False,
-    )
     wire = SimWire()
     wire.add("ens1f0np0")
-    stop = threading.Event()
-    daemon = threading.Thread(
-        target=run, args=(config,), kwargs={"stop": stop, "wire": WireReader(SimEthtool(wire), gstats=wire.gstats)}
-    )
-    daemon.start()
 
     def scraped() -> str | None:
         try:
@@ -168,11 +134,9 @@ def test_without_the_collector_no_wire_family_is_registered(tmp_path: Path) -> N
         text = body.decode()
         return text if status == 200 and "rnic_port_info" in text else None
 
-    try:
+    config = sim_serve_config(host.root, port, wire=False)
+    with serving(config, wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
         text = wait_for(scraped, timeout=30, what="a scrape after the first poll")
-    finally:
-        stop.set()
-        daemon.join(30)
     assert "rnic_module_" not in text and c.WIRE_READ_ERRORS.name not in text
 
 
@@ -202,8 +166,7 @@ def test_a_port_down_event_says_why_the_link_is_down(tmp_path: Path) -> None:
     records = _Records()
     holder: list[Agent] = []
     watch = WireWatch(WireReader(SimEthtool(wire), gstats=wire.gstats), lambda: holder[0].last)
-    config = ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False, ethtool=False)
-    agent = Agent(config, sinks=(lambda _counters: records,), annotate=watch.annotate)
+    agent = Agent(sim_serve_config(host.root, 0), sinks=(lambda _counters: records,), annotate=watch.annotate)
     holder.append(agent)
     try:
         agent.poll_once(full_gid_tables=True)
@@ -234,27 +197,11 @@ def test_otlp_exports_the_wire_too(tmp_path: Path) -> None:
     with HttpReceiver() as rcv:
         otlp = resolve({"otlp_endpoint": rcv.url}, {})
         assert otlp is not None
-        config = ServeConfig(
-            sysfs=host.root,
-            listen=(f"127.0.0.1:{free_port()}",),
-            poll_interval_s=0.5,
-            state_dir=None,
-            watch_netlink=False,
-            watch_udev=False,
-            ethtool=False,
-            otlp=replace(otlp, interval_s=0.5),
-        )
-        stop = threading.Event()
-        reader = WireReader(SimEthtool(wire), gstats=wire.gstats)
-        daemon = threading.Thread(target=run, args=(config,), kwargs={"stop": stop, "wire": reader})
-        daemon.start()
-        try:
+        config = sim_serve_config(host.root, free_port(), otlp=replace(otlp, interval_s=0.5))
+        with serving(config, wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
             point = wait_for(
                 lambda: next((p for p in rcv.received.latest_points() if p.metric == "rnic.module.rx_power"), None),
                 timeout=30,
                 what="rnic.module.rx_power in an OTLP export",
             )
-        finally:
-            stop.set()
-            daemon.join(30)
     assert point.unit == "W" and point.attrs["netdev"] == "ens1f0np0" and point.value == pytest.approx(0.9e-3)

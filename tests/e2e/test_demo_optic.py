@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,9 @@ import pytest
 import yaml
 
 from rnic_exporter.commands import demo
-from rnic_exporter.config.serve import ServeConfig
-from rnic_exporter.daemon.serve import run
 from rnic_exporter.sim import SimHost
 from tests.support.processes import Prometheus, free_port, http_get
+from tests.support.serve import serving, sim_serve_config
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,51 +56,35 @@ def _firing(prom: Prometheus) -> dict[str, dict[str, Any]]:
 def test_the_optic_alert_fires_before_the_speed_alert(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=5, infiniband=1)  # the demo's 6 RNICs
     port = free_port()
-    config = ServeConfig(
-        sysfs=host.root,
-        listen=(f"127.0.0.1:{port}",),
-        poll_interval_s=0.2,
-        state_dir=tmp_path / "state",
-        watch_netlink=False,
-        watch_udev=False,
-        ethtool=False,
-    )
-    stop = threading.Event()
+    config = sim_serve_config(host.root, port, poll_interval_s=0.2, state_dir=tmp_path / "state")
     reader = demo.wire_reader(demo.attach_wire(host), step_seconds=1.0)  # the module read every second
-    daemon = threading.Thread(target=run, args=(config,), kwargs={"stop": stop, "wire": reader})
-    daemon.start()
     prom_config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
     }
     device = demo.FADING[0]
-    try:
-        with Prometheus(tmp_path / "prom", prom_config, [_scaled_rules(tmp_path / "rules.yml")]) as prom:
-            # Healthy first: the optic and the rated speed scraped, nothing firing on the device.
-            prom.wait_value(f'count(rnic_module_monitor_level{{monitor="rx_power", device="{device}"}} == 0)', 30)
-            prom.wait_value(f'count(rnic_port_rated_rate_bytes_per_second{{device="{device}"}})', 30)
-            assert _firing(prom) == {}
-            print(demo._optic_fade(host))
-            wait_for(
-                lambda: (
-                    prom.value(f'rnic_module_monitor_level{{monitor="rx_power", device="{device}", lane="2"}}') == -1.0
-                ),
-                timeout=20,
-                what="the faded lane at -1 (below low warning) in Prometheus",
-            )
-            print(demo._speed_drop(host))
-            first_seen: dict[str, float] = {}
+    rules = [_scaled_rules(tmp_path / "rules.yml")]
+    with serving(config, wire=reader), Prometheus(tmp_path / "prom", prom_config, rules) as prom:
+        # Healthy first: the optic and the rated speed scraped, nothing firing on the device.
+        prom.wait_value(f'count(rnic_module_monitor_level{{monitor="rx_power", device="{device}"}} == 0)', 30)
+        prom.wait_value(f'count(rnic_port_rated_rate_bytes_per_second{{device="{device}"}})', 30)
+        assert _firing(prom) == {}
+        print(demo._optic_fade(host))
+        wait_for(
+            lambda: prom.value(f'rnic_module_monitor_level{{monitor="rx_power", device="{device}", lane="2"}}') == -1.0,
+            timeout=20,
+            what="the faded lane at -1 (below low warning) in Prometheus",
+        )
+        print(demo._speed_drop(host))
+        first_seen: dict[str, float] = {}
 
-            def both() -> bool:
-                for name in _firing(prom):
-                    first_seen.setdefault(name, time.monotonic())
-                return {OPTIC, SPEED} <= set(first_seen)
+        def both() -> bool:
+            for name in _firing(prom):
+                first_seen.setdefault(name, time.monotonic())
+            return {OPTIC, SPEED} <= set(first_seen)
 
-            wait_for(both, timeout=60, what=f"{OPTIC} and {SPEED} firing on {device}", interval=0.1)
-            alerts = _firing(prom)
-    finally:
-        stop.set()
-        daemon.join(30)
+        wait_for(both, timeout=60, what=f"{OPTIC} and {SPEED} firing on {device}", interval=0.1)
+        alerts = _firing(prom)
     assert first_seen[OPTIC] < first_seen[SPEED], first_seen
     assert alerts[OPTIC]["activeAt"] < alerts[SPEED]["activeAt"], alerts
     assert alerts[OPTIC]["labels"]["netdev"] == demo.FADING[1] and alerts[OPTIC]["labels"]["lane"] == "2"
