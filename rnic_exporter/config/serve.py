@@ -13,7 +13,7 @@ import click
 
 from rnic_exporter.config import otlp
 from rnic_exporter.config.bounds import COUNTER_WAIT, POLL_INTERVAL, NumberParam
-from rnic_exporter.config.file import ConsumerSettings, Resolved, reader_settings, resolve
+from rnic_exporter.config.file import ConsumerSettings, Resolved, WireIntervals, reader_settings, resolve
 from rnic_exporter.config.nccl_conf import read_nccl_conf
 from rnic_exporter.config.nccl_env import gid_index_from_env, gid_index_given
 from rnic_exporter.config.otlp import OtlpSettings
@@ -59,6 +59,7 @@ class ServeConfig:
     read_deadline_s: float = DEFAULT_DEADLINE_S
     consumers: ConsumerSettings = field(default_factory=ConsumerSettings)  # --collector.consumers
     wire: bool = True  # --collector.wire: optics, FEC, link-down reason, pause on their own timers
+    wire_intervals: WireIntervals = field(default_factory=WireIntervals)  # the config file's [collector.wire]
 
     @property
     def detection_settings(self) -> DetectionSettings:

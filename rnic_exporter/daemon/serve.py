@@ -30,7 +30,7 @@ from rnic_exporter.sinks.registry import SelfMetrics
 
 if TYPE_CHECKING:
     from rnic_exporter.daemon.wire_watch import Snapshots, WireWatch
-    from rnic_exporter.sources.wire import WireReader
+    from rnic_exporter.sources.wire import WireReader, WireSettings
     from rnic_exporter.web.server import WebServer
 
 log = logging.getLogger("rnic_exporter.agent")
@@ -130,6 +130,8 @@ def run(
                 reload.clear()
                 config = agent.reload(lambda: apply_file(base, set(explicit)))
                 schedule.interval_s = config.poll_interval_s
+                if wire_watch is not None and wire is None:  # the simulator's reader keeps its own
+                    wire_watch.reader.settings = wire_settings_for(config, wire_watch.reader.settings)
             agent.woken(due.sources, {source: watcher.errors for source, watcher in watchers.items()})
             started = time.monotonic()
             agent.poll_once(full_gid_tables=due.full_gid_tables, event=due.reason == "event")
@@ -187,11 +189,18 @@ def wire_watch_for(config: ServeConfig, snapshots: Snapshots, reader: WireReader
     """The wire reader over the RoCE netdevs of `snapshots` (--collector.wire); `reader` replaces the
     real one (the simulator's). Its families go into the registry every sink reads; started after the
     first poll."""
-    from rnic_exporter.daemon.wire_watch import WireWatch
+    from rnic_exporter.daemon.wire_watch import WireWatch, wire_settings
 
     if reader is None:
         from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
         from rnic_exporter.sources.wire import WireReader
 
-        reader = WireReader(EthtoolNetlink())
+        reader = WireReader(EthtoolNetlink(), wire_settings(config.wire_intervals))
     return WireWatch(reader, snapshots, sysfs=config.sysfs)
+
+
+def wire_settings_for(config: ServeConfig, current: WireSettings) -> WireSettings:
+    """The wire reader's settings after a reload: the config file's `[collector.wire]` intervals."""
+    from rnic_exporter.daemon.wire_watch import wire_settings
+
+    return wire_settings(config.wire_intervals, current)

@@ -26,12 +26,13 @@ from pathlib import Path
 
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import PORT_DOWN, Event
+from rnic_exporter.config.file import WireIntervals
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.wire import DeviceTemperatures, LinkState, NetdevWire
 from rnic_exporter.sinks.samples import Family, FamilyBuilder
 from rnic_exporter.sinks.wire_samples import Netdev, hwmon_samples, wire_samples
 from rnic_exporter.sources.hwmon import read_mlx5_hwmon
-from rnic_exporter.sources.wire import WireReader
+from rnic_exporter.sources.wire import WireReader, WireSettings
 
 log = logging.getLogger("rnic_exporter.wire")
 
@@ -43,6 +44,18 @@ HWMON_INTERVAL_S = 60.0  # an MTMP register access per sensor: on the module tim
 ERROR_OPERATIONS = ("link_state", "fec", "pause", "module_eeprom", "gstats", "hwmon", "poll")
 
 Snapshots = Callable[[], Snapshot | None]
+
+
+def wire_settings(intervals: WireIntervals, base: WireSettings | None = None) -> WireSettings:
+    """The reader's settings with the config file's intervals (`[collector.wire]`)."""
+    return replace(
+        base or WireSettings(),
+        module_interval=intervals.module_s,
+        fec_interval=intervals.fec_s,
+        pause_interval=intervals.pause_s,
+        link_state_interval=intervals.link_state_s,
+        gstats_interval=intervals.gstats_s,
+    )
 
 
 def roce_netdevs(snap: Snapshot | None) -> dict[str, Netdev]:

@@ -11,6 +11,7 @@ import pytest
 
 from rnic_exporter.catalog import metrics as c
 from rnic_exporter.catalog.events import PORT_DOWN, Event
+from rnic_exporter.config.serve import ServeConfig
 from rnic_exporter.daemon.agent import Agent
 from rnic_exporter.daemon.wire_watch import ERROR_OPERATIONS, WireWatch, roce_netdevs
 from rnic_exporter.model.host import Snapshot
@@ -205,3 +206,19 @@ def test_otlp_exports_the_wire_too(tmp_path: Path) -> None:
                 what="rnic.module.rx_power in an OTLP export",
             )
     assert point.unit == "W" and point.attrs["netdev"] == "ens1f0np0" and point.value == pytest.approx(0.9e-3)
+
+
+def test_the_config_file_sets_the_intervals(tmp_path: Path) -> None:
+    from rnic_exporter.config.file import apply_file
+    from rnic_exporter.daemon.wire_watch import wire_settings
+    from rnic_exporter.errors import ConfigError
+
+    good = tmp_path / "good.toml"
+    good.write_text('[collector.wire]\nmodule_interval_seconds = "2m"\nfec_interval_seconds = 15\n')
+    config = apply_file(ServeConfig(config_file=good, state_dir=None), set())
+    settings = wire_settings(config.wire_intervals)
+    assert (settings.module_interval, settings.fec_interval, settings.pause_interval) == (120.0, 15.0, 30.0)
+    fast = tmp_path / "fast.toml"
+    fast.write_text("[collector.wire]\nmodule_interval_seconds = 10\n")
+    with pytest.raises(ConfigError, match=r"collector\.wire\.module_interval_seconds"):
+        apply_file(ServeConfig(config_file=fast, state_dir=None), set())
