@@ -28,7 +28,7 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import PORT_DOWN, Event
 from rnic_exporter.config.file import WireIntervals
 from rnic_exporter.model.host import Snapshot
-from rnic_exporter.model.wire import DeviceTemperatures, LinkState, NetdevWire
+from rnic_exporter.model.wire import DeviceTemperatures, LinkState, NetdevWire, ReadFailure
 from rnic_exporter.sinks.samples import Family, FamilyBuilder
 from rnic_exporter.sinks.wire_samples import Netdev, hwmon_samples, wire_samples
 from rnic_exporter.sources.hwmon import read_mlx5_hwmon
@@ -134,7 +134,7 @@ class WireWatch:
         with self._lock:
             self._families = families
             self.polls += 1
-        self._note_failures()
+        self._note_failures(wire)
         return wire
 
     def _read_hwmon(self, snap: Snapshot | None, now: float) -> None:
@@ -173,16 +173,17 @@ class WireWatch:
             counts[operation] = counts.get(operation, 0) + count
         return counts
 
-    def _note_failures(self) -> None:
-        """A warning the first time an operation fails; the counter tells the rest (a flapping
-        read would otherwise log on every poll)."""
-        for operation, count in self._read_errors().items():
-            if count and operation not in self._failing:
-                self._failing.add(operation)
-                log.warning(
-                    "wire read failed; its series keep their last reading (counted from now on)",
-                    extra={"fields": {"operation": operation}},
-                )
+    def _note_failures(self, wire: Mapping[str, NetdevWire]) -> None:
+        """A warning the first time an operation fails, with the netdev and the kernel's answer; the
+        counter tells the rest (a flapping read would otherwise log on every poll)."""
+        for netdev, reading in sorted(wire.items()):
+            for outcome in (reading.link_state, reading.fec, reading.pause, reading.module, reading.driver_pause):
+                if isinstance(outcome, ReadFailure) and outcome.operation not in self._failing:
+                    self._failing.add(outcome.operation)
+                    log.warning(
+                        "wire read failed; its series keep their last reading (counted from now on)",
+                        extra={"fields": {"operation": outcome.operation, "netdev": netdev, "err": outcome.reason}},
+                    )
 
     def _fail(self, operation: str, exc: Exception) -> None:
         self.errors[operation] += 1
