@@ -491,7 +491,7 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
     return replace(
         config,
         poll_interval_s=resolved.poll_interval_s,
-        reader=resolved.reader,
+        reader=replace(resolved.reader, rdma_netlink=config.reader.rdma_netlink),  # a flag only
         detection=resolved.detection,
         consumers=resolved.consumers,
     )

@@ -155,6 +155,14 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
             default=True,
             help="Use the link modes RoCE netdevs advertise (ethtool netlink) as their rated speed.",
         ),
+        click.option(
+            "--collector.rdma-netlink/--no-collector.rdma-netlink",
+            "rdma_netlink",
+            default=True,
+            help="Read each port's hw counters with one RDMA netlink request (STAT_GET) where the kernel "
+            "answers it, instead of a file (and firmware command on mlx5) per counter; sysfs where it "
+            "does not (rnic_exporter_read_path_info).",
+        ),
     ]
 
 
@@ -177,12 +185,15 @@ def serve_config(
         web_max_requests=flags["web_max_requests"],
         poll_interval_s=flags["poll_interval"],
         safety_interval_s=flags["safety_interval"],
-        reader=reader_settings(
-            flags["device_include"],
-            flags["device_exclude"],
-            counters=CounterFilter.build(
-                flags["hw_counters"], flags["hw_counters_include"], flags["hw_counters_exclude"]
+        reader=replace(
+            reader_settings(
+                flags["device_include"],
+                flags["device_exclude"],
+                counters=CounterFilter.build(
+                    flags["hw_counters"], flags["hw_counters_include"], flags["hw_counters_exclude"]
+                ),
             ),
+            rdma_netlink=flags.get("rdma_netlink", True),
         ),
         config_file=flags["config_file"],
         state_dir=Path(state_dir) if state_dir else None,

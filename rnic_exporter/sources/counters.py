@@ -14,11 +14,12 @@ one per pass. A device re-registration starts a new plan, so its back-off starts
 
 from __future__ import annotations
 
+import errno
 import itertools
 import operator
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -91,6 +92,12 @@ class CounterPlan:
         self._scaled = [tuple((k, s) for k, s in enumerate(g.scales) if s != 1) for g in self.groups]
         self.errors: tuple[ReadError, ...] = ()  # every file unreadable now (backed-off ones too)
         self.completed_at: float | None = None  # wall clock of the last finished pass
+        # Slots whose values come from elsewhere (a port's hw counters from one RDMA netlink
+        # STAT_GET: `feed`) and are not read from their files; and the batches of what is read.
+        self._fed: dict[int, int] = {}  # slot -> index in the feed's value list
+        self._batches: dict[frozenset[int], tuple[list[int], ReadBatch]] = {}
+        self._kind_counts: dict[frozenset[int], dict[str, int]] = {}
+        self.last_reads: dict[str, int] = {}  # files read by the last pass, per group kind
 
     @property
     def backed_off(self) -> Mapping[int, float]:
@@ -102,13 +109,68 @@ class CounterPlan:
         subdir = "counters" if group.kind == "counters" else "hw_counters"
         return group.port, f"{subdir}/{group.names[index - group.start]}"
 
-    def refresh(self, fds: FdCache) -> tuple[ReadError, ...]:
-        """One pass; returns the errors of the reads it made (the caller counts them)."""
+    def feed_ports(self, ports: Collection[int]) -> None:
+        """The hw counters of `ports` are fed to each `refresh` (`fed`, in the groups' name order),
+        not read from their files; an empty collection: every file is read again."""
+        fed: dict[int, int] = {}
+        k = 0
+        for group in self.groups:
+            if group.kind == "hw" and group.port is not None and group.port in ports:
+                for i in range(group.start, group.end):
+                    fed[i] = k
+                    k += 1
+        self._fed = fed
+
+    def fed_names(self) -> list[tuple[int, tuple[str, ...]]]:
+        """(port, names) of every fed group, in the order `refresh` wants their values."""
+        fed = self._fed
+        return [(g.port, g.names) for g in self.groups if g.port is not None and g.names and g.start in fed]
+
+    def _kinds(self, unread: frozenset[int]) -> dict[str, int]:
+        """Files read per group kind when `unread` are not (before back-off)."""
+        got = self._kind_counts.get(unread)
+        if got is None:
+            got = {}
+            for group in self.groups:
+                n = sum(1 for i in range(group.start, group.end) if i not in unread)
+                got[group.kind] = got.get(group.kind, 0) + n
+            self._kind_counts[unread] = got
+        return got
+
+    def _read_set(self, unread: frozenset[int]) -> tuple[list[int], ReadBatch]:
+        """The slots a pass reads when `unread` are not read, and their batch (one per variant)."""
+        got = self._batches.get(unread)
+        if got is None:
+            index = [i for i in range(len(self.rels)) if i not in unread]
+            got = self._batches[unread] = (index, ReadBatch([self.rels[i] for i in index]))
+        return got
+
+    def refresh(self, fds: FdCache, fed: Sequence[int] | None = None) -> tuple[ReadError, ...]:
+        """One pass; returns the errors of the reads it made (the caller counts them). `fed`: the
+        values of the fed slots (`feed_ports`), read elsewhere this pass."""
         now = self._clock()
         skip = frozenset(i for i, b in self._backoff.items() if b.retry_at > now) if self._backoff else frozenset()
-        raws: list[Raw | None] = list(fds.read_batch(self._batch, skip))
+        if not self._fed:
+            raws: list[Raw | None] = list(fds.read_batch(self._batch, skip))
+            read_index: Sequence[int] = range(len(self.rels))
+        else:
+            read_index, batch = self._read_set(frozenset(self._fed))
+            position = {slot: k for k, slot in enumerate(read_index)} if skip else {}
+            got = fds.read_batch(batch, frozenset(position[i] for i in skip if i in position))
+            raws = [None] * len(self.rels)
+            for k, slot in enumerate(read_index):
+                raws[slot] = got[k]
+            values = fed or ()
+            for slot, k in self._fed.items():
+                # As the kernel prints it: the same parse, saturation and change path as a file.
+                raws[slot] = b"%d\n" % values[k] if k < len(values) else errno.ENODATA
         for i in skip:
             raws[i] = self._raws[i]  # a backed-off file keeps what it last answered
+        reads = dict(self._kinds(frozenset(self._fed)))
+        for i in skip:
+            if i not in self._fed:
+                reads[self.groups[self._group_of[i]].kind] -= 1
+        self.last_reads = reads
         if raws != self._raws:
             self._apply(raws)
         failed = []

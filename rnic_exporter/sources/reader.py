@@ -54,10 +54,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from rnic_exporter.model.host import DeviceFreshness, Netdev, PcieLink, ReadError, Snapshot
+from rnic_exporter.sources.counter_netlink import LIVE_SYSFS, HwNetlink
 from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.device_reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, DeviceReader
 from rnic_exporter.sources.infiniband import CLASS_DIR
 from rnic_exporter.sources.read_context import SAFETY_S, ReadContext, ReaderSettings
+from rnic_exporter.sources.read_path import ReadPath
 from rnic_exporter.sources.read_thread import Gate
 from rnic_exporter.sources.sysfs import SysfsRoot, errno_reason
 
@@ -80,12 +82,21 @@ class HostReader:
     """
 
     def __init__(
-        self, root: SysfsRoot, settings: ReaderSettings | None = None, *, clock: Callable[[], float] = time.monotonic
+        self,
+        root: SysfsRoot,
+        settings: ReaderSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        netlink: HwNetlink | None = None,
     ) -> None:
+        """`netlink`: RDMA netlink for the hw counters; by default one of this process's network
+        namespace where `root` is the live `/sys` (a tree elsewhere has no kernel behind it)."""
         self.root = root
         self.clock = clock  # counter back-off's and the safety sweep's time
+        if netlink is None and root.mount == LIVE_SYSFS:
+            netlink = HwNetlink()
         # What the device readers see of this reader (instead of a back-reference to it).
-        self._context = ReadContext(root, clock, settings or ReaderSettings())
+        self._context = ReadContext(root, clock, settings or ReaderSettings(), netlink=netlink)
         self._devices: dict[str, DeviceReader] = {}
         self._order: tuple[DeviceReader, ...] = ()  # replaced, never mutated: consumers' threads read it
         self._retired: list[DeviceReader] = []  # gone, descriptors to close once no read of them runs
@@ -118,7 +129,8 @@ class HostReader:
     @settings.setter
     def settings(self, settings: ReaderSettings) -> None:
         """New settings (a config reload): cached NCCL picks were made with the old ones."""
-        refilter = settings.counters != self._context.settings.counters
+        old = self._context.settings
+        refilter = (settings.counters, settings.rdma_netlink) != (old.counters, old.rdma_netlink)
         self._context.settings = settings
         for device in self._devices.values():
             device.resettle = True
@@ -242,6 +254,10 @@ class HostReader:
         """(device, its counter plan) in exposition order."""
         return [(r.name, r.counters.plan) for r in self._order]
 
+    def read_costs(self) -> list[tuple[str, ReadPath | None, dict[str, int]]]:
+        """(device, how its hw counters are read, its reads so far per kind) in exposition order."""
+        return [(r.name, r.counters.read_path, dict(r.counters.reads)) for r in self._order]
+
     def freshness(self) -> tuple[DeviceFreshness, ...]:
         out = []
         for r in self._order:
@@ -260,6 +276,8 @@ class HostReader:
 
     def close(self) -> None:
         """Close every descriptor no hung read may be using (the others go with the process)."""
+        if self._context.netlink is not None:
+            self._context.netlink.close()
         for reader in [*self._devices.values(), *self._retired]:
             if reader.gate.lock.acquire(blocking=False):
                 try:
