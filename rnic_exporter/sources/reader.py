@@ -270,6 +270,8 @@ class HostReader:
                     plan.completed_at if plan else None,
                     tuple(plan.backoff_samples()) if plan else (),
                     None if r.state_at is None else not r.trusted,
+                    None if (path := r.counters.read_path) is None else (path.path, path.code),
+                    tuple(sorted(r.counters.reads.items())),
                 )
             )
         return tuple(out)
