@@ -21,6 +21,7 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import DEFAULT_STATE_DIR
 from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.counter_filter import CounterFilter
+from rnic_exporter.sources.counters import SLOW_PMA_S
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S
 from rnic_exporter.sources.reader import SAFETY_S, ReaderSettings
 
@@ -163,6 +164,15 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
             "answers it, instead of a file (and firmware command on mlx5) per counter; sysfs where it "
             "does not (rnic_exporter_read_path_info).",
         ),
+        click.option(
+            "--collector.pma.slow-interval",
+            "pma_slow_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=SLOW_PMA_S,
+            help="Time between reads of the PMA counters no per-scrape rate needs (the error counters, "
+            "unicast/multicast; each a firmware command on mlx5), served from their last read between; "
+            "throughput, packets and port_xmit_wait are read every scrape.",
+        ),
     ]
 
 
@@ -194,6 +204,7 @@ def serve_config(
                 ),
             ),
             rdma_netlink=flags.get("rdma_netlink", True),
+            pma_slow_s=flags.get("pma_slow_interval", SLOW_PMA_S),
         ),
         config_file=flags["config_file"],
         state_dir=Path(state_dir) if state_dir else None,

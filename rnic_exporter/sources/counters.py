@@ -34,6 +34,18 @@ BACKED_OFF = frozenset({availability.NOT_SUPPORTED, availability.NO_PMA})
 BACKOFF_MIN_S = 60.0
 BACKOFF_MAX_S = 3600.0
 BACKOFF_AFTER = 3  # consecutive refusals of a file that answered before
+# The PMA counters a scrape needs fresh: what the dashboards draw as rates over
+# $__rate_interval (throughput, packets, congestion). The others (the twelve error counters, fed
+# to 5-minute rates only, and unicast/multicast, fed to nothing) are read on a slower timer.
+RATE_PMA = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_xmit_wait"})
+SLOW_PMA_S = 60.0
+
+
+def slow_pma(kind: str, name: str) -> bool:
+    """A PMA counter file no per-scrape rate needs."""
+    return kind == "counters" and name not in RATE_PMA
+
+
 # A group's files joined, when each is what the kernel prints for a counter: digits and a newline.
 _KERNEL_DIGITS = re.compile(rb"(?:[0-9]{1,19}\n)+")  # 20 digits may pass 2**64: per file
 
@@ -54,9 +66,13 @@ class CounterPlan:
         groups: Sequence[tuple[str, int | None, str, Sequence[str]]],
         clock: Callable[[], float] = time.monotonic,
         wants: Callable[[str, str], bool] | None = None,
+        slow: Callable[[str, str], bool] | None = None,
+        slow_s: float = 0.0,
     ) -> None:
         """`groups`: (kind, port, directory relative to the mount, file names); `wants(kind, name)`
-        False: the file is never read (a collector filter, `rnic_exporter/sources/counter_filter.py`)."""
+        False: the file is never read (a collector filter, `rnic_exporter/sources/counter_filter.py`);
+        `slow(kind, name)` True: the file is read once every `slow_s` seconds (0: every pass), its
+        last value served in between (`SLOW_PMA`)."""
         self.device = device
         self._clock = clock
         rels: list[str] = []
@@ -97,6 +113,14 @@ class CounterPlan:
         self._fed: dict[int, int] = {}  # slot -> index in the feed's value list
         self._batches: dict[frozenset[int], tuple[list[int], ReadBatch]] = {}
         self._kind_counts: dict[frozenset[int], dict[str, int]] = {}
+        self._never: set[int] = set()  # answered `N/A (no PMA)` from the first read: not read again
+        self._slow_s = slow_s
+        self._slow = (
+            frozenset(i for g in self.groups for i in range(g.start, g.end) if slow(g.kind, g.names[i - g.start]))
+            if slow is not None and slow_s > 0
+            else frozenset()
+        )
+        self._slow_due = float("-inf")  # (clock) the slow files are read on the first pass
         self.last_reads: dict[str, int] = {}  # files read by the last pass, per group kind
 
     @property
@@ -145,30 +169,41 @@ class CounterPlan:
             got = self._batches[unread] = (index, ReadBatch([self.rels[i] for i in index]))
         return got
 
-    def refresh(self, fds: FdCache, fed: Sequence[int] | None = None) -> tuple[ReadError, ...]:
+    def refresh(
+        self, fds: FdCache, fed: Sequence[int] | None = None, *, every_file: bool = True
+    ) -> tuple[ReadError, ...]:
         """One pass; returns the errors of the reads it made (the caller counts them). `fed`: the
-        values of the fed slots (`feed_ports`), read elsewhere this pass."""
+        values of the fed slots (`feed_ports`), read elsewhere this pass; `every_file` False: the
+        slow files only when their timer is due."""
         now = self._clock()
         skip = frozenset(i for i, b in self._backoff.items() if b.retry_at > now) if self._backoff else frozenset()
-        if not self._fed:
+        if self._never:
+            skip |= self._never
+        # Not read this pass: the fed slots, and the slow ones until their timer is due.
+        unread = frozenset(self._fed)
+        if self._slow and not every_file and now < self._slow_due:
+            unread |= self._slow
+        elif self._slow:
+            self._slow_due = now + self._slow_s
+        if not unread:
             raws: list[Raw | None] = list(fds.read_batch(self._batch, skip))
-            read_index: Sequence[int] = range(len(self.rels))
         else:
-            read_index, batch = self._read_set(frozenset(self._fed))
+            read_index, batch = self._read_set(unread)
             position = {slot: k for k, slot in enumerate(read_index)} if skip else {}
             got = fds.read_batch(batch, frozenset(position[i] for i in skip if i in position))
-            raws = [None] * len(self.rels)
+            raws = list(self._raws)  # a slow slot keeps what it last answered
             for k, slot in enumerate(read_index):
                 raws[slot] = got[k]
             values = fed or ()
             for slot, k in self._fed.items():
                 # As the kernel prints it: the same parse, saturation and change path as a file.
                 raws[slot] = b"%d\n" % values[k] if k < len(values) else errno.ENODATA
+            skip |= unread - self._fed.keys()  # not read: no failure of theirs to count again
         for i in skip:
             raws[i] = self._raws[i]  # a backed-off file keeps what it last answered
-        reads = dict(self._kinds(frozenset(self._fed)))
+        reads = dict(self._kinds(unread))
         for i in skip:
-            if i not in self._fed:
+            if i not in unread:
                 reads[self.groups[self._group_of[i]].kind] -= 1
         self.last_reads = reads
         if raws != self._raws:
@@ -182,7 +217,13 @@ class CounterPlan:
             self._streak[i] = streak = self._streak.get(i, 0) + 1
             # Unsupported from the first read, or refusing pass after pass: a restricted function.
             # A file that answered before and fails once is retried on the next pass.
-            if availability.symptom(error) in BACKED_OFF and (i not in self._answered or streak >= BACKOFF_AFTER):
+            symptom = availability.symptom(error)
+            if symptom == availability.NO_PMA and i not in self._answered:
+                # The port has no PMA (`N/A (no PMA)` from the first read): nothing for this
+                # registration will change that, so the file is not asked again.
+                self._never.add(i)
+                continue
+            if symptom in BACKED_OFF and (i not in self._answered or streak >= BACKOFF_AFTER):
                 before = self._backoff.get(i)
                 interval = BACKOFF_MIN_S if before is None else min(before.interval_s * 2, BACKOFF_MAX_S)
                 self._backoff[i] = _Backoff(interval, now + interval)

@@ -14,7 +14,7 @@ from typing import cast
 
 from rnic_exporter.model.host import CounterValue, Device, ReadError
 from rnic_exporter.sources import availability
-from rnic_exporter.sources.counters import CounterPlan
+from rnic_exporter.sources.counters import CounterPlan, slow_pma
 from rnic_exporter.sources.discovery import Shape
 from rnic_exporter.sources.nldev import PortCounters, Unavailable
 from rnic_exporter.sources.read_context import ReadContext
@@ -91,7 +91,8 @@ class DeviceCounters:
             groups.append(("hw", port.number, f"{port_dir}/hw_counters", port.hw_names))
         counters = self.context.settings.counters
         wants = None if counters.everything else counters.wants
-        self.plan = CounterPlan(self.name, groups, self.context.clock, wants)
+        settings = self.context.settings
+        self.plan = CounterPlan(self.name, groups, self.context.clock, wants, slow_pma, settings.pma_slow_s)
         self._plan_read = False
         self._choose_path(self.plan)
 
@@ -153,7 +154,12 @@ class DeviceCounters:
             return None
         return values
 
-    def job(self) -> None:
+    def scrape_job(self) -> None:
+        """A consumer's pass (a scrape, an OTLP export): the slow PMA files only when due."""
+        self.job(every_file=False)
+
+    def job(self, every_file: bool = True) -> None:
+        """One counter pass; `every_file` (a one-shot read): the slow PMA files too."""
         plan = self.plan
         if plan is None:
             return
@@ -161,7 +167,7 @@ class DeviceCounters:
             self._choose_path(plan)
         path = self.read_path
         fed = self._netlink_values(plan) if path is not None and path.path == "netlink" else None
-        refresh_errors = plan.refresh(self.fds, fed)
+        refresh_errors = plan.refresh(self.fds, fed, every_file=every_file)
         for kind, n in plan.last_reads.items():
             label = _READ_KINDS[kind]
             self.reads[label] = self.reads.get(label, 0) + n

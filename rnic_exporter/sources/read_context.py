@@ -15,6 +15,7 @@ from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.nccl import NcclSettings
 from rnic_exporter.sources.counter_filter import CounterFilter
 from rnic_exporter.sources.counter_netlink import HwNetlink
+from rnic_exporter.sources.counters import SLOW_PMA_S
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 # While events are trusted: each device's whole state is re-read every safety sweep (SAFETY_S
@@ -29,6 +30,7 @@ class ReaderSettings:
     nccl: NcclSettings = field(default_factory=NcclSettings)
     counters: CounterFilter = field(default_factory=CounterFilter)  # --collector.hw_counters.*
     rdma_netlink: bool = True  # --collector.rdma-netlink: hw counters by STAT_GET where it answers
+    pma_slow_s: float = SLOW_PMA_S  # --collector.pma.slow-interval: PMA counters no rate needs per scrape
 
     @property
     def filter_text(self) -> str:

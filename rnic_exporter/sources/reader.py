@@ -130,7 +130,11 @@ class HostReader:
     def settings(self, settings: ReaderSettings) -> None:
         """New settings (a config reload): cached NCCL picks were made with the old ones."""
         old = self._context.settings
-        refilter = (settings.counters, settings.rdma_netlink) != (old.counters, old.rdma_netlink)
+        refilter = (settings.counters, settings.rdma_netlink, settings.pma_slow_s) != (
+            old.counters,
+            old.rdma_netlink,
+            old.pma_slow_s,
+        )
         self._context.settings = settings
         for device in self._devices.values():
             device.resettle = True
@@ -238,7 +242,7 @@ class HostReader:
 
     def counter_jobs(self) -> list[Job]:
         """One job per device that has a counter plan; each returns its failed reads via `take_counter_errors`."""
-        return [(r.gate, r.counters.job) for r in self._order]
+        return [(r.gate, r.counters.scrape_job) for r in self._order]
 
     def take_counter_errors(self) -> tuple[ReadError, ...]:
         out: list[ReadError] = []
