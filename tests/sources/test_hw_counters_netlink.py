@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
-import socket
 import struct
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +24,7 @@ from rnic_exporter.sources.device_counters import NETLINK_RETRY_S
 from rnic_exporter.sources.read_context import ReaderSettings
 from rnic_exporter.sources.reader import HostReader
 from rnic_exporter.sources.sysfs import SysfsRoot
+from tests.support.rdma_peer import peer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURES = sorted(FIXTURES.glob("kernel-rxe-*/nldev.json"))
@@ -76,37 +75,9 @@ class Kernel:
 @contextmanager
 def served(kernel: Kernel) -> Iterator[HwNetlink]:
     """An `HwNetlink` whose socket is one end of a real datagram socketpair, `kernel` at the other."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-
-    class Unbound(socket.socket):
-        def bind(self, _address: object) -> None:  # a socketpair is connected already
-            return None
-
-    client_sock = Unbound(fileno=ours.detach())
-    stop = threading.Event()
-
-    def serve() -> None:
-        theirs.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                request = theirs.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            for datagram in kernel.answer(request):
-                theirs.send(datagram)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    netlink = HwNetlink(nl.RdmaNetlink(timeout_s=1.0, socket_factory=lambda: client_sock))
-    try:
+    with peer(kernel.answer, timeout_s=1.0) as client:
+        netlink = HwNetlink(client)
         yield netlink
-    finally:
-        stop.set()
-        thread.join(2)
-        netlink.close()
-        theirs.close()
 
 
 def rxe_tree(tmp_path: Path, hw: dict[str, int]) -> SimHost:
