@@ -189,6 +189,8 @@ class Agent:
             event_log.log(_EVENT_LEVEL[event_.severity], event_.message, extra={"fields": fields})
         if self.ethtool.errors:
             self.source_errors["ethtool"] = self.ethtool.errors
+        if self.reader.netlink_failures:
+            self.source_errors["rdma_netlink"] = self.reader.netlink_failures
         detector = self.detector
         self.detection_families = tuple(
             detection_families(

@@ -20,6 +20,14 @@ class HwNetlink:
     def __init__(self, client: RdmaNetlink | None = None) -> None:
         self._client = client or RdmaNetlink()
         self._lock = threading.Lock()
+        # Requests of a device read through netlink that failed (the device fell back to its files):
+        # rnic_exporter_event_source_errors_total{source="rdma_netlink"}. A refusal when the path is
+        # chosen is not one: a kernel without RDMA netlink is unsupported, not broken.
+        self.failures = 0
+
+    def failed(self) -> None:
+        with self._lock:
+            self.failures += 1
 
     def index_of(self, device: str) -> int | Unavailable:
         """The device's RDMA netlink index (one device dump), or why there is none."""

@@ -151,6 +151,8 @@ class DeviceCounters:
             )
             plan.feed_ports(())
             self._nl_retry_at = self.context.clock() + NETLINK_RETRY_S
+            if netlink is not None:
+                netlink.failed()
             return None
         return values
 

@@ -258,6 +258,12 @@ class HostReader:
         """(device, its counter plan) in exposition order."""
         return [(r.name, r.counters.plan) for r in self._order]
 
+    @property
+    def netlink_failures(self) -> int:
+        """RDMA netlink requests that failed a device read through it (monotone)."""
+        netlink = self._context.netlink
+        return 0 if netlink is None else netlink.failures
+
     def read_costs(self) -> list[tuple[str, ReadPath | None, dict[str, int]]]:
         """(device, how its hw counters are read, its reads so far per kind) in exposition order."""
         return [(r.name, r.counters.read_path, dict(r.counters.reads)) for r in self._order]

@@ -172,6 +172,7 @@ def test_a_device_netlink_fails_later_is_read_from_sysfs_then_asked_again(
         assert served_hw(reader) == around["before"]  # this very pass, from the files
         assert counters.read_path is not None
         assert (counters.read_path.path, counters.read_path.code) == ("sysfs", "netlink_no_device")
+        assert reader.netlink_failures == 1  # rnic_exporter_event_source_errors_total{source="rdma_netlink"}
         asked = len(kernel.asked)
         served_hw(reader)
         assert len(kernel.asked) == asked  # not asked again every pass
@@ -195,6 +196,7 @@ def test_a_kernel_refusing_at_the_decision_leaves_sysfs_with_the_reason(
         (counters,) = [r.counters for r in reader._order]
         assert counters.read_path is not None
         assert (counters.read_path.path, counters.read_path.code) == ("sysfs", "netlink_permission")
+        assert reader.netlink_failures == 0  # refused when chosen: not a failure of a path in use
 
 
 def test_turned_off_netlink_is_never_asked(capture: dict[str, Any], tmp_path: Path) -> None:
