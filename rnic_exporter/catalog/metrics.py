@@ -400,18 +400,15 @@ COUNTERS_STALE = _m(
     "scrape stopped waiting, a device's read hangs, or a device was not read yet): they are "
     "the last values read, or missing.",
 )
-# What the exporter's reads cost the NIC (issue 30): declared here, exposed once the reader counts
-# them (rnic_exporter/sources/read_cost.py models the firmware commands behind each kind). Not in
-# METRICS yet: every METRICS entry must be rendered, mapped to OpenTelemetry and listed in
-# docs/opentelemetry.md, which the wiring will do together.
+# What the exporter's reads cost the NIC (issue 30; rnic_exporter/sources/read_cost.py models the
+# firmware commands behind each kind): counted by the counter pass (sources/device_counters.py).
 READS = _m(
     "rnic_exporter_reads_total",
     "counter",
     ("device", "kind"),
     "Reads the exporter made of the device, by kind: pma_file (a counters/ file: one firmware "
     "command on mlx5, never cached), hw_counters_file (a hw_counters/ file: up to three on mlx5), "
-    "netlink_stat (one RDMA netlink STAT_GET: a port's hw counters in one driver call), ethtool "
-    "(an ethtool or module EEPROM request).",
+    "netlink_stat (one RDMA netlink STAT_GET: a port's hw counters in one driver call).",
 )
 READ_PATH = _m(
     "rnic_exporter_read_path_info",
@@ -419,9 +416,9 @@ READ_PATH = _m(
     ("device", "path", "reason"),
     "How the device's hw counters are read: path=netlink (one STAT_GET per port) or sysfs (a file "
     "per counter); reason is why (netlink_answers, no_hw_counters, device_wide, not_asked, "
-    "netlink_lacks_counters, or netlink_<reason it was refused>); always 1.",
+    "netlink_lacks_counters, netlink_<reason it was refused>, disabled by --no-collector.rdma-netlink, "
+    "or not_live_sysfs for a tree other than /sys); always 1.",
 )
-READ_COST_METRICS = (READS, READ_PATH)
 # The exporter's own process, from prometheus-client's collectors (sinks/process.py): their names
 # and help, the convention every Prometheus client library follows.
 PROCESS_CPU = _m(
@@ -808,6 +805,8 @@ METRICS: tuple[MetricSpec, ...] = (
     POLL_FALLBACK,
     DEVICE_DATA_TIMESTAMP,
     ATTRIBUTE_BACKOFF,
+    READS,
+    READ_PATH,
     COUNTERS_STALE,
     HTTP_REQUESTS,
     HTTP_REQUESTS_LIMITED,

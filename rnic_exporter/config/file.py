@@ -550,7 +550,8 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
     return replace(
         config,
         poll_interval_s=resolved.poll_interval_s,
-        reader=resolved.reader,
+        # flags only
+        reader=replace(resolved.reader, rdma_netlink=config.reader.rdma_netlink, pma_slow_s=config.reader.pma_slow_s),
         detection=resolved.detection,
         consumers=resolved.consumers,
         wire_intervals=resolved.wire,

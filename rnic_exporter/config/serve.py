@@ -21,6 +21,7 @@ from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.detect.state import DEFAULT_STATE_DIR
 from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.counter_filter import CounterFilter
+from rnic_exporter.sources.counters import SLOW_PMA_S
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S
 from rnic_exporter.sources.reader import SAFETY_S, ReaderSettings
 
@@ -165,6 +166,23 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
             "health and thresholds every minute, FEC, pause and PFC, why a link is down, mlx5 hwmon "
             "temperatures (ethtool netlink and ethtool -S; default on).",
         ),
+        click.option(
+            "--collector.rdma-netlink/--no-collector.rdma-netlink",
+            "rdma_netlink",
+            default=True,
+            help="Read each port's hw counters with one RDMA netlink request (STAT_GET) where the kernel "
+            "answers it, instead of a file (and firmware command on mlx5) per counter; sysfs where it "
+            "does not (rnic_exporter_read_path_info).",
+        ),
+        click.option(
+            "--collector.pma.slow-interval",
+            "pma_slow_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=SLOW_PMA_S,
+            help="Time between reads of the PMA counters no per-scrape rate needs (the error counters, "
+            "unicast/multicast; each a firmware command on mlx5), served from their last read between; "
+            "throughput, packets and port_xmit_wait are read every scrape.",
+        ),
     ]
 
 
@@ -187,12 +205,16 @@ def serve_config(
         web_max_requests=flags["web_max_requests"],
         poll_interval_s=flags["poll_interval"],
         safety_interval_s=flags["safety_interval"],
-        reader=reader_settings(
-            flags["device_include"],
-            flags["device_exclude"],
-            counters=CounterFilter.build(
-                flags["hw_counters"], flags["hw_counters_include"], flags["hw_counters_exclude"]
+        reader=replace(
+            reader_settings(
+                flags["device_include"],
+                flags["device_exclude"],
+                counters=CounterFilter.build(
+                    flags["hw_counters"], flags["hw_counters_include"], flags["hw_counters_exclude"]
+                ),
             ),
+            rdma_netlink=flags.get("rdma_netlink", True),
+            pma_slow_s=flags.get("pma_slow_interval", SLOW_PMA_S),
         ),
         config_file=flags["config_file"],
         state_dir=Path(state_dir) if state_dir else None,

@@ -194,6 +194,8 @@ class Agent:
             event_log.log(_EVENT_LEVEL[event_.severity], event_.message, extra={"fields": fields})
         if self.ethtool.errors:
             self.source_errors["ethtool"] = self.ethtool.errors
+        if self.reader.netlink_failures:
+            self.source_errors["rdma_netlink"] = self.reader.netlink_failures
         detector = self.detector
         self.detection_families = tuple(detection_families(detector.last, detector.gid_changes, detector.events))
         record = Published(snap, tuple(events), replace(self.stats(), last_poll=now), self.detection_families)

@@ -396,6 +396,8 @@ class DeviceFreshness:
     counters_at: float | None  # ... and counter read
     backed_off: tuple[tuple[int | None, str, float], ...] = ()  # (port, attribute, back-off seconds)
     fallback: bool | None = None  # every attribute polled fast: announcements not trusted for it (None: no pass yet)
+    read_path: tuple[str, str] | None = None  # how its hw counters are read: (path, reason code)
+    reads: tuple[tuple[str, int], ...] = ()  # (kind, reads so far): what its reads cost the NIC
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,6 +165,8 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.POLL_FALLBACK, "rnic.exporter.poll.fallback", "gauge", "1"),
     _one(c.DEVICE_DATA_TIMESTAMP, "rnic.device.data.time", "gauge", "s"),
     _one(c.ATTRIBUTE_BACKOFF, "rnic.attribute.backoff", "gauge", "s"),
+    _one(c.READS, "rnic.exporter.reads", "counter", "{read}"),
+    _one(c.READ_PATH, "rnic.device.read_path.info", "gauge", "1"),
     _one(c.PORT_RATED_RATE, "rnic.port.rated_rate", "gauge", "By/s"),
     _one(c.PORT_RATED_WIDTH, "rnic.port.rated_width", "gauge", "{lane}"),
     _one(c.LINK_BELOW_RATED, "rnic.link.below_rated", "gauge", "1"),

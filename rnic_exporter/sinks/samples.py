@@ -237,6 +237,10 @@ def freshness_part(f: _Samples, stats: ExporterStats) -> None:
             f.add(c.DEVICE_DATA_TIMESTAMP, (dev.name, "counters"), dev.counters_at)
         for port, attribute, seconds in dev.backed_off:
             f.add(c.ATTRIBUTE_BACKOFF, (dev.name, "" if port is None else str(port), attribute), seconds)
+        for kind, count in dev.reads:
+            f.add(c.READS, (dev.name, kind), count)
+        if dev.read_path is not None:
+            f.add(c.READ_PATH, (dev.name, *dev.read_path), 1)
     if stats.counters_stale is not None:
         f.add(c.COUNTERS_STALE, (), 1 if stats.counters_stale else 0)
 

@@ -14,11 +14,12 @@ one per pass. A device re-registration starts a new plan, so its back-off starts
 
 from __future__ import annotations
 
+import errno
 import itertools
 import operator
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -33,6 +34,18 @@ BACKED_OFF = frozenset({availability.NOT_SUPPORTED, availability.NO_PMA})
 BACKOFF_MIN_S = 60.0
 BACKOFF_MAX_S = 3600.0
 BACKOFF_AFTER = 3  # consecutive refusals of a file that answered before
+# The PMA counters a scrape needs fresh: what the dashboards draw as rates over
+# $__rate_interval (throughput, packets, congestion). The others (the twelve error counters, fed
+# to 5-minute rates only, and unicast/multicast, fed to nothing) are read on a slower timer.
+RATE_PMA = frozenset({"port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_xmit_wait"})
+SLOW_PMA_S = 60.0
+
+
+def slow_pma(kind: str, name: str) -> bool:
+    """A PMA counter file no per-scrape rate needs."""
+    return kind == "counters" and name not in RATE_PMA
+
+
 # A group's files joined, when each is what the kernel prints for a counter: digits and a newline.
 _KERNEL_DIGITS = re.compile(rb"(?:[0-9]{1,19}\n)+")  # 20 digits may pass 2**64: per file
 
@@ -53,9 +66,13 @@ class CounterPlan:
         groups: Sequence[tuple[str, int | None, str, Sequence[str]]],
         clock: Callable[[], float] = time.monotonic,
         wants: Callable[[str, str], bool] | None = None,
+        slow: Callable[[str, str], bool] | None = None,
+        slow_s: float = 0.0,
     ) -> None:
         """`groups`: (kind, port, directory relative to the mount, file names); `wants(kind, name)`
-        False: the file is never read (a collector filter, `rnic_exporter/sources/counter_filter.py`)."""
+        False: the file is never read (a collector filter, `rnic_exporter/sources/counter_filter.py`);
+        `slow(kind, name)` True: the file is read once every `slow_s` seconds (0: every pass), its
+        last value served in between (`SLOW_PMA`)."""
         self.device = device
         self._clock = clock
         rels: list[str] = []
@@ -91,6 +108,20 @@ class CounterPlan:
         self._scaled = [tuple((k, s) for k, s in enumerate(g.scales) if s != 1) for g in self.groups]
         self.errors: tuple[ReadError, ...] = ()  # every file unreadable now (backed-off ones too)
         self.completed_at: float | None = None  # wall clock of the last finished pass
+        # Slots whose values come from elsewhere (a port's hw counters from one RDMA netlink
+        # STAT_GET: `feed`) and are not read from their files; and the batches of what is read.
+        self._fed: dict[int, int] = {}  # slot -> index in the feed's value list
+        self._batches: dict[frozenset[int], tuple[list[int], ReadBatch]] = {}
+        self._kind_counts: dict[frozenset[int], dict[str, int]] = {}
+        self._never: set[int] = set()  # answered `N/A (no PMA)` from the first read: not read again
+        self._slow_s = slow_s
+        self._slow = (
+            frozenset(i for g in self.groups for i in range(g.start, g.end) if slow(g.kind, g.names[i - g.start]))
+            if slow is not None and slow_s > 0
+            else frozenset()
+        )
+        self._slow_due = float("-inf")  # (clock) the slow files are read on the first pass
+        self.last_reads: dict[str, int] = {}  # files read by the last pass, per group kind
 
     @property
     def backed_off(self) -> Mapping[int, float]:
@@ -102,13 +133,79 @@ class CounterPlan:
         subdir = "counters" if group.kind == "counters" else "hw_counters"
         return group.port, f"{subdir}/{group.names[index - group.start]}"
 
-    def refresh(self, fds: FdCache) -> tuple[ReadError, ...]:
-        """One pass; returns the errors of the reads it made (the caller counts them)."""
+    def feed_ports(self, ports: Collection[int]) -> None:
+        """The hw counters of `ports` are fed to each `refresh` (`fed`, in the groups' name order),
+        not read from their files; an empty collection: every file is read again."""
+        fed: dict[int, int] = {}
+        k = 0
+        for group in self.groups:
+            if group.kind == "hw" and group.port is not None and group.port in ports:
+                for i in range(group.start, group.end):
+                    fed[i] = k
+                    k += 1
+        self._fed = fed
+
+    def fed_names(self) -> list[tuple[int, tuple[str, ...]]]:
+        """(port, names) of every fed group, in the order `refresh` wants their values."""
+        fed = self._fed
+        return [(g.port, g.names) for g in self.groups if g.port is not None and g.names and g.start in fed]
+
+    def _kinds(self, unread: frozenset[int]) -> dict[str, int]:
+        """Files read per group kind when `unread` are not (before back-off)."""
+        got = self._kind_counts.get(unread)
+        if got is None:
+            got = {}
+            for group in self.groups:
+                n = sum(1 for i in range(group.start, group.end) if i not in unread)
+                got[group.kind] = got.get(group.kind, 0) + n
+            self._kind_counts[unread] = got
+        return got
+
+    def _read_set(self, unread: frozenset[int]) -> tuple[list[int], ReadBatch]:
+        """The slots a pass reads when `unread` are not read, and their batch (one per variant)."""
+        got = self._batches.get(unread)
+        if got is None:
+            index = [i for i in range(len(self.rels)) if i not in unread]
+            got = self._batches[unread] = (index, ReadBatch([self.rels[i] for i in index]))
+        return got
+
+    def refresh(
+        self, fds: FdCache, fed: Sequence[int] | None = None, *, every_file: bool = True
+    ) -> tuple[ReadError, ...]:
+        """One pass; returns the errors of the reads it made (the caller counts them). `fed`: the
+        values of the fed slots (`feed_ports`), read elsewhere this pass; `every_file` False: the
+        slow files only when their timer is due."""
         now = self._clock()
         skip = frozenset(i for i, b in self._backoff.items() if b.retry_at > now) if self._backoff else frozenset()
-        raws: list[Raw | None] = list(fds.read_batch(self._batch, skip))
+        if self._never:
+            skip |= self._never
+        # Not read this pass: the fed slots, and the slow ones until their timer is due.
+        unread = frozenset(self._fed)
+        if self._slow and not every_file and now < self._slow_due:
+            unread |= self._slow
+        elif self._slow:
+            self._slow_due = now + self._slow_s
+        if not unread:
+            raws: list[Raw | None] = list(fds.read_batch(self._batch, skip))
+        else:
+            read_index, batch = self._read_set(unread)
+            position = {slot: k for k, slot in enumerate(read_index)} if skip else {}
+            got = fds.read_batch(batch, frozenset(position[i] for i in skip if i in position))
+            raws = list(self._raws)  # a slow slot keeps what it last answered
+            for k, slot in enumerate(read_index):
+                raws[slot] = got[k]
+            values = fed or ()
+            for slot, k in self._fed.items():
+                # As the kernel prints it: the same parse, saturation and change path as a file.
+                raws[slot] = b"%d\n" % values[k] if k < len(values) else errno.ENODATA
+            skip |= unread - self._fed.keys()  # not read: no failure of theirs to count again
         for i in skip:
             raws[i] = self._raws[i]  # a backed-off file keeps what it last answered
+        reads = dict(self._kinds(unread))
+        for i in skip:
+            if i not in unread:
+                reads[self.groups[self._group_of[i]].kind] -= 1
+        self.last_reads = reads
         if raws != self._raws:
             self._apply(raws)
         failed = []
@@ -120,7 +217,13 @@ class CounterPlan:
             self._streak[i] = streak = self._streak.get(i, 0) + 1
             # Unsupported from the first read, or refusing pass after pass: a restricted function.
             # A file that answered before and fails once is retried on the next pass.
-            if availability.symptom(error) in BACKED_OFF and (i not in self._answered or streak >= BACKOFF_AFTER):
+            symptom = availability.symptom(error)
+            if symptom == availability.NO_PMA and i not in self._answered:
+                # The port has no PMA (`N/A (no PMA)` from the first read): nothing for this
+                # registration will change that, so the file is not asked again.
+                self._never.add(i)
+                continue
+            if symptom in BACKED_OFF and (i not in self._answered or streak >= BACKOFF_AFTER):
                 before = self._backoff.get(i)
                 interval = BACKOFF_MIN_S if before is None else min(before.interval_s * 2, BACKOFF_MAX_S)
                 self._backoff[i] = _Backoff(interval, now + interval)

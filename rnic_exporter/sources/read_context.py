@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.nccl import NcclSettings
 from rnic_exporter.sources.counter_filter import CounterFilter
+from rnic_exporter.sources.counter_netlink import HwNetlink
+from rnic_exporter.sources.counters import SLOW_PMA_S
 from rnic_exporter.sources.sysfs import SysfsRoot
 
 # While events are trusted: each device's whole state is re-read every safety sweep (SAFETY_S
@@ -27,6 +29,8 @@ class ReaderSettings:
     device_exclude: re.Pattern[str] | None = None  # --collector.infiniband.device-exclude
     nccl: NcclSettings = field(default_factory=NcclSettings)
     counters: CounterFilter = field(default_factory=CounterFilter)  # --collector.hw_counters.*
+    rdma_netlink: bool = True  # --collector.rdma-netlink: hw counters by STAT_GET where it answers
+    pma_slow_s: float = SLOW_PMA_S  # --collector.pma.slow-interval: PMA counters no rate needs per scrape
 
     @property
     def filter_text(self) -> str:
@@ -66,3 +70,4 @@ class ReadContext:
     clock: Callable[[], float]  # counter back-off's and the safety sweep's time
     settings: ReaderSettings
     safety_s: float = SAFETY_S  # --poll.safety-interval: what events announce is re-read this often
+    netlink: HwNetlink | None = None  # RDMA netlink for hw counters (None: sysfs only)

@@ -54,10 +54,12 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from rnic_exporter.model.host import DeviceFreshness, Netdev, PcieLink, ReadError, Snapshot
+from rnic_exporter.sources.counter_netlink import LIVE_SYSFS, HwNetlink
 from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.device_reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, DeviceReader
 from rnic_exporter.sources.infiniband import CLASS_DIR
 from rnic_exporter.sources.read_context import SAFETY_S, ReadContext, ReaderSettings
+from rnic_exporter.sources.read_path import ReadPath
 from rnic_exporter.sources.read_thread import Gate
 from rnic_exporter.sources.sysfs import SysfsRoot, errno_reason
 
@@ -80,12 +82,21 @@ class HostReader:
     """
 
     def __init__(
-        self, root: SysfsRoot, settings: ReaderSettings | None = None, *, clock: Callable[[], float] = time.monotonic
+        self,
+        root: SysfsRoot,
+        settings: ReaderSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        netlink: HwNetlink | None = None,
     ) -> None:
+        """`netlink`: RDMA netlink for the hw counters; by default one of this process's network
+        namespace where `root` is the live `/sys` (a tree elsewhere has no kernel behind it)."""
         self.root = root
         self.clock = clock  # counter back-off's and the safety sweep's time
+        if netlink is None and root.mount == LIVE_SYSFS:
+            netlink = HwNetlink()
         # What the device readers see of this reader (instead of a back-reference to it).
-        self._context = ReadContext(root, clock, settings or ReaderSettings())
+        self._context = ReadContext(root, clock, settings or ReaderSettings(), netlink=netlink)
         self._devices: dict[str, DeviceReader] = {}
         self._order: tuple[DeviceReader, ...] = ()  # replaced, never mutated: consumers' threads read it
         self._retired: list[DeviceReader] = []  # gone, descriptors to close once no read of them runs
@@ -113,7 +124,12 @@ class HostReader:
     @settings.setter
     def settings(self, settings: ReaderSettings) -> None:
         """New settings (a config reload): cached NCCL picks were made with the old ones."""
-        refilter = settings.counters != self._context.settings.counters
+        old = self._context.settings
+        refilter = (settings.counters, settings.rdma_netlink, settings.pma_slow_s) != (
+            old.counters,
+            old.rdma_netlink,
+            old.pma_slow_s,
+        )
         self._context.settings = settings
         for device in self._devices.values():
             device.resettle = True
@@ -221,7 +237,7 @@ class HostReader:
 
     def counter_jobs(self) -> list[Job]:
         """One job per device that has a counter plan; each returns its failed reads via `take_counter_errors`."""
-        return [(r.gate, r.counters.job) for r in self._order]
+        return [(r.gate, r.counters.scrape_job) for r in self._order]
 
     def take_counter_errors(self) -> tuple[ReadError, ...]:
         out: list[ReadError] = []
@@ -237,6 +253,16 @@ class HostReader:
         """(device, its counter plan) in exposition order."""
         return [(r.name, r.counters.plan) for r in self._order]
 
+    @property
+    def netlink_failures(self) -> int:
+        """RDMA netlink requests that failed a device read through it (monotone)."""
+        netlink = self._context.netlink
+        return 0 if netlink is None else netlink.failures
+
+    def read_costs(self) -> list[tuple[str, ReadPath | None, dict[str, int]]]:
+        """(device, how its hw counters are read, its reads so far per kind) in exposition order."""
+        return [(r.name, r.counters.read_path, dict(r.counters.reads)) for r in self._order]
+
     def freshness(self) -> tuple[DeviceFreshness, ...]:
         out = []
         for r in self._order:
@@ -249,12 +275,16 @@ class HostReader:
                     plan.completed_at if plan else None,
                     tuple(plan.backoff_samples()) if plan else (),
                     None if r.state_at is None else not r.trusted,
+                    None if (path := r.counters.read_path) is None else (path.path, path.code),
+                    tuple(sorted(r.counters.reads.items())),
                 )
             )
         return tuple(out)
 
     def close(self) -> None:
         """Close every descriptor no hung read may be using (the others go with the process)."""
+        if self._context.netlink is not None:
+            self._context.netlink.close()
         for reader in [*self._devices.values(), *self._retired]:
             if reader.gate.lock.acquire(blocking=False):
                 try:

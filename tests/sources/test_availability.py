@@ -16,7 +16,7 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.host import PMA_EXTENDED_COUNTERS
 from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.availability import FirstReads, summarize
-from rnic_exporter.sources.reader import HostReader
+from rnic_exporter.sources.reader import HostReader, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
 from tests.support.check import check_in_process as check
 
@@ -81,10 +81,16 @@ def test_summary_groups_a_directory() -> None:
 
 
 def scraping_agent(host: SimHost, overlay: dict[str, int] | None = None) -> Agent:
-    """A daemon over `host` without watchers whose every scrape reads the counters; `overlay`: the
-    errnos its reads answer (the host's own by default)."""
+    """A daemon over `host` without watchers whose every scrape reads the counters (every PMA file:
+    no slow timer); `overlay`: the errnos its reads answer (the host's own by default)."""
     agent = Agent(
-        ServeConfig(sysfs=host.root, state_dir=None, watch_netlink=False, watch_udev=False),
+        ServeConfig(
+            sysfs=host.root,
+            state_dir=None,
+            watch_netlink=False,
+            watch_udev=False,
+            reader=ReaderSettings(pma_slow_s=0),
+        ),
         SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay if overlay is None else overlay),
     )
     agent._counter_pass.max_age_s = 0.0  # each scrape reads counters

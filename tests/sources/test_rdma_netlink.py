@@ -11,10 +11,8 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
 
@@ -22,6 +20,7 @@ from rnic_exporter.sources import nldev as nl
 from rnic_exporter.sources.nldev import RdmaNetlink, Unavailable
 from rnic_exporter.sources.qp_owners import QpConsumer, consumers_by_device
 from rnic_exporter.sources.read_path import NO_HW_COUNTERS, choose_read_path
+from tests.support.rdma_peer import peer
 
 NLDEV_STAT = nl.message_type(nl.CMD_STAT_GET)
 
@@ -69,43 +68,6 @@ def hw(values: dict[str, int]) -> Attr:
 
 def counters(seq: int, values: dict[str, int], dev: str = "mlx5_0", index: int = 3, port: int = 1) -> bytes:
     return reply(nl.CMD_STAT_GET, seq, [(1, index), (2, dev), (3, port), hw(values)])
-
-
-@contextmanager
-def peer(answer: Callable[[bytes], list[bytes]]) -> Iterator[RdmaNetlink]:
-    """A client whose socket is one end of a real datagram socketpair; a thread answers each
-    request with `answer(request)` (a list of datagrams)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-
-    class Unbound(socket.socket):
-        def bind(self, _address: object) -> None:  # AF_UNIX pairs are connected already
-            return None
-
-    client_sock = Unbound(fileno=ours.detach())
-    stop = threading.Event()
-
-    def serve() -> None:
-        theirs.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                request = theirs.recv(65536)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            for datagram in answer(request):
-                theirs.send(datagram)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    client = RdmaNetlink(timeout_s=0.5, socket_factory=lambda: client_sock)
-    try:
-        yield client
-    finally:
-        stop.set()
-        thread.join(2)
-        client.close()
-        theirs.close()
 
 
 def seq_of(request: bytes) -> int:
