@@ -95,6 +95,7 @@ def run(
             netlink, config.watch_udev, agent.netlink_event, lambda: agent.rnic_netdevs, schedule, cleanup
         )
         agent.poll_once(full_gid_tables=True)
+        schedule.next_read(agent.next_read_at)
         settle_garbage_collector()
         log.info(
             "listening",
@@ -118,6 +119,7 @@ def run(
             agent.woken(due.sources, {source: watcher.errors for source, watcher in watchers.items()})
             started = time.monotonic()
             agent.poll_once(full_gid_tables=due.full_gid_tables, event=due.reason == "event")
+            schedule.next_read(agent.next_read_at)
             log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6), "reason": due.reason}})
     state_lock.release()
     log.info("stopped")
