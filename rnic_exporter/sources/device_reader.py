@@ -105,20 +105,12 @@ class DeviceReader:
         before = self.device
         self.trusted = trust_events
         now = self.context.clock()
-        # A fast pass reads only what nothing announces; the safety sweep (when due) reads everything,
-        # populated GID slots included (`_full`).
-        if trust_events and not full_gids and not self._unsettled() and now < self._sweep_due:
-            moved = False
-            for tier in self._tiers:
-                if tier.empty or not tier.is_due(now):
-                    continue
-                tier.due = now + self._period(tier.kind)
-                raws = self.fds.read_batch(tier.batch)
-                swept = [n for n in tier.gid_ports if gid_source.sweep(self.fds, self.gids[n], len(self.gids[n].empty))]
-                if raws != tier.raws or swept:
-                    moved = True
-                    full_gids = full_gids or bool(swept) or any(raws[i] != tier.raws[i] for i in tier.states)
-            if not moved:
+        # A fast pass reads only what nothing announces and is due; the safety sweep (when due)
+        # reads everything, populated GID slots included (`_full`).
+        if trust_events and not full_gids and not self._unsettled():
+            sweep = self._sweep_now(now)  # before the reads below move the PCIe link's due time
+            moved, full_gids = self._read_due_tiers(now, sweep)
+            if not moved and not sweep:
                 self.changed = False
                 self.state_at = time.time()
                 return
@@ -127,8 +119,29 @@ class DeviceReader:
             self._sweep_due = now + self.context.safety_s * (1 + self._stagger)
         else:
             self._sweep_due = now + self.context.safety_s
+        # Read just now: the PCIe link always, the GID tables when read whole.
+        if (pcie := self._tier(TierKind.PCIE)) is not None and pcie.is_due(now):
+            pcie.due = now + self.context.pcie_s
+        if full_gids and (gids := self._tier(TierKind.GIDS)) is not None:
+            gids.due = now + self.context.ib_gids_s
         self.changed = self.device is not before
         self.state_at = time.time()
+
+    def _read_due_tiers(self, now: float, sweep: bool) -> tuple[bool, bool]:
+        """Read the tiers due and compare them with the last read: (something moved, a port's
+        state or GID files moved or an empty GID slot filled: read the GID tables whole). Before
+        a safety sweep (`sweep`), which re-reads every watched file, only the empty GID slots."""
+        moved = whole_gids = False
+        for tier in self._tiers:
+            if tier.empty or not tier.is_due(now):
+                continue
+            tier.due = now + self._period(tier.kind)
+            raws = tier.raws if sweep else self.fds.read_batch(tier.batch)
+            swept = [n for n in tier.gid_ports if gid_source.sweep(self.fds, self.gids[n], len(self.gids[n].empty))]
+            if raws != tier.raws or swept:
+                moved = True
+                whole_gids = whole_gids or bool(swept) or any(raws[i] != tier.raws[i] for i in tier.states)
+        return moved, whole_gids
 
     def _unsettled(self) -> bool:
         """Something is still unread or unknown: the full path until it settles."""
@@ -295,19 +308,25 @@ class DeviceReader:
             return self.context.ib_gids_s
         return 0.0  # every pass
 
+    def _tier(self, kind: TierKind) -> Tier | None:
+        return next((t for t in self._tiers if t.kind is kind and not t.empty), None)
+
+    def _sweep_now(self, now: float) -> bool:
+        """The safety sweep is due; or it would be before the PCIe link's next read and that read
+        is due now: it rides along (a little early) rather than costing a wake-up of its own."""
+        if now >= self._sweep_due:
+            return True
+        pcie = self._tier(TierKind.PCIE)
+        return pcie is not None and pcie.is_due(now) and self._sweep_due < now + self.context.pcie_s
+
     def next_due(self) -> float | None:
         """(Reader clock) when this device next has something to read; None: every pass (it has
-        InfiniBand ports, or it is not read trusting announcements, or not settled)."""
-        if not self.trusted or self._unsettled():
+        InfiniBand ports, or it is not read trusting announcements, or not settled). The safety
+        sweep rides along with the PCIe link's reads where it has one."""
+        if not self.trusted or self._unsettled() or self._tier(TierKind.PORT) is not None:
             return None
-        due = self._sweep_due
-        for tier in self._tiers:
-            if tier.empty:
-                continue
-            if tier.kind is TierKind.PORT:
-                return None
-            due = min(due, tier.due)
-        return due
+        dues = [t.due for t in self._tiers if not t.empty]
+        return min(dues) if dues else self._sweep_due
 
     def _plan_netdev(
         self,

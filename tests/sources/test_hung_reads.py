@@ -137,14 +137,15 @@ def test_a_quiet_poll_reads_only_what_no_event_announces(sim_host: SimHost, tmp_
 
 def test_the_safety_sweep_reads_what_events_announce(sim_host: SimHost, tmp_path: Path) -> None:
     """A change no announcement came for (a GID slot freed when its last user let go) is seen by
-    the next safety sweep; a device's sweep comes every safety interval, staggered."""
+    the next safety sweep; a device's sweep comes every safety interval, staggered (or with the
+    PCIe link's read before it, up to --poll.pcie-interval early, rather than on a wake-up of its own)."""
     now = [1000.0]
     root = SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
     reader = HostReader(root, clock=lambda: now[0])
     reader.safety_s = 60.0
     first = reader.state_pass(full_gid_tables=True).snapshot
     sim_host.set_port_up("mlx5_0", False)  # no announcement
-    now[0] += 59.0
+    now[0] += 29.0  # neither the sweep nor the PCIe link's read (at 30 s) is due
     assert reader.state_pass(trust_events=True).snapshot is first
     now[0] += 60.0 * (1 + 1 / SWEEP_STAGGER)  # mlx5_0 (ordinal 0): no stagger; a sweep is due
     snap = reader.state_pass(trust_events=True).snapshot
