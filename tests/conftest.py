@@ -115,3 +115,10 @@ def private_nccl_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NCCL_CONF_FILE", str(tmp_path / "no-nccl.conf"))
     for command in ("SERVE", "CHECK", "SHOW", "GIDS"):
         monkeypatch.setenv(f"RNIC_EXPORTER_{command}_PATH_ROOTFS", str(tmp_path / "no-rootfs"))
+
+
+@pytest.fixture(autouse=True)
+def _check_samples_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check` reads the counters twice, 3 s apart, for their rates: tests that are not about link
+    health would each wait for nothing. tests/commands/test_check_link_health.py sets its own wait."""
+    monkeypatch.setattr("rnic_exporter.commands.check.wait_between_samples", lambda seconds: None)

@@ -71,6 +71,15 @@ PORT_FLAPPING = _e(
     "The port went down and up repeatedly within the window; expect collective timeouts.",
 )
 PORT_STABLE = _e("rnic.port.stable", "info", "The port has stopped flapping.")
+PORT_DEGRADING = _e(
+    "rnic.port.degrading",
+    "warning",
+    "The port's error counters rise too fast (symbol errors, retraining, RoCE retransmissions, drops): the cable, "
+    "transceiver or path is failing and jobs slow down, then hang; critical once a queue pair exhausted its retries.",
+)
+PORT_RECOVERED = _e(
+    "rnic.port.recovered", "info", "The port's error counters have stayed within their limits for a while again."
+)
 LINK_BELOW_RATED = _e(
     "rnic.link.below_rated",
     "warning",
@@ -113,6 +122,8 @@ EVENT_SPECS: tuple[EventSpec, ...] = (
     PORT_UP,
     PORT_FLAPPING,
     PORT_STABLE,
+    PORT_DEGRADING,
+    PORT_RECOVERED,
     LINK_BELOW_RATED,
     LINK_RESTORED,
     DEVICE_DISAPPEARED,

@@ -14,7 +14,9 @@ from pathlib import Path
 from rnic_exporter.config.file import ConsumerSettings, reader_settings
 from rnic_exporter.daemon import agent, serve
 from rnic_exporter.sim import SimHost, SimProcfs
+from rnic_exporter.sim.wire import SimEthtool, SimWire
 from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.wire import WireReader, WireSettings
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,75 @@ def _gid_shift(host: SimHost) -> str:
         f"restored 10.0.1.1, whose RoCE v2 GID moved {old} -> {new}. The event names the job "
         f'(consumers="... slurm job {DEMO_JOB} step 0"). Look at rnic_nccl_gid_index, rnic_gid_table_hash, '
         f'rnic_gid_entry_info{{device="mlx5_1"}} and rnic_device_workload_info{{device="mlx5_1"}}.'
+    )
+
+
+# The cable of mlx5_2 going bad, per second: symbol errors at BER 1.25e-11 on 400 Gb/s (12x the IBTA
+# limit), a retrain a minute, and the RoCE retransmissions of a lossy link (out_of_sequence at 2e-4 of
+# the ~12M packets a second the demo's half-busy port carries, over the 1e-4 limit; the others below it).
+CABLE_GOING_BAD = {
+    "symbol_error": 5.0,
+    "link_error_recovery": 1 / 60,
+    "out_of_sequence": 2500.0,
+    "packet_seq_err": 1200.0,
+    "roce_adp_retrans": 300.0,
+}
+# The cable degrades this many steps before the link renegotiates (150 s at the default 20 s steps): the
+# degrading alerts (for: 5m) go pending well before the speed ones, so a Prometheus watching the demo sees
+# them fire first. In steps, so a fast demo (tests: 1 s steps) stays fast.
+CABLE_LEAD_STEPS = 7.5
+
+
+def _cable_going_bad(host: SimHost) -> str:
+    host.degrade_link("mlx5_2", CABLE_GOING_BAD)
+    return (
+        "mlx5_2's cable is going bad: symbol errors (5/s, BER 1.25e-11 > IBTA 1e-12), a link retrain a minute, "
+        "RoCE retransmissions (out_of_sequence, packet_seq_err, roce_adp_retrans). In a few minutes it "
+        'renegotiates to a lower speed. Look at rnic_port_pma_total{device="mlx5_2"} and '
+        f"rnic_port_hw_stat_total; RnicLinkSymbolErrors fires before RnicLinkBelowRated. Run {_HINTS['check']}"
+    )
+
+
+# The demo host's simulated wire (modules, FEC, pause of its RoCE netdevs), as _HINTS a module-level
+# part of the story: run_demo attaches it to the host it builds (`attach_wire`).
+WIRE = SimWire()
+FADING = ("mlx5_2", "ens3f0np0", 2)  # the device whose optic fades, then whose link renegotiates; lane
+HEALTHY_RX_POWER_W = 0.9e-3
+FADED_RX_POWER_W = 0.1e-3  # under the simulated module's low warning (0.1445 mW), above its low alarm
+
+
+def attach_wire(host: SimHost) -> SimWire:
+    """`WIRE` with a module, FEC and pause on each RoCE netdev of `host` (a fresh state)."""
+    WIRE.ports.clear()
+    for dev in host.devices.values():
+        if dev.roce and dev.netdev:
+            WIRE.add(dev.netdev)
+    return WIRE
+
+
+def wire_reader(wire: SimWire, step_seconds: float) -> WireReader:
+    """The demo's wire reader: the module read several times a step (a real one: every minute)."""
+    module = max(1.0, step_seconds / 4)
+    settings = WireSettings(
+        module_interval=module,
+        min_module_interval=module,
+        fec_interval=module,
+        pause_interval=module,
+        link_state_interval=1.0,
+        gstats_interval=module,
+    )
+    return WireReader(SimEthtool(wire), settings, gstats=wire.gstats)
+
+
+def _optic_fade(host: SimHost) -> str:
+    device, netdev, lane = FADING
+    if netdev not in WIRE.ports:
+        WIRE.add(netdev)
+    WIRE.fade_rx_power(netdev, lane=lane, watts=FADED_RX_POWER_W)
+    return (
+        f"{device}'s optic ({netdev}) receives {FADED_RX_POWER_W * 1e3:.1f} mW on lane {lane}, under its own "
+        "low warning threshold, and the link still runs at full speed: the warning before the renegotiation. "
+        f'Look at rnic_module_rx_power_watts{{device="{device}"}} and rnic_module_monitor_level.'
     )
 
 
@@ -83,11 +154,15 @@ def _heal(host: SimHost) -> str:
     host.add_address("mlx5_0", "10.0.0.1")
     host.restore_device("mlx5_4")
     host.set_speed("mlx5_2", 400)
+    host.degrade_link("mlx5_2", {})  # the cable replaced
     host.set_pcie("mlx5_3", 32.0, 16)
     host.release_gids("mlx5_1")
+    _device, netdev, lane = FADING
+    if netdev in WIRE.ports:
+        WIRE.fade_rx_power(netdev, lane=lane, watts=HEALTHY_RX_POWER_W)
     return (
-        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 runs 400G, mlx5_3 Gen5 x16, the job on mlx5_1 "
-        "ended. The cycle starts again."
+        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 has a new cable and optic and runs 400G, mlx5_3 Gen5 "
+        "x16, the job on mlx5_1 ended. The cycle starts again."
     )
 
 
@@ -99,7 +174,10 @@ HOLD_BEFORE_HEAL_S = 6 * 60.0
 
 def wait_before(step: int, step_seconds: float) -> float:
     """Seconds between step `step - 1` and step `step` (0-based, cycling)."""
-    return max(step_seconds, HOLD_BEFORE_HEAL_S) if STEPS[step % len(STEPS)].act is _heal else step_seconds
+    act = STEPS[step % len(STEPS)].act
+    if act is _heal:
+        return max(step_seconds, HOLD_BEFORE_HEAL_S)
+    return step_seconds * CABLE_LEAD_STEPS if act is _speed_drop else step_seconds
 
 
 # Filled in by run_demo: the commands, as they run on this machine, against the demo's tree.
@@ -107,6 +185,8 @@ _HINTS = {"check": "rnic-exporter check --path.sysfs <the tree above> --state.di
 
 STEPS = (
     Step("GID index shift (incident 1)", _gid_shift),
+    Step("Optic fading (issue 32, before the speed drops)", _optic_fade),
+    Step("A cable going bad (issue 31)", _cable_going_bad),
     Step("Speed below rated (incident 2)", _speed_drop),
     Step("PCIe downtrain (incident 2)", _pcie_downtrain),
     Step("NIC disappeared (incident 2)", _nic_gone),
@@ -157,7 +237,8 @@ def run_demo(
             host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
             consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),
         )
-        return serve.run(config, stop=stop)  # the real scan, over the fake procfs
+        # the real scan, over the fake procfs; the simulated wire under the RoCE netdevs
+        return serve.run(config, stop=stop, wire=wire_reader(attach_wire(host), step_seconds))
     finally:
         stop.set()
         shutil.rmtree(workdir, ignore_errors=True)

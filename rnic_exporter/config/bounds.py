@@ -58,6 +58,20 @@ TRANSITIONS = Bound(1, 100_000, integer=True)
 DEVICES = Bound(1, 4096, integer=True)
 GID_INDEX = Bound(-1, 65535, integer=True)  # -1: NCCL's auto-selection
 ROCE_VERSION = Bound(1, 2, integer=True)
+# [link_health] in the config file (detect/link_health.py: LinkHealthThresholds). A ratio above 1
+# would never fire; a check window above a minute holds a job prologue too long.
+_RATIO = Bound(0.0, 1.0, open_low=True)
+LINK_HEALTH = {
+    "symbol_error_ber": _RATIO,
+    "errors_per_hour": Bound(0.0, 1e12, open_low=True),
+    "min_errors": Bound(1, 1_000_000, integer=True),
+    "retransmission_ratio": _RATIO,
+    "retransmissions_per_second": Bound(0.0, 1e12, open_low=True),
+    "min_retransmissions": Bound(1, 1_000_000, integer=True),
+    "drop_ratio": _RATIO,
+    "min_drops": Bound(1, 1_000_000, integer=True),
+    "check_window_seconds": Bound(0.5, 60.0, unit=" s", duration=True),
+}
 GBPS = Bound(0.0, 100_000.0, open_low=True, unit=" Gb/s")
 GTS = Bound(0.0, 1000.0, open_low=True, unit=" GT/s")
 WIDTH = Bound(1, 32, integer=True, unit=" lanes")

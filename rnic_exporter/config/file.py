@@ -20,6 +20,12 @@ environment beats the file's `[nccl]`, which beats NCCL's own config files (`con
     [collector.consumers]
     enabled = true                # who holds each RNIC open (off by default)
     interval_seconds = 30
+    [collector.wire]              # the wire below RoCE netdevs (--collector.wire): read intervals
+    module_interval_seconds = 60  # optics: a firmware register access per page; 60 s or slower
+    fec_interval_seconds = 30
+    pause_interval_seconds = 30   # 802.3x statistics; pause and PFC strings: gstats_interval_seconds
+    link_state_interval_seconds = 10
+    gstats_interval_seconds = 60
     [inventory]
     expected_devices = 8          # check and alerts: fewer present is a problem
     [flapping]
@@ -28,6 +34,10 @@ environment beats the file's `[nccl]`, which beats NCCL's own config files (`con
     clear_after_seconds = 900     # quiet time before it counts as stable again
     [addresses]
     forget_after_seconds = 86400  # an expected address missing this long stops being expected
+    [link_health]                 # error-counter thresholds (detect/link_health.py says their sources)
+    symbol_error_ber = 1e-12      # IBTA lane BER limit; also errors_per_hour = 120 (NVSentinel)
+    retransmission_ratio = 1e-4   # RoCE retransmissions and sequence errors per packet
+    check_window_seconds = 3      # check: seconds between its two counter reads
     [[rated]]                     # expectations; all given match keys must agree; last match wins
     match = { hca_type = "MT4129" }   # keys: device, pci_address, hca_type, board_id
     port_rate_gbps = 400
@@ -51,6 +61,7 @@ from rnic_exporter.config.bounds import (
     FORGET_AFTER,
     GBPS,
     GTS,
+    LINK_HEALTH,
     POLL_INTERVAL,
     TRANSITIONS,
     WIDTH,
@@ -85,6 +96,23 @@ class ConsumerSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
+# -- the wire (--collector.wire): its read intervals (sources/wire.py WireSettings' defaults) ---------
+# A module page is a firmware register access on mlx5 (rnic-linux-facts §7): never below a minute.
+MODULE_INTERVAL = Bound(60.0, 86400.0, unit=" s", duration=True)
+WIRE_INTERVAL = Bound(1.0, 86400.0, unit=" s", duration=True)
+
+
+@dataclass(frozen=True, slots=True)
+class WireIntervals:
+    """`[collector.wire]`'s read intervals, in seconds; pure data (the reader loads pyroute2)."""
+
+    module_s: float = 60.0
+    fec_s: float = 30.0
+    pause_s: float = 30.0
+    link_state_s: float = 10.0
+    gstats_s: float = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class FileConfig:
     """What a config file may set; None means "not set in the file"."""
@@ -102,9 +130,26 @@ class FileConfig:
     flap_window_seconds: float | None = None
     flap_clear_after_seconds: float | None = None
     address_forget_after_seconds: float | None = None
+    link_health: Mapping[str, float] = field(default_factory=dict)  # [link_health] key -> value
     rated: tuple[RatedExpectation, ...] = ()
     consumers_enabled: bool | None = None
     consumers_interval_seconds: float | None = None
+    wire_module_interval_seconds: float | None = None
+    wire_fec_interval_seconds: float | None = None
+    wire_pause_interval_seconds: float | None = None
+    wire_link_state_interval_seconds: float | None = None
+    wire_gstats_interval_seconds: float | None = None
+
+    def wire(self, base: WireIntervals) -> WireIntervals:
+        """`base` with what the file sets (no flag sets these)."""
+        given = {
+            "module_s": self.wire_module_interval_seconds,
+            "fec_s": self.wire_fec_interval_seconds,
+            "pause_s": self.wire_pause_interval_seconds,
+            "link_state_s": self.wire_link_state_interval_seconds,
+            "gstats_s": self.wire_gstats_interval_seconds,
+        }
+        return replace(base, **{k: v for k, v in given.items() if v is not None})
 
     def detection(
         self, base: DetectionSettings, keep_gid_index: bool = False, path: Path | None = None
@@ -127,6 +172,7 @@ class FileConfig:
             if from_file
             else base.nccl_gid_index_source,
             address_forget_after_s=self.address_forget_after_seconds or base.address_forget_after_s,
+            link_health=base.link_health.with_overrides(self.link_health),
         )
 
 
@@ -238,6 +284,12 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "rated": (_rated, "rated"),
     "collector.consumers.enabled": (_bool, "consumers_enabled"),
     "collector.consumers.interval_seconds": (within(CONSUMER_INTERVAL), "consumers_interval_seconds"),
+    **{f"link_health.{key}": (within(bound), f"health:{key}") for key, bound in LINK_HEALTH.items()},
+    "collector.wire.module_interval_seconds": (within(MODULE_INTERVAL), "wire_module_interval_seconds"),
+    "collector.wire.fec_interval_seconds": (within(WIRE_INTERVAL), "wire_fec_interval_seconds"),
+    "collector.wire.pause_interval_seconds": (within(WIRE_INTERVAL), "wire_pause_interval_seconds"),
+    "collector.wire.link_state_interval_seconds": (within(WIRE_INTERVAL), "wire_link_state_interval_seconds"),
+    "collector.wire.gstats_interval_seconds": (within(WIRE_INTERVAL), "wire_gstats_interval_seconds"),
 }
 _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}
 
@@ -280,6 +332,7 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
     _flatten(data, "", flat, problems)
     values: dict[str, Any] = {}
     env: dict[str, str] = {}
+    health: dict[str, float] = {}
     for key, value in flat.items():
         spec = _SCHEMA.get(key)
         if spec is None:
@@ -302,6 +355,8 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
             continue
         if target.startswith("env:"):
             env[target.removeprefix("env:")] = str(checked)
+        elif target.startswith("health:"):
+            health[target.removeprefix("health:")] = checked
         else:
             values[target] = checked
     if problems:
@@ -309,7 +364,7 @@ def parse_file(path: Path, raw: bytes) -> FileConfig:
             [f"and {len(problems) - _SHOWN_PROBLEMS} more problem(s)"] if len(problems) > _SHOWN_PROBLEMS else []
         )
         raise ConfigError(one_line(f"config file {path}: " + "; ".join(shown)))
-    return FileConfig(nccl_env=env, **values)
+    return FileConfig(nccl_env=env, link_health=health, **values)
 
 
 _SHOWN_PROBLEMS = 8  # a message is read by a person: the first few problems, and how many more
@@ -356,6 +411,7 @@ class Resolved:
     reader: ReaderSettings
     detection: DetectionSettings
     consumers: ConsumerSettings = field(default_factory=ConsumerSettings)
+    wire: WireIntervals = field(default_factory=WireIntervals)
 
 
 def resolve(
@@ -418,6 +474,7 @@ def resolve(
             enabled=pick("consumers", wanted.enabled, loaded.consumers_enabled),
             interval_s=pick("consumers_interval", wanted.interval_s, loaded.consumers_interval_seconds),
         ),
+        wire=loaded.wire(WireIntervals()),
     )
 
 
@@ -467,6 +524,8 @@ class Configurable(Protocol):
     def consumers(self) -> ConsumerSettings: ...
     @property
     def host_paths(self) -> HostPaths: ...
+    @property
+    def wire_intervals(self) -> WireIntervals: ...
 
 
 C = TypeVar("C", bound=Configurable)
@@ -494,6 +553,7 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
         reader=resolved.reader,
         detection=resolved.detection,
         consumers=resolved.consumers,
+        wire_intervals=resolved.wire,
     )
 
 

@@ -37,7 +37,7 @@ from rnic_exporter.sinks.detection import detection_families
 from rnic_exporter.sinks.process import ProcessFamilies
 from rnic_exporter.sinks.prometheus import CounterFeed, CounterView, PrometheusSink
 from rnic_exporter.sinks.registry import SelfMetrics
-from rnic_exporter.sinks.samples import ExporterStats, Family, Published
+from rnic_exporter.sinks.samples import ExporterStats, Family, Published, Sample
 from rnic_exporter.sources.address_risks import address_loss_risks
 from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.counters import CounterPlan
@@ -105,6 +105,7 @@ class Agent:
         announcer: Announcer | None = None,
         health: SelfMetrics | None = None,
         state_lock_unwritten: bool = False,
+        annotate: Callable[[list[Event]], list[Event]] | None = None,
     ) -> None:
         """`root` rather than a built reader: the reader's settings are the config's, and a reload
         changes both. `sinks` are built on the agent's counter feed; `consumers` (--collector.consumers)
@@ -125,10 +126,12 @@ class Agent:
         self.health = health if health is not None else SelfMetrics(ProcessFamilies().families)
         self.prometheus = PrometheusSink(self.counter_view, config.counter_wait_s, self.health)
         self.consumers = consumers
+        self._annotate = annotate  # adds what another source knows to each event (the wire's link-down reason)
         self.sinks: tuple[EventSink, ...] = (
             *(build(self.counter_view) for build in sinks),
             *((consumers,) if consumers is not None else ()),
         )
+        self.health.register(self.families, first=True)
         for sink in self.sinks:
             self.health.register(sink.families)
         self._announcer = announcer
@@ -185,6 +188,8 @@ class Agent:
         events = self._detect(snap)
         if self.consumers is not None:
             events = self.consumers.annotate(events)
+        if self._annotate is not None:
+            events = self._annotate(events)
         for event_ in events:
             fields = event_.fields()
             if event_.consumers is not None:
@@ -193,18 +198,7 @@ class Agent:
         if self.ethtool.errors:
             self.source_errors["ethtool"] = self.ethtool.errors
         detector = self.detector
-        self.detection_families = tuple(
-            detection_families(
-                detector.last,
-                detector.gid_changes,
-                detector.events,
-                {
-                    catalog.STATE_ERRORS: detector.state_errors,
-                    catalog.EVENT_SOURCE_ERRORS: self.source_errors,
-                    catalog.WAKEUPS: self.wakeups,
-                },
-            )
-        )
+        self.detection_families = tuple(detection_families(detector.last, detector.gid_changes, detector.events))
         record = Published(snap, tuple(events), replace(self.stats(), last_poll=now), self.detection_families)
         self.prometheus.publish(record)
         self.last = snap  # after the sink has it: readiness means "scrapes see a poll"
@@ -260,6 +254,21 @@ class Agent:
             counters_stale=stale,
         )
         return CounterView(groups, stats, self._counter_pass.passes * 2 + (1 if stale else 0))
+
+    def families(self) -> list[Family]:
+        """The agent's own counters, as of now, for every sink (registered in `health`): state
+        directory errors, event source errors, wake-ups. A counter with no label yet is absent."""
+        out = []
+        for spec, counts in (
+            (catalog.STATE_ERRORS, self.detector.state_errors),
+            (catalog.EVENT_SOURCE_ERRORS, self.source_errors),
+            (catalog.WAKEUPS, self.wakeups),
+        ):
+            # dict() copies in one step: the loop thread counts while a scrape collects
+            samples: list[Sample] = [((label,), count) for label, count in sorted(dict(counts).items())]
+            if samples:
+                out.append(Family(spec, samples))
+        return out
 
     def stats(self, **scrape: object) -> ExporterStats:
         """The exporter's own bookkeeping; `scrape` adds what a counter pass knows."""

@@ -31,6 +31,10 @@ SEL = 'instance=~"$instance"'
 # where they are one series per node already (build_info for the variable, rnic_devices).
 # host.py takes the counter sets from here; their one home is the recording rules.
 ERROR_COUNTERS = r.ERROR_COUNTERS
+# The PMA counters of a failing link (detect/link_health.py: symbol errors, retraining, integrity).
+LINK_ERROR_COUNTERS = (
+    "symbol_error|link_error_recovery|link_downed|local_link_integrity_errors|excessive_buffer_overrun_errors"
+)
 RETRANSMISSION_COUNTERS = r.RETRANSMISSION_COUNTERS
 BUSIEST = 20
 # Recorded series have one point per evaluation (1 minute by default): a finer step redraws the same points
@@ -63,6 +67,7 @@ def _count_in_range(rule: r.Rule) -> str:
 def build() -> Dashboard:
     lay = Layout()
     _health(lay)
+    _link_health(lay)
     _gids_and_addresses(lay)
     _counters(lay)
     return dashboard(
@@ -183,6 +188,47 @@ def _health(lay: Layout) -> None:
         ),
         w=12,
         h=8,
+    )
+
+
+def _link_health(lay: Layout) -> None:
+    """Issue 31: the error counters that rise before a job dies, from the sparse recorded series
+    (a port appears only while a counter grows). The alerts judge the limits; these say where."""
+    lay.row("Link health")
+    link = _s(r.ERRORS_PER_COUNTER, f'counter=~"{LINK_ERROR_COUNTERS}", ')
+    by_port = "instance, job, device, port"
+    lay.add(
+        stat(
+            "Ports with link errors",
+            "Ports whose symbol-error, link-retraining or link-integrity counters grow now (5-minute rate): "
+            "a cable or transceiver going bad. RnicLinkSymbolErrors and RnicLinkRetrained judge the limits.",
+            [target(f"count(count by ({by_port}) ({link})) or vector(0)", "ports")],
+            thresholds=OK_WARN,
+        ),
+        w=6,
+        h=4,
+    )
+    lay.add(
+        stat(
+            "Ports retransmitting",
+            "Ports whose RoCE retransmission or sequence-error counters grow now (5-minute rate): packets "
+            "lost or reordered on the path. RnicRoceRetransmissions judges them against the packets carried.",
+            [target(f"count(count by ({by_port}) ({_s(r.RETRANSMISSIONS_PER_COUNTER)})) or vector(0)", "ports")],
+            thresholds=OK_WARN,
+        ),
+        w=6,
+        h=4,
+    )
+    lay.add(
+        table(
+            "Link errors by port",
+            "The link-error counters (symbol errors, retraining, integrity) per port at their highest "
+            "5-minute rate in the time range; the host dashboard's link-health row has the BER against the IBTA limit.",
+            [target(f"topk({BUSIEST}, max_over_time({link}[$__range]))", instant=True, table=True)],
+            rename={"Value": "peak per second"},
+        ),
+        w=12,
+        h=4,
     )
 
 

@@ -8,7 +8,13 @@ from grafanalib.core import Dashboard
 
 from rnic_exporter.catalog import events as e
 from rnic_exporter.catalog import metrics as c
-from rnic_exporter.dashboards.fleet import ERROR_COUNTERS, HOST_DASHBOARD_UID, RETRANSMISSION_COUNTERS
+from rnic_exporter.catalog.link_health import SIGNALS, LinkHealthThresholds
+from rnic_exporter.dashboards.fleet import (
+    ERROR_COUNTERS,
+    HOST_DASHBOARD_UID,
+    LINK_ERROR_COUNTERS,
+    RETRANSMISSION_COUNTERS,
+)
 from rnic_exporter.dashboards.panels import (
     BAD_OK,
     NEUTRAL,
@@ -45,6 +51,15 @@ ANNOTATIONS: tuple[tuple[str, str, tuple[e.EventSpec, ...]], ...] = (
     ("Address loss", "purple", (e.ADDRESS_LOST, e.ADDRESS_RESTORED)),
     ("Device and link", "yellow", (e.DEVICE_DISAPPEARED, e.DEVICE_REAPPEARED, e.LINK_BELOW_RATED)),
 )
+# The link-health row draws the limits `check`, the events and the alerts judge with.
+LIMITS = LinkHealthThresholds()
+# RoCE retransmissions and sequence errors (mlx5 and rxe names), and receive drops: detect/link_health.py.
+TRANSPORT_COUNTERS = "|".join(c for s in SIGNALS if s.kind == "transport" for c in s.counters)
+DROP_COUNTERS = "|".join(c for s in SIGNALS if s.kind == "drops" for c in s.counters)
+
+
+def _limit(value: float) -> list[dict[str, object]]:
+    return [{"color": "green", "value": None}, {"color": "red", "value": value}]
 
 
 def event_matcher(specs: Sequence[e.EventSpec]) -> str:
@@ -68,7 +83,9 @@ def build() -> Dashboard:
     _workloads(lay)
     _link(lay)
     _traffic(lay)
+    _link_health(lay)
     _errors(lay)
+    _wire(lay)
     _gids(lay)
     return dashboard(
         "RNIC host detail",
@@ -272,6 +289,88 @@ def _traffic(lay: Layout) -> None:
     )
 
 
+def _link_health(lay: Layout) -> None:
+    """Issue 31: the counters that rise before a job dies, as the alerts judge them."""
+    lay.row("Link health")
+    by_port = "on (instance, job, device, port) group_left ()"
+    pma, hw = name(c.PORT_PMA), name(c.PORT_HW_STAT)
+    packets = (
+        f"(rate({name(c.PORT_PACKETS_RECEIVED)}{{{PORT_SEL}}}[5m]) + on (instance, job, device, port) "
+        f"rate({name(c.PORT_PACKETS_TRANSMITTED)}{{{PORT_SEL}}}[5m]))"
+    )
+    lay.add(
+        timeseries(
+            "Symbol-error bit-error rate",
+            "Symbol errors per bit carried (5-minute rate over the active rate, lanes x per-lane speed); the red "
+            f"line is the IBTA limit {LIMITS.symbol_error_ber:g} (RnicLinkSymbolErrors).",
+            [
+                target(
+                    f'rate({pma}{{counter="symbol_error", {PORT_SEL}}}[5m]) / {by_port} '
+                    f"({name(c.PORT_ACTIVE_RATE)}{{{PORT_SEL}}} > 0) / 8",
+                    "{{device}}/{{port}} BER",
+                )
+            ],
+            "sci",
+            thresholds=_limit(LIMITS.symbol_error_ber),
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Link retraining and integrity",
+            "Link retrains (link_error_recovery), drops (link_downed) and link-integrity threshold "
+            "crossings per 5 minutes: a healthy link shows none (RnicLinkRetrained).",
+            [
+                target(
+                    f'increase({pma}{{counter=~"{LINK_ERROR_COUNTERS.replace("symbol_error|", "")}", {PORT_SEL}}}[5m])',
+                    "{{device}}/{{port}} {{counter}}",
+                )
+            ],
+            "short",
+            thresholds=OK_BAD,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Retransmissions per packet",
+            "RoCE retransmission and sequence-error counters per packet the port carried, both directions "
+            f"(5-minute rates); the red line is {LIMITS.retransmission_ratio:g} (RnicRoceRetransmissions). "
+            "Ports without PMA packet counters (rxe) show in the Retransmissions panel below.",
+            [
+                target(
+                    f'rate({hw}{{counter=~"{TRANSPORT_COUNTERS}", {PORT_SEL}}}[5m]) / {by_port} {packets}',
+                    "{{device}}/{{port}} {{counter}}",
+                )
+            ],
+            "sci",
+            thresholds=_limit(LIMITS.retransmission_ratio),
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Receive drops per received packet",
+            f"out_of_buffer (and rx_discards_phy where present) per received packet; the red line is "
+            f"{LIMITS.drop_ratio:g} (RnicReceiveDrops).",
+            [
+                target(
+                    f'rate({hw}{{counter=~"{DROP_COUNTERS}", {PORT_SEL}}}[5m]) / {by_port} '
+                    f"rate({name(c.PORT_PACKETS_RECEIVED)}{{{PORT_SEL}}}[5m])",
+                    "{{device}}/{{port}} {{counter}}",
+                ),
+            ],
+            "sci",
+            thresholds=_limit(LIMITS.drop_ratio),
+        ),
+        w=6,
+        h=8,
+    )
+
+
 def _errors(lay: Layout) -> None:
     lay.row("Errors, congestion and retransmissions")
     lay.add(
@@ -324,6 +423,85 @@ def _errors(lay: Layout) -> None:
             thresholds=OK_BAD,
         ),
         w=8,
+        h=8,
+    )
+
+
+def _wire(lay: Layout) -> None:
+    """The wire below RoCE netdevs (--collector.wire): what degrades before the link does."""
+    lay.row("Optics, FEC and pause (RoCE)")
+    lay.add(
+        timeseries(
+            "Module temperature",
+            "The pluggable module's own temperature, and its high warning threshold (read every minute).",
+            targets(
+                (f"{name(c.MODULE_TEMPERATURE)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{netdev}}"),
+                (
+                    f'{name(c.MODULE_TEMPERATURE_THRESHOLD)}{{limit="high_warning", {PORT_SEL}}}',
+                    "{{device}}/{{port}} high warning",
+                ),
+            ),
+            "celsius",
+            thresholds=NEUTRAL,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Rx power vs its warning threshold",
+            "Received optical power per lane against the module's own low warning threshold: a lane "
+            "falling towards it is a dirty connector, a bent fibre or a failing optic, before the link "
+            "renegotiates or drops.",
+            targets(
+                (f"{name(c.MODULE_RX_POWER)}{{{PORT_SEL}}}", "{{device}}/{{port}} lane {{lane}}"),
+                (
+                    f'{name(c.MODULE_RX_POWER_THRESHOLD)}{{limit="low_warning", {PORT_SEL}}}',
+                    "{{device}}/{{port}} low warning",
+                ),
+            ),
+            "watt",
+            thresholds=NEUTRAL,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "FEC corrected and uncorrectable blocks",
+            "FEC blocks per second: corrected blocks rising is the early sign; uncorrectable ones are "
+            "corrupted frames that RoCE must retransmit.",
+            targets(
+                (
+                    f"rate({name(c.FEC_CORRECTED_BLOCKS)}{{{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} corrected",
+                ),
+                (
+                    f"rate({name(c.FEC_UNCORRECTABLE_BLOCKS)}{{{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} uncorrectable",
+                ),
+            ),
+            "cps",
+            thresholds=OK_BAD,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Time paused per priority",
+            "Share of time each priority was paused (PFC): received = the peer throttles this host, sent "
+            "= this host's receive side is behind. Near 100% is a pause storm.",
+            targets(
+                (
+                    f"rate({name(c.PRIORITY_PAUSE_DURATION)}{{{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} prio {{priority}} {{direction}}",
+                ),
+            ),
+            "percentunit",
+            thresholds=OK_BAD,
+        ),
+        w=6,
         h=8,
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rnic_exporter.catalog.link_health import LinkHealthThresholds
 from rnic_exporter.model.host import Device
 from rnic_exporter.model.nccl import NcclSettings
 
@@ -49,6 +50,7 @@ class DetectionSettings:
     nccl_gid_index_source: str = field(default="", compare=False)
     nccl: NcclSettings = field(default_factory=NcclSettings)  # the rest of NCCL's GID settings (the reader's)
     address_forget_after_s: float = 86400.0  # an expected address missing this long is forgotten
+    link_health: LinkHealthThresholds = field(default_factory=LinkHealthThresholds)  # [link_health]
 
     def expectation_for(self, device: Device) -> RatedExpectation | None:
         """The last matching expectation wins, so specific entries go after general ones."""

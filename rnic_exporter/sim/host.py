@@ -34,6 +34,7 @@ import errno
 import os
 import shutil
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -267,6 +268,10 @@ class SimHost:
         # the slots that changed (a full 255-slot rewrite costs ~50 ms, far above the kernel's
         # work-queue hop the follower imitates).
         self._gids_on_disk: dict[str, dict[int, tuple[str, str | None, str | None]]] = {}
+        # Counters that grow with time on a failing link (`degrade_link`), per device, per second;
+        # `add_traffic` advances them, carrying the fractions from call to call.
+        self.growing: dict[str, dict[str, float]] = {}
+        self._carry: dict[tuple[str, str], float] = {}
 
     # -- construction ------------------------------------------------------------------------
 
@@ -750,8 +755,33 @@ class SimHost:
         dev = self.devices[name]
         self._write(f"{dev.function_dir}/infiniband_verbs/{dev.uverbs}/dev", f"{major}:{minor}")
 
+    def degrade_link(self, name: str, per_second: Mapping[str, float]) -> None:
+        """A cable going bad: from now on `add_traffic` also advances these counters of `name` at
+        these rates (symbol errors, retrains, RoCE retransmissions...); an empty mapping heals it."""
+        dev = self.devices[name]
+        unknown = [c for c in per_second if c not in dev.counters and c not in dev.hw_counters]
+        if unknown:
+            raise KeyError(f"{name} has no counter {unknown[0]!r} (driver {dev.driver})")
+        if per_second:
+            self.growing[name] = dict(per_second)
+        else:
+            self.growing.pop(name, None)
+
+    def _grow(self, seconds: float) -> None:
+        for name, rates in self.growing.items():
+            if name in self.removed:
+                continue
+            counts = {}
+            for counter, rate in rates.items():
+                total = self._carry.get((name, counter), 0.0) + rate * seconds
+                counts[counter] = int(total)
+                self._carry[(name, counter)] = total - int(total)
+            self.add_counts(name, counts)
+
     def add_traffic(self, seconds: float, utilisation: float = 0.5) -> None:
-        """Advance data counters as a busy port would (for the demo and rate graphs)."""
+        """Advance data counters as a busy port would (for the demo and rate graphs), and the
+        error counters of a link going bad (`degrade_link`)."""
+        self._grow(seconds)
         for dev in self.devices.values():
             if dev.name in self.removed or not dev.up:
                 continue
@@ -768,6 +798,20 @@ class SimHost:
                 dev.counters[f"port_{direction}_packets"] += packets
                 dev.counters[f"unicast_{direction}_packets"] += packets
             self._write_counters(dev)
+
+    def add_counts(self, name: str, counts: Mapping[str, int]) -> None:
+        """Advance the named counters of `name`'s port (PMA or hw_counters, wherever the driver has
+        the file) as errors would: a cable going bad, a lossy path. A name the driver lacks is
+        refused, so a story cannot invent a file the kernel never writes."""
+        dev = self.devices[name]
+        for counter, step in counts.items():
+            if counter in dev.counters:
+                dev.counters[counter] += step
+            elif counter in dev.hw_counters:
+                dev.hw_counters[counter] += step
+            else:
+                raise KeyError(f"{name} has no counter {counter!r} (driver {dev.driver})")
+        self._write_counters(dev)
 
 
 __all__ = ["ROCE_V1", "ROCE_V2", "SimDevice", "SimHost", "ethernet_rate_text", "rate_text", "rxe_rate_text"]

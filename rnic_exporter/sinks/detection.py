@@ -7,7 +7,6 @@ from collections.abc import Iterator, Mapping
 from rnic_exporter.catalog import events as ev
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import EVENT_SPECS
-from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.detect.conditions import HostConditions, PortView
 from rnic_exporter.model.host import IPV6_KEEP_ADDR_OFF, NETWORKMANAGER
 from rnic_exporter.sinks.samples import Family, FamilyBuilder
@@ -43,8 +42,11 @@ _ROCE_PORT = (
 )
 _CONFIGURED_INDEX = (ev.NCCL_GID_INDEX_INVALID, ev.NCCL_GID_INDEX_VALID)  # NCCL_IB_GID_INDEX is set
 _NETDEV_PORT = (ev.ADDRESS_LOST, ev.ADDRESS_RESTORED)  # addresses are a netdev's
+# Link health (detect/link_health_events.py): not created at 0 until the daemon judges counters
+# (the agent's wiring adds them to `port_events`); until then one counts from 1 like any unforeseen event.
+_LINK_HEALTH = (ev.PORT_DEGRADING, ev.PORT_RECOVERED)
 # Every port event has a rule above (tests/sinks/test_series_budget.py holds the catalogue to that).
-PORT_EVENT_RULES = (_EVERY_PORT, _ROCE_PORT, _CONFIGURED_INDEX, _NETDEV_PORT)
+PORT_EVENT_RULES = (_EVERY_PORT, _ROCE_PORT, _CONFIGURED_INDEX, _NETDEV_PORT, _LINK_HEALTH)
 
 
 def port_events(view: PortView) -> tuple[str, ...]:
@@ -63,7 +65,6 @@ def detection_families(
     cur: HostConditions | None,
     gid_changes: Mapping[tuple[str, int], int],
     events: Mapping[tuple[str, str, str], int],
-    source_counters: Mapping[MetricSpec, Mapping[str, int]],
 ) -> Iterator[Family]:
     """`events` is keyed (event, device, port-as-text); every event a known port or device can raise
     (`port_events`) starts at 0, so an alert's increase() sees the first one (a counter born at 1 hides
@@ -111,7 +112,4 @@ def detection_families(
                 counts.setdefault((name, dev.name, ""), 0)
     for labels, count in sorted(counts.items()):
         out.add(c.EVENTS, labels, count)
-    for spec, by_label in source_counters.items():
-        for label, count in sorted(by_label.items()):
-            out.add(spec, (label,), count)
     yield from out

@@ -100,7 +100,7 @@ class _Observer:
     """Builds every instrument's observations once per collection from the last published record
     and one counter pass."""
 
-    def __init__(self, counters: CounterSource | None = None, health: SelfMetrics | None = None) -> None:
+    def __init__(self, counters: CounterSource, health: SelfMetrics | None = None) -> None:
         self.state: Published | None = None
         self._counters = counters
         self._health = health or SelfMetrics()
@@ -120,13 +120,10 @@ class _Observer:
         if state is None:
             return {}
         with self._lock:
-            stats, generation = state.stats, 0
-            groups: list[tuple[str, CounterGroup]] = []
-            health: tuple[Family, ...] = ()  # the exporter's own (consumer scan, OTLP health), as of now
-            if self._counters is not None:
-                view = self._counters(COUNTER_WAIT_S)
-                stats, generation, health = self._health.stats(view.stats), view.generation, self._health.collect()
-                groups = [(key[0], group) for key, group in view.groups.items()]
+            view = self._counters(COUNTER_WAIT_S)
+            stats, generation = self._health.stats(view.stats), view.generation
+            health = self._health.collect()  # the exporter's own (consumer scan, OTLP health), as of now
+            groups = [(key[0], group) for key, group in view.groups.items()]
             if self._built_for is None or self._built_for[0] is not state or self._built_for[1] != generation:
                 self._observations = self._build(state, stats, groups, health)
                 self._built_for = (state, generation)
@@ -137,7 +134,7 @@ class _Observer:
         state: Published,
         stats: ExporterStats,
         groups: list[tuple[str, CounterGroup]],
-        health: tuple[Family, ...] = (),
+        health: tuple[Family, ...],
     ) -> dict[str, list[Observation]]:
         out: dict[str, list[Observation]] = {}
         attrs_cache: dict[tuple[str, tuple[str, ...]], tuple[str, dict[str, str]]] = {}
@@ -329,7 +326,7 @@ class OtelSink:
     def __init__(
         self,
         settings: OtlpSettings,
-        counters: CounterSource | None = None,
+        counters: CounterSource,
         *,
         health: SelfMetrics | None = None,
         machine_id_files: Sequence[Path] = MACHINE_ID_FILES,

@@ -1,9 +1,10 @@
 """The exporter's own health families, in one list every sink collects from (client_python's
 `CollectorRegistry`).
 
-Whatever has health to show (the process, the HTTP front, the OTLP exporter, the consumer scan)
-registers once at startup; each sink collects at its own pace, a scrape or an export. So a scrape
-started by the web front reads the front's counters from here, not through the daemon.
+Whatever has health to show (the agent's own counters, the process, the HTTP front, the OTLP
+exporter, the consumer scan) registers once at startup; each sink collects at its own pace, a scrape
+or an export. So a scrape started by the web front reads the front's counters from here, not
+through the daemon.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ class SelfMetrics:
         self._providers: tuple[FamilyProvider, ...] = providers
         self._reloads: tuple[Reloads, ...] = ()
 
-    def register(self, families: FamilyProvider, reloads: Reloads | None = None) -> None:
-        """`reloads`: the part whose own config file's last reload counts too (the web server)."""
+    def register(self, families: FamilyProvider, reloads: Reloads | None = None, *, first: bool = False) -> None:
+        """`reloads`: the part whose own config file's last reload counts too (the web server).
+        `first`: ahead of the providers so far (the agent's bookkeeping: an exposition lists it
+        right after detection's families, before the process's)."""
         with self._lock:
-            self._providers += (families,)
+            self._providers = (families, *self._providers) if first else (*self._providers, families)
             if reloads is not None:
                 self._reloads += (reloads,)
 

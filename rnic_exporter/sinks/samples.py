@@ -78,7 +78,7 @@ class Published:
     snapshot: Snapshot
     events: tuple[Event, ...]
     stats: ExporterStats
-    families: tuple[Family, ...]  # detection's judgments and counters, the sinks' own health
+    families: tuple[Family, ...]  # detection's judgments and event counters
 
 
 # -- the parts of a snapshot, each a function of the sources it is keyed by --------------------

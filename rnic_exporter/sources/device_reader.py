@@ -238,7 +238,6 @@ class DeviceReader:
 
     def _read_gid_table(self, port: PortShape) -> bool:
         """Read the port's whole table; False when it is what the last read found (kept as it was)."""
-        self.context.full_gid_reads += 1
         before = self.gids.get(port.number)
         table = gid_source.read_gid_table(
             self.fds, f"{self.base}/ports/{port.number}", self.name, port.number, previous=before

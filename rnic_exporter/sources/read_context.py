@@ -1,5 +1,5 @@
 """What the device readers of one host share with the host reader: the tree, the clock, the
-settings, the safety interval and the periods of what nothing announces, and a count of whole GID table reads.
+settings, the safety interval and the periods of what nothing announces.
 
 A small object handed to each `DeviceReader` instead of the `HostReader` itself: a device reader
 sees only these, and the host reader owns them (`HostReader.settings`, `.safety_s` forward here).
@@ -72,4 +72,3 @@ class ReadContext:
     safety_s: float = SAFETY_S  # --poll.safety-interval: what events announce is re-read this often
     pcie_s: float = PCIE_S  # --poll.pcie-interval
     ib_gids_s: float = IB_GIDS_S  # --poll.gid-interval
-    full_gid_reads: int = 0  # whole GID tables read (tests and benchmarks count them)

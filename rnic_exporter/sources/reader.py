@@ -122,11 +122,6 @@ class HostReader:
         return min(d for d in dues if d is not None)
 
     @property
-    def full_gid_reads(self) -> int:
-        """Whole GID tables read so far."""
-        return self._context.full_gid_reads
-
-    @property
     def settings(self) -> ReaderSettings:
         return self._context.settings
 

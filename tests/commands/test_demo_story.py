@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 # The alert each step's failure stands for (the ones the demo's output names).
 ALERTS = {
     "_gid_shift": ["RnicGidIndexMoved", "RnicGidTableChanged"],
+    "_cable_going_bad": ["RnicLinkSymbolErrors", "RnicLinkRetrained", "RnicRoceRetransmissions"],
+    "_optic_fade": ["RnicOpticRxPowerLow"],
     "_speed_drop": ["RnicLinkBelowRated", "RnicLinkFarBelowRated"],
     "_pcie_downtrain": ["RnicPcieLinkDowntrained"],
     "_nic_gone": ["RnicDeviceDisappeared"],
@@ -86,7 +88,8 @@ def test_the_heal_leaves_a_host_check_calls_healthy(tmp_path: Path) -> None:
 
 def test_the_check_hint_runs_as_printed(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=6, infiniband=2)
-    demo.STEPS[4].act(host)  # prints the hint; run_demo fills in the real paths
+    # Prints the hint; run_demo fills in the real paths.
+    next(s for s in demo.STEPS if s.act is demo._ipv6_only).act(host)
     hint = demo._HINTS["check"]
     assert "--state.dir" in hint and "--no-netlink" in hint
     command = hint.replace("<the tree above>", str(host.root)).replace("<its state>", str(tmp_path / "state"))

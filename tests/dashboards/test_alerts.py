@@ -122,6 +122,16 @@ def test_the_issue_alerts_are_all_there() -> None:
         "RnicExporterConfigReloadFailed": "warning",
         "RnicExporterStateUnwritable": "warning",
         "RnicExporterEventSourceFailing": "warning",
+        "RnicLinkSymbolErrors": "warning",
+        "RnicLinkRetrained": "warning",
+        "RnicPortReceiveErrors": "warning",
+        "RnicRoceRetransmissions": "warning",
+        "RnicRoceRetriesExceeded": "critical",
+        "RnicReceiveDrops": "warning",
+        "RnicOpticRxPowerLow": "warning",
+        "RnicOpticRxPowerDrifting": "warning",
+        "RnicFecUncorrectableRising": "warning",
+        "RnicPauseStorm": "critical",
     }
 
 

@@ -32,6 +32,7 @@ from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks import otel_metrics
 from rnic_exporter.sinks.samples import ExporterStats, Family, Published, snapshot_families
+from tests.support.agents import CarriedCounters
 from tests.support.otel_table import readme_table
 from tests.support.otlp import GrpcReceiver, HttpReceiver, Point
 from tests.support.tls import self_signed
@@ -53,7 +54,7 @@ def protocol_of(rcv: HttpReceiver | GrpcReceiver) -> str:
 
 # --------------------------------------------------------------------------- the mapping table
 
-UCUM = re.compile(r"^(1|By|By/s|s|\{[a-z]+\}|\{[a-z]+\}/s)$")
+UCUM = re.compile(r"^(1|By|By/s|s|Cel|V|W|A|\{[a-z]+\}|\{[a-z]+\}/s)$")
 OTEL_NAME = re.compile(r"^(hw|rnic)(\.[a-z][a-z0-9_]*)+$")
 
 
@@ -79,8 +80,10 @@ def test_mapping_keeps_kind_units_and_labels() -> None:
             assert inst.description
             # A Prometheus counter is monotonic: it must stay a counter; gauges and info never become one.
             assert (inst.kind == "counter") == (spec.kind == "counter"), spec.name
-            if spec.unit in ("bytes", "bytes_per_second", "seconds"):
-                assert inst.unit == {"bytes": "By", "bytes_per_second": "By/s", "seconds": "s"}[spec.unit]
+            units = {"bytes": "By", "bytes_per_second": "By/s", "seconds": "s", "celsius": "Cel", "volts": "V"}
+            units.update(watts="W", amperes="A")
+            if spec.unit in units:
+                assert inst.unit == units[spec.unit], spec.name
             for label, _ in route.rename:
                 assert label in spec.labels
             if route.only is not None:
@@ -267,7 +270,7 @@ def test_sink_exports_the_catalogue_and_events(
     snap = read_sim(sim_host)
     stats = ExporterStats(polls=7, read_errors_by_reason={"EIO": 2})
     detection = Family(catalog.LINK_BELOW_RATED, [(("mlx5_2", "1", "port"), 1)])
-    sink = OtelSink(_settings(receiver))
+    sink = OtelSink(_settings(receiver), CarriedCounters(stats))
     try:
         events = _events(snap)
         sink.publish(Published(snap, tuple(events), stats, (detection,)))
@@ -342,7 +345,7 @@ def test_a_removed_nic_leaves_the_export(sim_host: SimHost, read_sim: Callable[[
     from rnic_exporter.sinks.otel import OtelSink
 
     with HttpReceiver() as rcv:
-        sink = OtelSink(_settings(rcv))
+        sink = OtelSink(_settings(rcv), CarriedCounters())
         try:
             sink.publish(Published(read_sim(sim_host), (), ExporterStats(), ()))
             wait_for(
@@ -372,7 +375,7 @@ def test_full_event_queue_drops_the_oldest_and_counts(
     snap = read_sim(sim_host)
     with HttpReceiver() as rcv:
         rcv.mode = "503"
-        sink = OtelSink(_settings(rcv, queue_size=2))
+        sink = OtelSink(_settings(rcv, queue_size=2), CarriedCounters())
         try:
             sink.publish(Published(snap, tuple(_events(snap)), ExporterStats(), ()))  # three events, room for two
             assert sink.families()[1].samples == [(("metrics",), 0), (("logs",), 1)]
@@ -506,7 +509,7 @@ def test_tls_collector_with_ca_and_client_certificate(
     with HttpReceiver(tls=ctx) as rcv:
         assert rcv.url.startswith("https://")
         base: dict[str, Any] = {"endpoint": rcv.url, "certificate": server_cert, "interval_s": 0.2, "timeout_s": 1.0}
-        sink = OtelSink(OtlpSettings(**base, client_certificate=client_cert, client_key=client_key))
+        sink = OtelSink(OtlpSettings(**base, client_certificate=client_cert, client_key=client_key), CarriedCounters())
         try:
             sink.publish(Published(snap, tuple(_events(snap)), ExporterStats(), ()))
             wait_for(
@@ -517,7 +520,7 @@ def test_tls_collector_with_ca_and_client_certificate(
         finally:
             sink.close()
         before = rcv.received.metric_count()
-        anonymous = OtelSink(OtlpSettings(**base))  # no client certificate: the handshake fails
+        anonymous = OtelSink(OtlpSettings(**base), CarriedCounters())  # no client certificate: the handshake fails
         try:
             anonymous.publish(Published(snap, (), ExporterStats(), ()))
             wait_for(
@@ -546,7 +549,7 @@ def test_grpc_over_tls_with_the_collector_ca(
             interval_s=0.2,
             timeout_s=2.0,
         )
-        sink = OtelSink(settings)
+        sink = OtelSink(settings, CarriedCounters())
         try:
             sink.publish(Published(snap, tuple(_events(snap)[:1]), ExporterStats(), ()))
             wait_for(

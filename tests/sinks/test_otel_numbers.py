@@ -15,6 +15,7 @@ from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.otel_metrics import otlp_number
 from rnic_exporter.sinks.samples import ExporterStats, Published
 from rnic_exporter.sources.reader import HostReader
+from tests.support.agents import CarriedCounters
 from tests.support.otlp import HttpReceiver
 from tests.support.wait import wait_for
 
@@ -51,7 +52,9 @@ def test_counters_beyond_int64_do_not_stop_the_batch(tmp_path: Path) -> None:
     snap = HostReader(root).read(full_gid_tables=True)
     root.close()
     with HttpReceiver() as rcv:
-        sink = OtelSink(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0))
+        sink = OtelSink(
+            OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0), CarriedCounters()
+        )
         try:
             sink.publish(Published(snap, (), ExporterStats(), ()))
             points = wait_for(lambda: rcv.received.latest_points() or None, timeout=20, what="a metrics batch")

@@ -13,17 +13,12 @@ from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.detection import PORT_EVENT_RULES, PORT_EVENTS
 from rnic_exporter.sources.infiniband import counter_ceiling
 from tests.support.agent import make_agent
-from tests.support.exposition import Samples, samples
+from tests.support.agent import metrics as scrape
+from tests.support.exposition import Samples
 from tests.support.wait import wait_for
 
 ROCE = {"device": "mlx5_0", "port": "1"}
 IB = {"device": "mlx5_1", "port": "1"}
-
-
-def scrape(agent: Agent) -> Samples:
-    """What a scrape gets: the published state plus a counter pass read for it (the per-scrape path)."""
-    body, _ = agent.prometheus.render(None, None)
-    return samples(body.decode())
 
 
 def events_of(got: Samples, device: str, port: str) -> dict[str, float]:

@@ -15,17 +15,16 @@ from pathlib import Path
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.samples import ExporterStats, freshness_part
 from rnic_exporter.sources.reader import IB_GIDS_S, PCIE_S, HostReader
-from tests.support.sim import refresh_overlay
+from tests.support.sim import GidTableCounter, refresh_overlay, whole_gid_reads
 
 NEW_PREFIX_GID = "fec0:0000:0000:0000:0c42:a103:0002:c7a9"
 
 
 def trusting_reader(sim_host: SimHost) -> tuple[HostReader, list[float]]:
     now = [0.0]
-    root = SimSysfsRoot(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
+    root = GidTableCounter(sim_host.root, hold_fds=True, errno_overlay=sim_host.errno_overlay)
     reader = HostReader(root, clock=lambda: now[0])
     reader.state_pass(full_gid_tables=True)
     reader.state_pass(trust_events=True)
@@ -51,13 +50,13 @@ def test_an_infiniband_gid_in_an_empty_slot_is_seen_within_the_gid_period(sim_ho
     reader, now = trusting_reader(sim_host)
     table = reader._devices["mlx5_2"].gids[1]
     sim_host.corrupt("mlx5_2", f"ports/1/gids/{table.size - 1}", NEW_PREFIX_GID)
-    whole = reader.full_gid_reads
+    whole = whole_gid_reads(reader)
     now[0] += 5.0
     reader.state_pass(trust_events=True)
-    assert reader.full_gid_reads == whole
+    assert whole_gid_reads(reader) == whole
     now[0] = IB_GIDS_S
     reader.state_pass(trust_events=True)
-    assert reader.full_gid_reads == whole + 1
+    assert whole_gid_reads(reader) == whole + 1
 
 
 def test_a_pcie_downtrain_is_seen_within_the_pcie_period(sim_host: SimHost) -> None:

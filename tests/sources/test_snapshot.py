@@ -38,7 +38,7 @@ from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader
 from rnic_exporter.sources.sysfs import ErrorLog, SysfsRoot
 from tests.support.netdev import read_netdev
-from tests.support.sim import refresh_overlay
+from tests.support.sim import GidTableCounter, refresh_overlay, whole_gid_reads
 
 Content = tuple[tuple[Device, ...], dict[str, Netdev], dict[str, PcieLink]]
 
@@ -857,7 +857,7 @@ def test_device_removed_mid_read(sim_host: SimHost) -> None:
 
 
 def held_reader(host: SimHost) -> HostReader:
-    return HostReader(SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
+    return HostReader(GidTableCounter(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
 
 def test_held_fds_see_rewritten_values(sim_host: SimHost, read_sim: Callable[[SimHost], Snapshot]) -> None:
@@ -971,18 +971,18 @@ def polls_until_seen(reader: HostReader, host: SimHost, index: int, budget: int)
 def test_address_in_an_empty_slot_is_found_by_the_sweep(one_big_table: SimHost, polls_before: int) -> None:
     """Wherever the sweep stands when the address arrives, it is seen within ceil(size/slots)+1 polls."""
     host = one_big_table
-    reader = HostReader(SimSysfsRoot(host.root))
+    reader = HostReader(GidTableCounter(host.root))
     for _ in range(1 + polls_before):  # the first poll reads whole tables, the others sweep
         port = poll(reader, host).port("mlx5_0", 1)
         assert port is not None and [g.index for g in port.gids] == [0, 1, 2, 3]
-    assert reader.full_gid_reads == 1
+    assert whole_gid_reads(reader) == 1
     with new_address(host, "10.0.77.1") as (v1, v2):
         gid = address_gid("10.0.77.1")
         polls, port = polls_until_seen(reader, host, v2, math.ceil(SWEEP_SIZE / GID_SWEEP_SLOTS) + 1)
         assert port.gid(v1) == GidEntry(v1, gid, ROCE_V1, "ens1f0np0")
         assert port.gid(v2) == GidEntry(v2, gid, ROCE_V2, "ens1f0np0")
         assert port.nccl_gid_index == 3 and port.gid_table_size == SWEEP_SIZE
-        assert reader.full_gid_reads == 2, f"seen on poll {polls}, but not through the sweep"
+        assert whole_gid_reads(reader) == 2, f"seen on poll {polls}, but not through the sweep"
 
 
 def test_forced_full_read_finds_a_new_address_at_once(one_big_table: SimHost) -> None:
@@ -1101,7 +1101,7 @@ def test_a_steady_poll_reads_each_reported_value_once_plus_a_sweep_slice(sim_hos
     values += 9 * len(snap.netdevs) + sum(6 + len(link.aer_errors) for link in snap.pcie.values())
     sweep = sum(min(GID_SWEEP_SLOTS, p.gid_table_size - len(p.gids)) for p in snap.ports)
     assert per_poll == values + sweep
-    assert reader.full_gid_reads == len(snap.ports)  # only the first poll read whole tables
+    assert whole_gid_reads(reader) == len(snap.ports)  # only the first poll read whole tables
 
 
 def test_recreated_netdev_is_read_through_new_descriptors(sim_host: SimHost) -> None:
@@ -1183,10 +1183,10 @@ def test_a_named_device_gets_whole_gid_tables_read_and_no_other(sim_host: SimHos
     far empty slot of that device is seen at once, without waiting for the sweep."""
     reader = held_reader(sim_host)
     poll(reader, sim_host)
-    first = reader.full_gid_reads
+    first = whole_gid_reads(reader)
     sim_host.add_address("mlx5_0", "10.0.9.9")  # lands in empty slots 4 and 5
     port = poll(reader, sim_host, full_gid_tables=frozenset({"mlx5_0"})).port("mlx5_0", 1)
-    assert reader.full_gid_reads == first + 1
+    assert whole_gid_reads(reader) == first + 1
     assert port is not None and {g.ipv4 for g in port.gids} >= {"10.0.0.1", "10.0.9.9"}
     poll(reader, sim_host, full_gid_tables=frozenset({"absent_9"}))
-    assert reader.full_gid_reads == first + 1
+    assert whole_gid_reads(reader) == first + 1

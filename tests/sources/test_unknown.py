@@ -14,6 +14,7 @@ from rnic_exporter.cli import Exit, main
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.samples import ExporterStats, Published
+from tests.support.agents import CarriedCounters
 from tests.support.exposition import render_text, samples
 from tests.support.otlp import HttpReceiver
 from tests.support.wait import wait_for
@@ -89,7 +90,10 @@ def test_exposition_and_otlp_leave_unknown_out(host: SimHost, read_sim: Callable
     for name in ("rnic_nccl_gid_index", "rnic_gid_table_size", "rnic_gid_table_hash"):
         assert not has(name, "mlx5_0") and has(name, "mlx5_1"), name
     with HttpReceiver() as rcv:
-        sink = OtelSink(OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0))
+        sink = OtelSink(
+            OtlpSettings(endpoint=rcv.url, protocol="http/protobuf", interval_s=0.2, timeout_s=2.0),
+            CarriedCounters(ExporterStats(polls=1)),
+        )
         try:
             sink.publish(Published(snap, (), ExporterStats(polls=1), ()))
             wait_for(lambda: bool(rcv.received.latest_points()), timeout=20, what="an OTLP metrics export")

@@ -58,6 +58,18 @@ class ReaderCounters:
         return CounterView(groups, self.stats, self.passes)
 
 
+class CarriedCounters:
+    """A `CounterFeed` for records whose snapshot carries its counters itself (a one-shot
+    `HostReader.read`) or that have no device: each pass hands back no groups, as the agent's
+    `counter_view` does on a host without RDMA devices, and `stats` as the exporter's own."""
+
+    def __init__(self, stats: ExporterStats | None = None) -> None:
+        self.stats = stats or ExporterStats()
+
+    def __call__(self, wait_s: float | None) -> CounterView:
+        return CounterView({}, self.stats, 0)
+
+
 class FedSink:
     """A PrometheusSink fed as the agent feeds it: each `publish` a poll's record, each scrape a
     counter pass over the same reader."""
