@@ -8,8 +8,9 @@ What a user's host runs, measured as a user would measure it (`/proc/<pid>/stat`
 off) and Debian's `prometheus-node-exporter` (only its infiniband and netclass collectors,
 `--path.sysfs` on the same tree), both scraped every 15 s by a Prometheus-like client (keep-alive,
 Prometheus 2.x's Accept with OpenMetrics first, gzip), at the same time, on one simulated **busy**
-host: 16 RoCE RNICs with 255-slot GID tables, every counter file of every port rewritten every
-`--busy-period` s by a separate writer process (its CPU counted for no one), as on a training node.
+host: 16 RoCE RNICs with 255-slot GID tables (`--infiniband N` adds InfiniBand ones, with IPoIB
+netdevs), every counter file of every port rewritten every `--busy-period` s by a separate writer
+process (its CPU counted for no one), as on a training node.
 
 - **CPU per minute at the defaults**: after `--warmup` s of the same scrapes (start-up, first
   reads and the first detections are not a user's steady minute), CPU of each over a real-time
@@ -210,7 +211,14 @@ def main() -> None:
         help="the --compare checkout's serve flags instead of --ours-flag's (repeatable; '' for none): "
         "with --compare of the same checkout, two settings side by side in one window",
     )
-    parser.add_argument("--devices", type=int, default=16)
+    parser.add_argument("--devices", type=int, default=16, help="RoCE RNICs of the simulated host")
+    parser.add_argument(
+        "--infiniband",
+        type=int,
+        default=0,
+        help="InfiniBand RNICs besides (with IPoIB netdevs): --devices 0 --infiniband 16 is all InfiniBand, "
+        "--devices 8 --infiniband 8 mixed",
+    )
     parser.add_argument("--gid-slots", type=int, default=255)
     parser.add_argument("--busy-period", type=float, default=1.0, help="seconds between rewrites of every counter")
     parser.add_argument("--warmup", type=float, default=30, help="seconds of scrapes before the per-minute window")
@@ -237,7 +245,7 @@ def main() -> None:
     parser.add_argument("--inside-netns", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.netdevs and not opts.inside_netns:
-        sys.exit(_in_namespace(opts.devices))
+        sys.exit(_in_namespace(opts.devices, opts.infiniband))
     if opts.extras:
         require("wrk", "wrk")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the daemons and the writer
@@ -251,12 +259,13 @@ def main() -> None:
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
         sysfs = work / "sys"
-        writer = BusyWriter(sysfs, opts.devices, opts.gid_slots, opts.busy_period)
+        writer = BusyWriter(sysfs, opts.devices, opts.gid_slots, opts.busy_period, opts.infiniband)
         stack.callback(writer.close)
         writer.busy(True)
         print(
             f"# {time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC; simulated host: {opts.devices} RoCE "
-            f"RNICs, {opts.gid_slots}-slot GID tables, every counter rewritten every {opts.busy_period:g} s; "
+            f"and {opts.infiniband} InfiniBand RNICs, {opts.gid_slots}-slot GID tables, every counter rewritten "
+            f"every {opts.busy_period:g} s; "
             f"{os.cpu_count()} CPUs; loadavg {Path('/proc/loadavg').read_text().strip()}"
         )
         print(f"# rnic-exporter: {ours.describe()} (python {opts.python})")
@@ -371,12 +380,15 @@ def _extras(
     table.row("RSS peak (VmHWM, after 50 clients)", peak_rss_mb(us.pid), peak_rss_mb(ne.pid), "MB", load)
 
 
-def _in_namespace(devices: int) -> int:
+def _in_namespace(devices: int, infiniband: int) -> int:
     """Re-run this benchmark inside a namespace with the simulator's netdev names and addresses (removed
-    afterwards)."""
+    afterwards); the InfiniBand RNICs' IPoIB netdevs too, as on a real host."""
     from tests.support.netns import network_namespace
 
-    netdevs = {f"ens{n + 1}f0np0": f"0c:42:a1:41:{n:02x}:36" for n in range(devices)}  # rnic_exporter.sim's
+    netdevs: dict[str, str | None] = {f"ens{n + 1}f0np0": f"0c:42:a1:41:{n:02x}:36" for n in range(devices)}
+    netdevs.update(
+        {f"ibp{0x10 + n * 0x10}s0": None for n in range(devices, devices + infiniband)}
+    )  # rnic_exporter.sim's
     with network_namespace(netdevs, prefix="rnb") as ns:
         for n in range(devices):
             ns.ip("addr", "add", f"10.0.{n}.1/24", "dev", f"ens{n + 1}f0np0")

@@ -268,8 +268,9 @@ def _writer_main(
     ready: multiprocessing.synchronize.Event,
     busy: multiprocessing.synchronize.Event,
     stop: multiprocessing.synchronize.Event,
+    infiniband: int = 0,
 ) -> None:
-    host = SimHost.build(Path(root), roce=devices, gid_table_size=gid_slots)
+    host = SimHost.build(Path(root), roce=devices, infiniband=infiniband, gid_table_size=gid_slots)
     ready.set()
     while not stop.is_set():
         if busy.is_set():
@@ -281,13 +282,13 @@ class BusyWriter:
     """Builds the simulated host in its own process, which rewrites every counter file every `period`
     seconds while `busy` is on (its CPU is not any exporter's)."""
 
-    def __init__(self, root: Path, devices: int, gid_slots: int, period: float = 0.25) -> None:
+    def __init__(self, root: Path, devices: int, gid_slots: int, period: float = 0.25, infiniband: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._ready, self._busy, self._stop = ctx.Event(), ctx.Event(), ctx.Event()
         self._proc = ctx.Process(
             target=_writer_main,
             daemon=True,
-            args=(str(root), devices, gid_slots, period, self._ready, self._busy, self._stop),
+            args=(str(root), devices, gid_slots, period, self._ready, self._busy, self._stop, infiniband),
         )
         self._proc.start()
         if not self._ready.wait(120):

@@ -23,7 +23,7 @@ from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.counter_filter import CounterFilter
 from rnic_exporter.sources.counters import SLOW_PMA_S
 from rnic_exporter.sources.read_thread import DEFAULT_DEADLINE_S
-from rnic_exporter.sources.reader import SAFETY_S, ReaderSettings
+from rnic_exporter.sources.reader import IB_GIDS_S, PCIE_S, SAFETY_S, ReaderSettings
 
 Decorator = Callable[[Any], Any]  # a click option
 DEFAULT_COUNTER_WAIT_S = 2.0  # above the read deadline: a scrape still gets the other devices' fresh counters
@@ -47,6 +47,11 @@ class ServeConfig:
     # While netlink works, what an event announces is re-read on the event and this often anyway
     # (--poll.safety-interval); each poll reads only what nothing announces (sources/reader.py).
     safety_interval_s: float = SAFETY_S
+    # What nothing announces, at the period of its detection-latency budget (sources/watch_tiers.py):
+    # the PCIe links' speed, width and AER counts (--poll.pcie-interval), InfiniBand GID tables
+    # (--poll.gid-interval). An InfiniBand port's state and rate are read every --poll.interval.
+    pcie_interval_s: float = PCIE_S
+    gid_interval_s: float = IB_GIDS_S
     reader: ReaderSettings = field(default_factory=ReaderSettings)
     config_file: Path | None = None
     state_dir: Path | None = DEFAULT_STATE_DIR  # None keeps the inventory in memory only
@@ -126,8 +131,9 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
             "poll_interval",
             type=NumberParam(POLL_INTERVAL),
             default=5.0,
-            help="Time between sysfs polls: a Prometheus duration (500ms, 5s, 1m) or seconds, 0.05 s to 1h. "
-            "Scrapes are served from the last poll.",
+            help="Time between sysfs polls of what needs the fast pass (InfiniBand port state and rate; "
+            "everything when netlink is off or failing): a Prometheus duration (500ms, 5s, 1m) or seconds, "
+            "0.05 s to 1h. Scrapes are served from the last poll.",
         ),
         click.option(
             "--poll.safety-interval",
@@ -138,6 +144,23 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
             "rate and GIDs) is re-read anyway; every --poll.interval reads only what nothing announces "
             "(InfiniBand port state and rate, PCIe link). Netlink off or failing: everything every "
             "--poll.interval (rnic_exporter_poll_fallback).",
+        ),
+        click.option(
+            "--poll.pcie-interval",
+            "pcie_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=PCIE_S,
+            help="While netlink works: how often each RNIC's PCIe link speed, width and AER counts are "
+            "read (a downtrained link is seen within it). A host of RoCE ports only sleeps this long "
+            "between polls; an announcement wakes it at once.",
+        ),
+        click.option(
+            "--poll.gid-interval",
+            "gid_interval",
+            type=NumberParam(POLL_INTERVAL),
+            default=IB_GIDS_S,
+            help="While netlink works: how often InfiniBand ports' GID tables are read, every slot "
+            "(RoCE ports' are announced by rtnetlink). InfiniBand port state and rate: every --poll.interval.",
         ),
         *log,  # logging's, defined by the CLI: daemon/logsetup.py sits above config
         click.option(
@@ -205,6 +228,8 @@ def serve_config(
         web_max_requests=flags["web_max_requests"],
         poll_interval_s=flags["poll_interval"],
         safety_interval_s=flags["safety_interval"],
+        pcie_interval_s=flags["pcie_interval"],
+        gid_interval_s=flags["gid_interval"],
         reader=replace(
             reader_settings(
                 flags["device_include"],

@@ -115,6 +115,8 @@ class Agent:
         self.config = config
         self.reader = HostReader(root or SysfsRoot(config.sysfs, hold_fds=True), config.reader)
         self.reader.safety_s = config.safety_interval_s
+        self.reader.set_periods(pcie_s=config.pcie_interval_s, ib_gids_s=config.gid_interval_s)
+        self.next_read_at: float | None = None  # (monotonic) the reader's next due read; None: every interval
         self.stop = stop or threading.Event()  # set: every wait on a read gives up
         self._state_runner = ReadRunner("state", config.read_deadline_s)
         self._counter_runner = ReadRunner("counters", config.read_deadline_s)
@@ -162,6 +164,7 @@ class Agent:
         announcer = self._announcer
         trusted = False if announcer is None else announcer.trusted(self.rnic_netdevs, self.reader.device_names)
         result = self.reader.state_pass(full_gid_tables=full_gid_tables, trust_events=trusted, runner=self._run_state)
+        self.next_read_at = self.reader.next_due()
         now = time.time()
         self.polls += 1
         self._count(result.read_errors)
@@ -342,6 +345,7 @@ class Agent:
         self.config = new
         self.reader.settings = new.reader
         self.reader.safety_s = new.safety_interval_s
+        self.reader.set_periods(pcie_s=new.pcie_interval_s, ib_gids_s=new.gid_interval_s)
         self.detector.reconfigure(new.detection_settings)
         log.info("config reloaded", extra={"fields": {"file": str(new.config_file)}})
         return new
@@ -372,7 +376,11 @@ class Agent:
         if last is None:
             return False, "no poll has completed yet"
         age = time.time() - last
-        if age > max(3 * self.config.poll_interval_s, 30.0):
+        # A host with nothing due every interval sleeps until its next due read (at most the
+        # longest period of what nothing announces, or the safety sweep).
+        config = self.config
+        asleep = 0.0 if self.next_read_at is None else max(config.pcie_interval_s, config.safety_interval_s)
+        if age > max(3 * config.poll_interval_s, 30.0, 2 * asleep):
             return False, f"last poll finished {age:.0f}s ago"
         return True, "OK"
 

@@ -1,4 +1,9 @@
-"""When the agent polls: on its interval, and in a short burst after netlink or udev announce a change.
+"""When the agent polls: when a read is due, and in a short burst after netlink or udev announce a change.
+
+A read is due every `--poll.interval` while anything is read every pass (an InfiniBand port's
+state, a device whose announcements are not trusted); otherwise at the reader's next due read
+(`next_read`: a PCIe link every 30 s, the safety sweep), so a host that is all RoCE with netlink
+trusted wakes twice a minute, not twelve times. An announcement wakes it at once.
 
 The kernel updates the GID table a work-queue hop after it sends the address message, so one read
 at the message can miss the change. A burst re-reads at growing offsets after the latest
@@ -55,6 +60,17 @@ class PollSchedule:
             self._burst_start = self._clock()
             self._burst_step = 0
         self.wake.set()
+
+    def next_read(self, at: float | None) -> None:
+        """After a poll: the reader's next due read (this schedule's clock), or None when it
+        reads every `interval_s`. One already past (a device whose read hangs keeps its due
+        time) waits an interval, so a stuck device cannot make the loop spin."""
+        with self._lock:
+            now = self._clock()
+            if at is None:
+                self._next_interval = min(self._next_interval, now + self.interval_s)
+            else:
+                self._next_interval = at if at > now else now + self.interval_s
 
     def _burst_due(self) -> float | None:
         if self._burst_start is None or self._burst_step >= len(BURST_OFFSETS):

@@ -108,6 +108,7 @@ def run(
             netlink, config.watch_udev, agent.netlink_event, lambda: agent.rnic_netdevs, schedule, cleanup
         )
         agent.poll_once(full_gid_tables=True)
+        schedule.next_read(agent.next_read_at)
         if wire_watch is not None:
             wire_watch.start()  # after the first poll: it reads the netdevs that poll found
         settle_garbage_collector()
@@ -135,6 +136,7 @@ def run(
             agent.woken(due.sources, {source: watcher.errors for source, watcher in watchers.items()})
             started = time.monotonic()
             agent.poll_once(full_gid_tables=due.full_gid_tables, event=due.reason == "event")
+            schedule.next_read(agent.next_read_at)
             log.debug("poll", extra={"fields": {"seconds": round(time.monotonic() - started, 6), "reason": due.reason}})
     state_lock.release()
     log.info("stopped")

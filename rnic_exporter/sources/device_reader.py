@@ -19,7 +19,8 @@ from rnic_exporter.sources.infiniband import CLASS_DIR, DEVICE_STATIC, PORT_STAT
 from rnic_exporter.sources.plan import Attribute, Group, GroupKey, GroupKind, ReadPlan
 from rnic_exporter.sources.read_context import ReadContext
 from rnic_exporter.sources.read_thread import Gate
-from rnic_exporter.sources.sysfs import NOT_EXPOSED, Raw, ReadBatch, interpret
+from rnic_exporter.sources.sysfs import NOT_EXPOSED, interpret
+from rnic_exporter.sources.watch_tiers import Tier, TierKind, plan_tiers
 
 # Empty GID slots checked per port per pass while events are not trusted: 255 slots are all seen
 # every 16 passes.
@@ -63,13 +64,9 @@ class DeviceReader:
         self.first_reads = availability.FirstReads()  # the state's
         self.changed = False
         self.state_at: float | None = None
-        self._watch = ReadBatch([])
-        self._watch_index: list[int] = []  # plan slot of each watched file
-        self._watch_states: list[int] = []  # watched indices of port state, phys_state and GID files
-        self._watch_raws: list[Raw | None] = []
+        self._tiers: list[Tier] = []  # what a fast pass reads, by period (sources/watch_tiers.py)
         self._stagger = (ordinal % SWEEP_STAGGER) / SWEEP_STAGGER  # devices' safety sweeps spread out
         self._sweep_due = float("-inf")  # (host clock) when this device's next safety sweep is due
-        self._fast_gid_ports: list[int] = []  # ports whose GID table nothing announces (InfiniBand)
         self.trusted = False  # the last pass trusted announcements for it (else: all polled fast)
         self._read_errors: list[ReadError] = []
 
@@ -108,23 +105,43 @@ class DeviceReader:
         before = self.device
         self.trusted = trust_events
         now = self.context.clock()
-        # A fast pass reads only what nothing announces; the safety sweep (when due) reads everything,
-        # populated GID slots included (`_full`).
-        if trust_events and not full_gids and not self._unsettled() and now < self._sweep_due:
-            raws = self.fds.read_batch(self._watch)
-            swept = [n for n in self._fast_gid_ports if gid_source.sweep(self.fds, self.gids[n], GID_SWEEP_SLOTS)]
-            if raws == self._watch_raws and not swept:
+        # A fast pass reads only what nothing announces and is due; the safety sweep (when due)
+        # reads everything, populated GID slots included (`_full`).
+        if trust_events and not full_gids and not self._unsettled():
+            sweep = self._sweep_now(now)  # before the reads below move the PCIe link's due time
+            moved, full_gids = self._read_due_tiers(now, sweep)
+            if not moved and not sweep:
                 self.changed = False
                 self.state_at = time.time()
                 return
-            full_gids = bool(swept) or any(raws[i] != self._watch_raws[i] for i in self._watch_states)
         self._full(full_gids, sweep=not trust_events)
         if self._sweep_due == float("-inf"):
             self._sweep_due = now + self.context.safety_s * (1 + self._stagger)
         else:
             self._sweep_due = now + self.context.safety_s
+        # Read just now: the PCIe link always, the GID tables when read whole.
+        if (pcie := self._tier(TierKind.PCIE)) is not None and pcie.is_due(now):
+            pcie.due = now + self.context.pcie_s
+        if full_gids and (gids := self._tier(TierKind.GIDS)) is not None:
+            gids.due = now + self.context.ib_gids_s
         self.changed = self.device is not before
         self.state_at = time.time()
+
+    def _read_due_tiers(self, now: float, sweep: bool) -> tuple[bool, bool]:
+        """Read the tiers due and compare them with the last read: (something moved, a port's
+        state or GID files moved or an empty GID slot filled: read the GID tables whole). Before
+        a safety sweep (`sweep`), which re-reads every watched file, only the empty GID slots."""
+        moved = whole_gids = False
+        for tier in self._tiers:
+            if tier.empty or not tier.is_due(now):
+                continue
+            tier.due = now + self._period(tier.kind)
+            raws = tier.raws if sweep else self.fds.read_batch(tier.batch)
+            swept = [n for n in tier.gid_ports if gid_source.sweep(self.fds, self.gids[n], len(self.gids[n].empty))]
+            if raws != tier.raws or swept:
+                moved = True
+                whole_gids = whole_gids or bool(swept) or any(raws[i] != tier.raws[i] for i in tier.states)
+        return moved, whole_gids
 
     def _unsettled(self) -> bool:
         """Something is still unread or unknown: the full path until it settles."""
@@ -174,7 +191,8 @@ class DeviceReader:
                     fresh_gids.add(port.number)
             plan = self._build_plan(shape)
             changed = plan.refresh(self.fds)
-        self._watch_raws = [plan.raws[i] for i in self._watch_index]
+        for tier in self._tiers:
+            tier.raws = [plan.raws[i] for i in tier.index]
         if (changed or fresh_gids) and self._registration.gone():
             # Unregistered while being read (one stat, paid only when something changed): the files
             # read after it left answer ENOENT, and an empty GID listing would read as "every
@@ -275,30 +293,39 @@ class DeviceReader:
         netdevs are rtnetlink's (carrier, operstate, MTU, addresses; a speed renegotiation drops the
         carrier); a RoCE port's state, rate and GIDs derive from its netdevs, so they are too. An
         InfiniBand port's state, physical state, rate and GID files, and the PCIe link's current
-        speed and width, are announced by nothing: every fast pass reads them."""
+        speed and width and AER counts, are announced by nothing: each is read at the period of
+        its budget (sources/watch_tiers.py)."""
         announced = {
             port.number for port in shape.ports if port.link_layer == "Ethernet" and self._port_netdevs.get(port.number)
         }
-        index: list[int] = []
-        states: list[int] = []
-        fast_gids: list[int] = []
-        for group in plan.groups:
-            kind, number = group.key.kind, group.key.port
-            if kind is GroupKind.NETDEV or (kind in _PORT_KINDS and number in announced):
-                continue
-            if kind is GroupKind.GIDS and number is not None:
-                fast_gids.append(number)
-                states.extend(range(len(index), len(index) + group.end - group.start))
-                index.extend(range(group.start, group.end))
-                continue
-            for i in range(group.start, group.end):
-                name = plan.rels[i].rsplit("/", 1)[1]
-                if name in group.watched:
-                    if name in PORT_STATES:
-                        states.append(len(index))
-                    index.append(i)
-        self._watch_index, self._watch_states, self._fast_gid_ports = index, states, fast_gids
-        self._watch = ReadBatch([plan.rels[i] for i in index])
+        self._tiers = plan_tiers(plan, announced, PORT_STATES, self._tiers)
+
+    def _period(self, kind: TierKind) -> float:
+        if kind is TierKind.PCIE:
+            return self.context.pcie_s
+        if kind is TierKind.GIDS:
+            return self.context.ib_gids_s
+        return 0.0  # every pass
+
+    def _tier(self, kind: TierKind) -> Tier | None:
+        return next((t for t in self._tiers if t.kind is kind and not t.empty), None)
+
+    def _sweep_now(self, now: float) -> bool:
+        """The safety sweep is due; or it would be before the PCIe link's next read and that read
+        is due now: it rides along (a little early) rather than costing a wake-up of its own."""
+        if now >= self._sweep_due:
+            return True
+        pcie = self._tier(TierKind.PCIE)
+        return pcie is not None and pcie.is_due(now) and self._sweep_due < now + self.context.pcie_s
+
+    def next_due(self) -> float | None:
+        """(Reader clock) when this device next has something to read; None: every pass (it has
+        InfiniBand ports, or it is not read trusting announcements, or not settled). The safety
+        sweep rides along with the PCIe link's reads where it has one."""
+        if not self.trusted or self._unsettled() or self._tier(TierKind.PORT) is not None:
+            return None
+        dues = [t.due for t in self._tiers if not t.empty]
+        return min(dues) if dues else self._sweep_due
 
     def _plan_netdev(
         self,

@@ -1,5 +1,5 @@
 """What the device readers of one host share with the host reader: the tree, the clock, the
-settings, the safety interval, and a count of whole GID table reads.
+settings, the safety interval and the periods of what nothing announces.
 
 A small object handed to each `DeviceReader` instead of the `HostReader` itself: a device reader
 sees only these, and the host reader owns them (`HostReader.settings`, `.safety_s` forward here).
@@ -21,6 +21,10 @@ from rnic_exporter.sources.sysfs import SysfsRoot
 # While events are trusted: each device's whole state is re-read every safety sweep (SAFETY_S
 # unless set).
 SAFETY_S = 60.0
+# What nothing announces, polled at the period of its failure class's budget (sources/watch_tiers.py):
+# a PCIe link's speed, width and AER counts (<= 30 s), an InfiniBand GID table (<= 60 s).
+PCIE_S = 30.0
+IB_GIDS_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,3 +75,5 @@ class ReadContext:
     settings: ReaderSettings
     safety_s: float = SAFETY_S  # --poll.safety-interval: what events announce is re-read this often
     netlink: HwNetlink | None = None  # RDMA netlink for hw counters (None: sysfs only)
+    pcie_s: float = PCIE_S  # --poll.pcie-interval
+    ib_gids_s: float = IB_GIDS_S  # --poll.gid-interval

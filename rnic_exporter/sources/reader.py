@@ -21,10 +21,11 @@ Two ways to pass over the state (`state_pass`):
     `listdir` and a `stat` per device, is still made every pass);
   - nothing announces an InfiniBand port's state, physical state and rate, its GID table, or the
     PCIe link's current speed and width.
-  A fast pass (every `--poll.interval`) reads only what nothing announces
-  (`DeviceReader._plan_watch`: on an all-RoCE host, per device the PCIe link's speed and width and
-  its AER counts) and compares the bytes, and sweeps `GID_SWEEP_SLOTS` empty slots of each
-  InfiniBand GID table. Nothing moved: the pass ends there.
+  A fast pass reads only what nothing announces and is due (`sources/watch_tiers.py`: an
+  InfiniBand port's state and rate every pass, the PCIe link's speed, width and AER counts every
+  `--poll.pcie-interval`, an InfiniBand GID table, every empty slot included, every
+  `--poll.gid-interval`) and compares the bytes. Nothing moved: the pass ends there. `next_due`
+  says when the next pass has anything to read (the daemon sleeps until then).
   Something moved: the device's full state is re-read and its objects rebuilt, with its whole GID
   tables when a port's state or GID files moved. The announcer (netlink, udev) forces a full
   read with whole GID tables of the devices it names. The safety sweep catches a change no
@@ -34,7 +35,7 @@ Two ways to pass over the state (`state_pass`):
   not compared: on a RoCE port a GID is only ever added on an address or netdev event
   (roce_gid_mgmt.c), and a slot freed later, when its last reference is put, reads the same
   before and after (a pending-delete entry reads as empty: docs/gid-index-moves.md); an
-  InfiniBand table's empty slots are swept by every fast pass.
+  InfiniBand table's empty slots are swept with its tier.
 - **not trusting events** (netlink off, failing or overrun; `read`): every device's full state
   every pass. Populated GID slots are re-read every pass; the whole table is re-read when one of
   them changed, and a rotating sweep reads `GID_SWEEP_SLOTS` empty slots per port per pass, so a
@@ -58,7 +59,7 @@ from rnic_exporter.sources.counter_netlink import LIVE_SYSFS, HwNetlink
 from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.device_reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, DeviceReader
 from rnic_exporter.sources.infiniband import CLASS_DIR
-from rnic_exporter.sources.read_context import SAFETY_S, ReadContext, ReaderSettings
+from rnic_exporter.sources.read_context import IB_GIDS_S, PCIE_S, SAFETY_S, ReadContext, ReaderSettings
 from rnic_exporter.sources.read_path import ReadPath
 from rnic_exporter.sources.read_thread import Gate
 from rnic_exporter.sources.sysfs import SysfsRoot, errno_reason
@@ -116,6 +117,20 @@ class HostReader:
     @safety_s.setter
     def safety_s(self, seconds: float) -> None:
         self._context.safety_s = seconds
+
+    def set_periods(self, *, pcie_s: float, ib_gids_s: float) -> None:
+        """--poll.pcie-interval and --poll.gid-interval: how often a pass that trusts events reads
+        the PCIe links and the InfiniBand GID tables (sources/watch_tiers.py)."""
+        self._context.pcie_s, self._context.ib_gids_s = pcie_s, ib_gids_s
+
+    def next_due(self) -> float | None:
+        """(clock) When a state pass next has something to read; None: at the poll interval (a
+        device is read every pass: InfiniBand ports, announcements not trusted, not settled, or
+        no device at all). The device listing and identity checks ride along with it."""
+        dues = [r.next_due() for r in self._order]
+        if not dues or None in dues:
+            return None
+        return min(d for d in dues if d is not None)
 
     @property
     def settings(self) -> ReaderSettings:
@@ -350,6 +365,8 @@ class StatePass:
 
 __all__ = [
     "GID_SWEEP_SLOTS",
+    "IB_GIDS_S",
+    "PCIE_S",
     "SAFETY_S",
     "SWEEP_STAGGER",
     "HostReader",

@@ -65,3 +65,41 @@ def test_stop_and_reload_end_the_wait() -> None:
 
     threading.Timer(0.05, stop_now).start()
     assert schedule.wait(stop) is None
+
+
+def test_a_host_with_nothing_due_sleeps_until_its_next_due_read() -> None:
+    """All RoCE with netlink trusted: no read is due at the interval, the next is the reader's."""
+    schedule = PollSchedule(0.05)
+    stop = threading.Event()
+    started = time.monotonic()
+    schedule.next_read(started + 0.5)
+    assert schedule.wait(stop) == Due("interval", False, frozenset())
+    assert time.monotonic() - started >= 0.5  # not at the 0.05 s interval
+
+
+def test_an_announcement_wakes_a_sleeping_host_at_once() -> None:
+    schedule = PollSchedule(0.05)
+    stop = threading.Event()
+    schedule.next_read(time.monotonic() + 3600)
+    started = time.monotonic()
+    threading.Timer(0.1, schedule.announce, ("netlink", ("mlx5_0",))).start()
+    due = schedule.wait(stop)
+    assert due is not None and due.reason == "event"
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_read_due_every_interval_or_already_past_waits_the_interval() -> None:
+    """None (an InfiniBand port, a device not trusted) brings a later wake-up back to the
+    interval; a due time already past (a device whose read hangs keeps its own) waits one
+    interval rather than spinning."""
+    schedule = PollSchedule(0.2)
+    stop = threading.Event()
+    schedule.next_read(time.monotonic() + 3600)
+    schedule.next_read(None)
+    started = time.monotonic()
+    assert schedule.wait(stop) is not None
+    assert time.monotonic() - started < 2.0
+    schedule.next_read(time.monotonic() - 1.0)
+    started = time.monotonic()
+    assert schedule.wait(stop) is not None
+    assert time.monotonic() - started >= 0.2

@@ -1,7 +1,8 @@
 """What each poll reads, by what announces a change of it (sources/reader.py, issue 25).
 
-Trusting events, a poll reads only what nothing announces on Linux (an InfiniBand port's state,
-rate and GID table, the PCIe link's current speed and width); what rtnetlink announces (a RoCE
+Trusting events, a poll reads only what nothing announces on Linux, each at the period of its
+budget (an InfiniBand port's state and rate every pass, the PCIe link's current speed, width and
+AER counts every 30 s, an InfiniBand GID table every 60 s); what rtnetlink announces (a RoCE
 port's netdev, and its state, rate and GIDs derived from it) waits for the announcement or the
 safety sweep. Not trusting them (netlink off or failing), every poll reads everything, and the
 exposition says so per device.
@@ -15,7 +16,7 @@ from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.metrics import MetricSpec
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sinks.samples import ExporterStats, freshness_part
-from rnic_exporter.sources.reader import GID_SWEEP_SLOTS, HostReader
+from rnic_exporter.sources.reader import IB_GIDS_S, PCIE_S, HostReader
 from tests.support.sim import GidTableCounter, refresh_overlay, whole_gid_reads
 
 NEW_PREFIX_GID = "fec0:0000:0000:0000:0c42:a103:0002:c7a9"
@@ -30,33 +31,52 @@ def trusting_reader(sim_host: SimHost) -> tuple[HostReader, list[float]]:
     return reader, now
 
 
-def test_an_infiniband_gid_change_is_seen_by_the_next_poll(sim_host: SimHost) -> None:
-    reader, _ = trusting_reader(sim_host)
+def test_an_infiniband_gid_change_is_seen_within_the_gid_period(sim_host: SimHost) -> None:
+    """Its budget is 60 s (NCCL addresses InfiniBand peers by LID): not read by a 5 s pass."""
+    reader, now = trusting_reader(sim_host)
     sim_host.corrupt("mlx5_2", "ports/1/gids/0", NEW_PREFIX_GID)  # the SM moved the subnet prefix
-    snap = reader.state_pass(trust_events=True).snapshot
-    port = snap.port("mlx5_2", 1)
+    now[0] += 5.0
+    port = reader.state_pass(trust_events=True).snapshot.port("mlx5_2", 1)
+    assert port is not None and port.gids[0].gid != NEW_PREFIX_GID
+    now[0] = IB_GIDS_S
+    port = reader.state_pass(trust_events=True).snapshot.port("mlx5_2", 1)
     assert port is not None and port.gids[0].gid == NEW_PREFIX_GID
 
 
-def test_an_infiniband_gid_in_an_empty_slot_is_swept_within_size_over_sweep_passes(sim_host: SimHost) -> None:
-    """The sweep finds the slot filled and reads the table whole (whether the new entry is kept is
-    the table reader's business: here its type file still answers as an empty slot's)."""
-    reader, _ = trusting_reader(sim_host)
+def test_an_infiniband_gid_in_an_empty_slot_is_seen_within_the_gid_period(sim_host: SimHost) -> None:
+    """Every empty slot is swept once a period: the sweep finds the slot filled and reads the table
+    whole (whether the new entry is kept is the table reader's business: here its type file still
+    answers as an empty slot's)."""
+    reader, now = trusting_reader(sim_host)
     table = reader._devices["mlx5_2"].gids[1]
     sim_host.corrupt("mlx5_2", f"ports/1/gids/{table.size - 1}", NEW_PREFIX_GID)
     whole = whole_gid_reads(reader)
-    for _ in range(-(-table.size // GID_SWEEP_SLOTS)):
-        reader.state_pass(trust_events=True)
+    now[0] += 5.0
+    reader.state_pass(trust_events=True)
+    assert whole_gid_reads(reader) == whole
+    now[0] = IB_GIDS_S
+    reader.state_pass(trust_events=True)
     assert whole_gid_reads(reader) == whole + 1
 
 
-def test_a_pcie_downtrain_is_seen_by_the_next_poll(sim_host: SimHost) -> None:
-    reader, _ = trusting_reader(sim_host)
+def test_a_pcie_downtrain_is_seen_within_the_pcie_period(sim_host: SimHost) -> None:
+    reader, now = trusting_reader(sim_host)
     sim_host.set_pcie("mlx5_0", 16.0, 8)
+    now[0] += 5.0
     snap = reader.state_pass(trust_events=True).snapshot
     device = snap.device("mlx5_0")
     assert device is not None and device.pci_address is not None
-    assert snap.pcie[device.pci_address].current_width == 8
+    assert snap.pcie[device.pci_address].current_width == 16  # not read by a 5 s pass
+    now[0] = PCIE_S
+    assert reader.state_pass(trust_events=True).snapshot.pcie[device.pci_address].current_width == 8
+
+
+def test_an_infiniband_port_down_is_seen_by_the_next_poll(sim_host: SimHost) -> None:
+    reader, now = trusting_reader(sim_host)
+    sim_host.set_port_up("mlx5_2", False)
+    now[0] += 5.0
+    port = reader.state_pass(trust_events=True).snapshot.port("mlx5_2", 1)
+    assert port is not None and port.state is not None and port.state.name == "DOWN"
 
 
 def test_a_roce_netdev_change_waits_for_its_announcement_or_the_safety_sweep(sim_host: SimHost) -> None:
@@ -132,4 +152,5 @@ def test_the_safety_sweep_re_reads_every_state_file_and_no_empty_gid_slot(sim_ho
     reads = reader.root.reads
     reader.state_pass(trust_events=True)  # a sweep that finds nothing new
     plans = [r.plan for r in reader._order]
-    assert reader.root.reads - reads == sum(len(plan.rels) for plan in plans if plan is not None)
+    ib_empty = len(reader._devices["mlx5_2"].gids[1].empty)  # the InfiniBand GID table's, due every 60 s
+    assert reader.root.reads - reads == sum(len(plan.rels) for plan in plans if plan is not None) + ib_empty
