@@ -137,12 +137,12 @@ class HostReader:
 
     def with_counters(self, snap: Snapshot, wait_s: float | None = None) -> Snapshot:
         """`snap` (a state pass's) with each device's ports carrying its last counter pass's values.
-        Each device is merged under its gate; one whose gate is not free within `wait_s` (a read
-        hangs on it) or that is no longer read keeps its ports without counters."""
+        Each device is merged under its gate; one whose read hangs (its gate stuck, or not free
+        within `wait_s`) or that is no longer read keeps its ports without counters."""
         devices = []
         for device in snap.devices:
             reader = self._devices.get(device.name)
-            if reader is None:
+            if reader is None or reader.gate.stuck:
                 devices.append(device)
                 continue
             if not reader.gate.lock.acquire(timeout=-1 if wait_s is None else wait_s):

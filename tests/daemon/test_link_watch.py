@@ -139,3 +139,21 @@ def test_a_reload_changes_the_window(sim_host: SimHost, tmp_path: Path) -> None:
     assert window(sim_host, watch, clock) == []  # half a window: nothing judged yet
     assert window(sim_host, watch, clock) == ["rnic.port.degrading mlx5_1"]
     agent.close()
+
+
+def test_a_judgement_that_raises_is_counted_and_the_timer_carries_on(caplog: pytest.LogCaptureFixture) -> None:
+    failures: list[int] = []
+
+    def broken() -> Snapshot | None:
+        raise ValueError("a reader bug")
+
+    watch = LinkWatch(
+        broken, lambda events: None, LinkHealthThresholds(window_seconds=0.01), failed=lambda: failures.append(1)
+    )
+    with caplog.at_level(logging.ERROR, logger="rnic_exporter"):
+        watch.start()
+        try:
+            wait_for(lambda: len(failures) >= 3, timeout=10, what="three failed judgements, each counted")
+        finally:
+            watch.close()
+    assert any("judging link health failed" in r.getMessage() for r in caplog.records)
