@@ -541,8 +541,8 @@ CONSUMER_METRICS: tuple[MetricSpec, ...] = (
 
 # The wire below a RoCE netdev: its pluggable module, FEC, why the link went down, pause and PFC.
 # Read over ethtool netlink and `ethtool -S` on their own timers (sources/ethtool_netlink.py,
-# sources/pause_stats.py). They join METRICS, the README's table and the OTel mapping when the
-# daemon exports them; until then WIRE_METRICS is their one declaration.
+# sources/pause_stats.py) by daemon/wire_watch.py; WIRE_METRICS (part of METRICS) is what the wire
+# alerts may name.
 MODULE_LABELS = NETDEV_LABELS
 LANE_LABELS = (*NETDEV_LABELS, "lane")
 THRESHOLD_LABELS = (*NETDEV_LABELS, "limit")  # high_alarm, low_alarm, high_warning, low_warning
@@ -709,6 +709,13 @@ ETHTOOL_REQUESTS = _m(
     "ethtool requests sent (operation=module_eeprom per 128-byte page, fec, pause, link_state, gstats): "
     "each costs the NIC firmware work (a register access per module page or statistics group on mlx5).",
 )
+WIRE_READ_ERRORS = _m(
+    "rnic_exporter_wire_read_errors_total",
+    "counter",
+    ("operation",),
+    "Wire reads that failed (operation=link_state, fec, pause, module_eeprom, gstats, hwmon, or poll for a "
+    "pass that failed as a whole); an unsupported operation (veth, IPoIB) is not an error and not counted.",
+)
 WIRE_METRICS: tuple[MetricSpec, ...] = (
     MODULE_INFO,
     MODULE_TEMPERATURE,
@@ -739,6 +746,7 @@ WIRE_METRICS: tuple[MetricSpec, ...] = (
     DEVICE_TEMPERATURE,
     DEVICE_TEMPERATURE_CRITICAL,
     ETHTOOL_REQUESTS,
+    WIRE_READ_ERRORS,
 )
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -806,6 +814,7 @@ METRICS: tuple[MetricSpec, ...] = (
     HTTP_CONNECTIONS_CLOSED_FOR_ROOM,
     *PROCESS_METRICS.values(),
     *CONSUMER_METRICS,
+    *WIRE_METRICS,
 )
 
 BY_NAME: Mapping[str, MetricSpec] = MappingProxyType({m.name: m for m in METRICS})

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rnic_exporter.catalog.events import Severity
 from rnic_exporter.detect.conditions import AddressLike, HostConditions, judge
 from rnic_exporter.detect.inputs import gather_inputs
 from rnic_exporter.detect.port_health import health_problems, judge_host
@@ -24,6 +25,8 @@ from rnic_exporter.errors import ConfigError
 from rnic_exporter.model.consumers import ConsumerScan, Workload
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.nccl import VERSIONS_NOTE
+from rnic_exporter.model.optics import Level, ModuleReading
+from rnic_exporter.model.wire import LinkState, NetdevWire
 from rnic_exporter.sinks.consumer_fields import as_json as consumers_json
 from rnic_exporter.sinks.consumer_fields import workload_names
 from rnic_exporter.sources.address_risks import HostPaths, host_risks
@@ -31,6 +34,9 @@ from rnic_exporter.sources.availability import summarize
 from rnic_exporter.sources.ethtool import EthtoolReader
 from rnic_exporter.sources.reader import HostReader, ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
+
+if TYPE_CHECKING:
+    from rnic_exporter.sources.wire import WireReader
 
 CHECK_SCHEMA = 1
 HOST_SYSFS = Path("/sys")  # --path.sysfs's default: the sysfs the default --state.dir's inventory describes
@@ -144,10 +150,12 @@ def run_check(
     root: SysfsRoot | None = None,
     users: ConsumerScan | None = None,
     state_dir_given: bool = True,
+    wire: WireReader | None = None,
 ) -> CheckReport:
     """Raises ConfigError for an unusable sysfs path (exit 2). `root`: read through this one instead
     (a test's errno overlay). `state_dir_given`: --state.dir was given, not its default; the default
-    inventory is this host's, so it judges only this host's sysfs."""
+    inventory is this host's, so it judges only this host's sysfs. `wire`: the reader of the RoCE
+    netdevs' optics and link state (None: the real one over ethtool netlink), read once."""
     inventory_note = None
     if not state_dir_given and sysfs != HOST_SYSFS:
         inventory_note = (
@@ -178,12 +186,14 @@ def run_check(
             "a problem may put more workloads at risk than it names"
         )
     notes.append(samples.note)
+    found = [
+        *find_problems(cur, snap.errors, settings.nccl, settings.nccl_gid_index_source, str(store.path or "")),
+        *aer_problems(snap),
+        *link_health_problems(samples, settings, cur, users),
+    ]
+    netdevs, readings = read_wire(snap, wire)
     problems = sorted(
-        [
-            *find_problems(cur, snap.errors, settings.nccl, settings.nccl_gid_index_source, str(store.path or "")),
-            *aer_problems(snap),
-            *link_health_problems(samples, settings, cur, users),
-        ],
+        [*with_link_down_reasons(found, readings), *optic_problems(netdevs, readings)],
         key=lambda p: (SEVERITY_ORDER[p.severity], p.where, p.code),
     )
     return CheckReport(tuple(problems), tuple(notes), len(snap.devices), len(snap.ports), users)
@@ -241,6 +251,101 @@ def link_health_problems(
         consumers=consumers,
     )
     return health_problems(healths)
+
+
+def read_wire(
+    snap: Snapshot, reader: WireReader | None = None
+) -> tuple[dict[str, tuple[str, str, str]], dict[str, NetdevWire]]:
+    """One read of the RoCE netdevs' wire (module, link state, FEC, pause): their labels and readings.
+    A netdev whose driver lacks an operation reads as unsupported, and a failed read as nothing: both
+    only leave its lines out (a false alarm would drain a healthy node)."""
+    from rnic_exporter.daemon.wire_watch import roce_netdevs
+
+    netdevs = roce_netdevs(snap)
+    if not netdevs:
+        return netdevs, {}
+    if reader is None:
+        from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
+        from rnic_exporter.sources.wire import WireReader
+
+        reader = WireReader(EthtoolNetlink())
+    try:
+        return netdevs, reader.poll(netdevs)
+    except Exception:  # a reader bug narrows the check, never fails it
+        return netdevs, {}
+    finally:
+        reader.ethtool.close()
+
+
+_BEYOND: dict[Level, tuple[Severity, str]] = {
+    Level.ALARM_HIGH: ("warning", "above its high alarm"),
+    Level.ALARM_LOW: ("warning", "below its low alarm"),
+    Level.WARNING_HIGH: ("info", "above its high warning"),
+    Level.WARNING_LOW: ("info", "below its low warning"),
+}
+_MONITOR_TEXT = {
+    "temperature": ("temperature", "{:.1f} °C", 1.0),
+    "supply_voltage": ("supply voltage", "{:.3f} V", 1.0),
+    "rx_power": ("Rx power", "{:.3f} mW", 1e3),
+    "tx_power": ("Tx power", "{:.3f} mW", 1e3),
+    "tx_bias": ("laser bias", "{:.2f} mA", 1e3),
+}
+
+
+def optic_problems(netdevs: Mapping[str, tuple[str, str, str]], wire: Mapping[str, NetdevWire]) -> list[Problem]:
+    """A line per module value beyond the module's own thresholds: warning past an alarm limit (the
+    module says it is out of its operating range), info past a warning limit (it still works; a job
+    prologue at --fail-on warning must not drain the node for it)."""
+    out = []
+    for name, reading in sorted(wire.items()):
+        module = reading.module
+        if not isinstance(module, ModuleReading) or name not in netdevs:
+            continue
+        device, port, netdev = netdevs[name]
+        for monitor, lane, mon in module.monitors():
+            beyond = _BEYOND.get(mon.level)
+            if beyond is None or mon.thresholds is None:
+                continue
+            severity, how = beyond
+            label, fmt, scale = _MONITOR_TEXT[monitor]
+            limit = {
+                Level.ALARM_HIGH: mon.thresholds.high_alarm,
+                Level.ALARM_LOW: mon.thresholds.low_alarm,
+                Level.WARNING_HIGH: mon.thresholds.high_warning,
+                Level.WARNING_LOW: mon.thresholds.low_warning,
+            }[mon.level]
+            where_lane = "" if lane is None else f" lane {lane}"
+            out.append(
+                Problem(
+                    f"optic_{monitor}_{mon.level.value}",
+                    severity,
+                    f"{device} port {port} ({netdev})",
+                    f"module {label}{where_lane} {fmt.format(mon.value * scale)} is {how} threshold "
+                    f"{fmt.format(limit * scale)} ({module.identity.vendor} {module.identity.part_number})",
+                    "the optic or its fibre is degrading: the link may renegotiate to a lower speed or drop",
+                    f"clean the connectors, check the fibre bends, or replace the module (ethtool -m {netdev})",
+                    mon.level.value,
+                    device=device,
+                    port=int(port),
+                    netdev=netdev,
+                )
+            )
+    return out
+
+
+def with_link_down_reasons(problems: list[Problem], wire: Mapping[str, NetdevWire]) -> list[Problem]:
+    """Each port-down problem of a RoCE netdev with why the driver says its link is down (ethtool
+    extended link state), where it says."""
+    out = []
+    for problem in problems:
+        reading = wire.get(problem.netdev or "") if problem.code == "port_down" else None
+        state = reading.link_state if reading is not None else None
+        if isinstance(state, LinkState) and state.link_up is False and state.ext_state is not None:
+            why = state.ext_state + (f"/{state.ext_substate}" if state.ext_substate else "")
+            out.append(replace(problem, what=f"{problem.what}; link down: {why} (ethtool extended link state)"))
+        else:
+            out.append(problem)
+    return out
 
 
 def format_report(report: CheckReport, fail_on: str = "warning") -> str:

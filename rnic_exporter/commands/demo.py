@@ -14,7 +14,9 @@ from pathlib import Path
 from rnic_exporter.config.file import ConsumerSettings, reader_settings
 from rnic_exporter.daemon import agent, serve
 from rnic_exporter.sim import SimHost, SimProcfs
+from rnic_exporter.sim.wire import SimEthtool, SimWire
 from rnic_exporter.sources.address_risks import HostPaths
+from rnic_exporter.sources.wire import WireReader, WireSettings
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,49 @@ def _cable_going_bad(host: SimHost) -> str:
         "RoCE retransmissions (out_of_sequence, packet_seq_err, roce_adp_retrans). In a few minutes it "
         'renegotiates to a lower speed. Look at rnic_port_pma_total{device="mlx5_2"} and '
         f"rnic_port_hw_stat_total; RnicLinkSymbolErrors fires before RnicLinkBelowRated. Run {_HINTS['check']}"
+    )
+
+
+# The demo host's simulated wire (modules, FEC, pause of its RoCE netdevs), as _HINTS a module-level
+# part of the story: run_demo attaches it to the host it builds (`attach_wire`).
+WIRE = SimWire()
+FADING = ("mlx5_2", "ens3f0np0", 2)  # the device whose optic fades, then whose link renegotiates; lane
+HEALTHY_RX_POWER_W = 0.9e-3
+FADED_RX_POWER_W = 0.1e-3  # under the simulated module's low warning (0.1445 mW), above its low alarm
+
+
+def attach_wire(host: SimHost) -> SimWire:
+    """`WIRE` with a module, FEC and pause on each RoCE netdev of `host` (a fresh state)."""
+    WIRE.ports.clear()
+    for dev in host.devices.values():
+        if dev.roce and dev.netdev:
+            WIRE.add(dev.netdev)
+    return WIRE
+
+
+def wire_reader(wire: SimWire, step_seconds: float) -> WireReader:
+    """The demo's wire reader: the module read several times a step (a real one: every minute)."""
+    module = max(1.0, step_seconds / 4)
+    settings = WireSettings(
+        module_interval=module,
+        min_module_interval=module,
+        fec_interval=module,
+        pause_interval=module,
+        link_state_interval=1.0,
+        gstats_interval=module,
+    )
+    return WireReader(SimEthtool(wire), settings, gstats=wire.gstats)
+
+
+def _optic_fade(host: SimHost) -> str:
+    device, netdev, lane = FADING
+    if netdev not in WIRE.ports:
+        WIRE.add(netdev)
+    WIRE.fade_rx_power(netdev, lane=lane, watts=FADED_RX_POWER_W)
+    return (
+        f"{device}'s optic ({netdev}) receives {FADED_RX_POWER_W * 1e3:.1f} mW on lane {lane}, under its own "
+        "low warning threshold, and the link still runs at full speed: the warning before the renegotiation. "
+        f'Look at rnic_module_rx_power_watts{{device="{device}"}} and rnic_module_monitor_level.'
     )
 
 
@@ -112,9 +157,12 @@ def _heal(host: SimHost) -> str:
     host.degrade_link("mlx5_2", {})  # the cable replaced
     host.set_pcie("mlx5_3", 32.0, 16)
     host.release_gids("mlx5_1")
+    _device, netdev, lane = FADING
+    if netdev in WIRE.ports:
+        WIRE.fade_rx_power(netdev, lane=lane, watts=HEALTHY_RX_POWER_W)
     return (
-        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 has a new cable and runs 400G, mlx5_3 Gen5 x16, "
-        "the job on mlx5_1 ended. The cycle starts again."
+        "mlx5_0 has 10.0.0.1 back, mlx5_4 is back, mlx5_2 has a new cable and optic and runs 400G, mlx5_3 Gen5 "
+        "x16, the job on mlx5_1 ended. The cycle starts again."
     )
 
 
@@ -137,6 +185,7 @@ _HINTS = {"check": "rnic-exporter check --path.sysfs <the tree above> --state.di
 
 STEPS = (
     Step("GID index shift (incident 1)", _gid_shift),
+    Step("Optic fading (issue 32, before the speed drops)", _optic_fade),
     Step("A cable going bad (issue 31)", _cable_going_bad),
     Step("Speed below rated (incident 2)", _speed_drop),
     Step("PCIe downtrain (incident 2)", _pcie_downtrain),
@@ -188,7 +237,8 @@ def run_demo(
             host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
             consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),
         )
-        return serve.run(config, stop=stop)  # the real scan, over the fake procfs
+        # the real scan, over the fake procfs; the simulated wire under the RoCE netdevs
+        return serve.run(config, stop=stop, wire=wire_reader(attach_wire(host), step_seconds))
     finally:
         stop.set()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -20,6 +20,12 @@ environment beats the file's `[nccl]`, which beats NCCL's own config files (`con
     [collector.consumers]
     enabled = true                # who holds each RNIC open (off by default)
     interval_seconds = 30
+    [collector.wire]              # the wire below RoCE netdevs (--collector.wire): read intervals
+    module_interval_seconds = 60  # optics: a firmware register access per page; 60 s or slower
+    fec_interval_seconds = 30
+    pause_interval_seconds = 30   # 802.3x statistics; pause and PFC strings: gstats_interval_seconds
+    link_state_interval_seconds = 10
+    gstats_interval_seconds = 60
     [inventory]
     expected_devices = 8          # check and alerts: fewer present is a problem
     [flapping]
@@ -92,6 +98,23 @@ class ConsumerSettings:
     timeout_s: float = DEFAULT_TIMEOUT_S
 
 
+# -- the wire (--collector.wire): its read intervals (sources/wire.py WireSettings' defaults) ---------
+# A module page is a firmware register access on mlx5 (rnic-linux-facts §7): never below a minute.
+MODULE_INTERVAL = Bound(60.0, 86400.0, unit=" s", duration=True)
+WIRE_INTERVAL = Bound(1.0, 86400.0, unit=" s", duration=True)
+
+
+@dataclass(frozen=True, slots=True)
+class WireIntervals:
+    """`[collector.wire]`'s read intervals, in seconds; pure data (the reader loads pyroute2)."""
+
+    module_s: float = 60.0
+    fec_s: float = 30.0
+    pause_s: float = 30.0
+    link_state_s: float = 10.0
+    gstats_s: float = 60.0
+
+
 @dataclass(frozen=True, slots=True)
 class FileConfig:
     """What a config file may set; None means "not set in the file"."""
@@ -113,6 +136,22 @@ class FileConfig:
     rated: tuple[RatedExpectation, ...] = ()
     consumers_enabled: bool | None = None
     consumers_interval_seconds: float | None = None
+    wire_module_interval_seconds: float | None = None
+    wire_fec_interval_seconds: float | None = None
+    wire_pause_interval_seconds: float | None = None
+    wire_link_state_interval_seconds: float | None = None
+    wire_gstats_interval_seconds: float | None = None
+
+    def wire(self, base: WireIntervals) -> WireIntervals:
+        """`base` with what the file sets (no flag sets these)."""
+        given = {
+            "module_s": self.wire_module_interval_seconds,
+            "fec_s": self.wire_fec_interval_seconds,
+            "pause_s": self.wire_pause_interval_seconds,
+            "link_state_s": self.wire_link_state_interval_seconds,
+            "gstats_s": self.wire_gstats_interval_seconds,
+        }
+        return replace(base, **{k: v for k, v in given.items() if v is not None})
 
     def detection(
         self, base: DetectionSettings, keep_gid_index: bool = False, path: Path | None = None
@@ -248,6 +287,11 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "collector.consumers.enabled": (_bool, "consumers_enabled"),
     "collector.consumers.interval_seconds": (within(CONSUMER_INTERVAL), "consumers_interval_seconds"),
     **{f"link_health.{key}": (within(bound), f"health:{key}") for key, bound in LINK_HEALTH.items()},
+    "collector.wire.module_interval_seconds": (within(MODULE_INTERVAL), "wire_module_interval_seconds"),
+    "collector.wire.fec_interval_seconds": (within(WIRE_INTERVAL), "wire_fec_interval_seconds"),
+    "collector.wire.pause_interval_seconds": (within(WIRE_INTERVAL), "wire_pause_interval_seconds"),
+    "collector.wire.link_state_interval_seconds": (within(WIRE_INTERVAL), "wire_link_state_interval_seconds"),
+    "collector.wire.gstats_interval_seconds": (within(WIRE_INTERVAL), "wire_gstats_interval_seconds"),
 }
 _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}
 
@@ -369,6 +413,7 @@ class Resolved:
     reader: ReaderSettings
     detection: DetectionSettings
     consumers: ConsumerSettings = field(default_factory=ConsumerSettings)
+    wire: WireIntervals = field(default_factory=WireIntervals)
 
 
 def resolve(
@@ -431,6 +476,7 @@ def resolve(
             enabled=pick("consumers", wanted.enabled, loaded.consumers_enabled),
             interval_s=pick("consumers_interval", wanted.interval_s, loaded.consumers_interval_seconds),
         ),
+        wire=loaded.wire(WireIntervals()),
     )
 
 
@@ -480,6 +526,8 @@ class Configurable(Protocol):
     def consumers(self) -> ConsumerSettings: ...
     @property
     def host_paths(self) -> HostPaths: ...
+    @property
+    def wire_intervals(self) -> WireIntervals: ...
 
 
 C = TypeVar("C", bound=Configurable)
@@ -507,6 +555,7 @@ def apply_file(config: C, explicit: Collection[str]) -> C:
         reader=resolved.reader,
         detection=resolved.detection,
         consumers=resolved.consumers,
+        wire_intervals=resolved.wire,
     )
 
 

@@ -13,7 +13,7 @@ import click
 
 from rnic_exporter.config import otlp
 from rnic_exporter.config.bounds import COUNTER_WAIT, POLL_INTERVAL, NumberParam
-from rnic_exporter.config.file import ConsumerSettings, Resolved, reader_settings, resolve
+from rnic_exporter.config.file import ConsumerSettings, Resolved, WireIntervals, reader_settings, resolve
 from rnic_exporter.config.nccl_conf import read_nccl_conf
 from rnic_exporter.config.nccl_env import gid_index_from_env, gid_index_given
 from rnic_exporter.config.otlp import OtlpSettings
@@ -58,6 +58,8 @@ class ServeConfig:
     counter_wait_s: float = DEFAULT_COUNTER_WAIT_S  # --web.counter-wait
     read_deadline_s: float = DEFAULT_DEADLINE_S
     consumers: ConsumerSettings = field(default_factory=ConsumerSettings)  # --collector.consumers
+    wire: bool = True  # --collector.wire: optics, FEC, link-down reason, pause on their own timers
+    wire_intervals: WireIntervals = field(default_factory=WireIntervals)  # the config file's [collector.wire]
 
     @property
     def detection_settings(self) -> DetectionSettings:
@@ -155,6 +157,14 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
             default=True,
             help="Use the link modes RoCE netdevs advertise (ethtool netlink) as their rated speed.",
         ),
+        click.option(
+            "--collector.wire/--no-collector.wire",
+            "wire",
+            default=True,
+            help="Read the wire below RoCE netdevs on its own timers, never per scrape: module (optics) "
+            "health and thresholds every minute, FEC, pause and PFC, why a link is down, mlx5 hwmon "
+            "temperatures (ethtool netlink and ethtool -S; default on).",
+        ),
     ]
 
 
@@ -194,6 +204,7 @@ def serve_config(
         otlp=otlp.resolve(flags, env),
         counter_wait_s=flags["counter_wait"],
         consumers=ConsumerSettings(enabled=flags["consumers"], interval_s=flags["consumers_interval"]),
+        wire=flags["wire"],
     )
     return config, frozenset(explicit) | ({"nccl_gid_index"} if gid_index_given(None, env) else frozenset())
 

@@ -105,6 +105,7 @@ class Agent:
         announcer: Announcer | None = None,
         health: SelfMetrics | None = None,
         state_lock_unwritten: bool = False,
+        annotate: Callable[[list[Event]], list[Event]] | None = None,
     ) -> None:
         """`root` rather than a built reader: the reader's settings are the config's, and a reload
         changes both. `sinks` are built on the agent's counter feed; `consumers` (--collector.consumers)
@@ -123,6 +124,7 @@ class Agent:
         self.health = health if health is not None else SelfMetrics(ProcessFamilies().families)
         self.prometheus = PrometheusSink(self.counter_view, config.counter_wait_s, self.health)
         self.consumers = consumers
+        self._annotate = annotate  # adds what another source knows to each event (the wire's link-down reason)
         self.sinks: tuple[EventSink, ...] = (
             *(build(self.counter_view) for build in sinks),
             *((consumers,) if consumers is not None else ()),
@@ -192,6 +194,8 @@ class Agent:
             events = [*events, *handed]
         if self.consumers is not None:
             events = self.consumers.annotate(events)
+        if self._annotate is not None:
+            events = self._annotate(events)
         for event_ in events:
             fields = event_.fields()
             if event_.consumers is not None:

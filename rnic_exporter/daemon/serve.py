@@ -32,6 +32,8 @@ from rnic_exporter.sinks.prometheus import CounterFeed
 from rnic_exporter.sinks.registry import SelfMetrics
 
 if TYPE_CHECKING:
+    from rnic_exporter.daemon.wire_watch import Snapshots, WireWatch
+    from rnic_exporter.sources.wire import WireReader, WireSettings
     from rnic_exporter.web.server import WebServer
 
 log = logging.getLogger("rnic_exporter.agent")
@@ -68,8 +70,11 @@ def run(
     explicit: frozenset[str] = frozenset(),
     stop: threading.Event | None = None,
     scan: Scan | None = None,
+    wire: WireReader | None = None,
 ) -> int:
-    """Run until stopped. Returns the process exit code; raises ConfigError before serving."""
+    """Run until stopped. Returns the process exit code; raises ConfigError before serving.
+
+    `scan` and `wire` replace the real consumer scan and wire reader (the simulator's)."""
     wake, reload = threading.Event(), threading.Event()
     base = config  # flags and defaults: every (re)load of the file starts from these
     config = apply_file(base, set(explicit))
@@ -78,6 +83,9 @@ def run(
     schedule = PollSchedule(config.poll_interval_s, wake)
     health = SelfMetrics(ProcessFamilies().families)
     netlink = NetlinkAnnouncer(schedule) if config.watch_netlink else None
+    # Built before the agent (its port-down events carry the wire's link-down reason); it reads the
+    # agent's last snapshot only once started, after the first poll.
+    wire_watch = wire_watch_for(config, lambda: agent.last, wire) if config.wire else None
     agent = Agent(
         config,
         stop=stop,
@@ -86,21 +94,28 @@ def run(
         announcer=netlink,
         health=health,
         state_lock_unwritten=state_lock.problem is not None,
+        annotate=wire_watch.annotate if wire_watch is not None else None,
     )
     link_watch = link_watch_for(agent, schedule)
     web = web_server(config, agent)
     health.register(web.families, reloads=web)
+    if wire_watch is not None:
+        health.register(wire_watch.families)
     tune_process()
     with capture_signals(stop, wake, reload), contextlib.ExitStack() as cleanup:
         web.start()  # a bind error surfaces here, before the first poll
         cleanup.callback(agent.close)
         cleanup.callback(web.shutdown)
+        if wire_watch is not None:
+            cleanup.callback(wire_watch.close)
         watchers = start_watchers(
             netlink, config.watch_udev, agent.netlink_event, lambda: agent.rnic_netdevs, schedule, cleanup
         )
         agent.poll_once(full_gid_tables=True)
         cleanup.callback(link_watch.close)
         link_watch.start()  # after the first poll: it merges counters into that poll's snapshot
+        if wire_watch is not None:
+            wire_watch.start()  # after the first poll: it reads the netdevs that poll found
         settle_garbage_collector()
         log.info(
             "listening",
@@ -122,6 +137,8 @@ def run(
                 config = agent.reload(lambda: apply_file(base, set(explicit)))
                 schedule.interval_s = config.poll_interval_s
                 link_watch.reconfigure(config.detection.link_health)
+                if wire_watch is not None and wire is None:  # the simulator's reader keeps its own
+                    wire_watch.reader.settings = wire_settings_for(config, wire_watch.reader.settings)
             agent.woken(due.sources, {source: watcher.errors for source, watcher in watchers.items()})
             started = time.monotonic()
             agent.poll_once(full_gid_tables=due.full_gid_tables, event=due.reason == "event")
@@ -196,3 +213,24 @@ def start_consumer_watch(config: ServeConfig, scan: Scan | None = None) -> Consu
     watch = ConsumerWatch(scan or scanner(config.sysfs, paths.procfs, paths.rootfs), config.consumers)
     watch.start()
     return watch
+
+
+def wire_watch_for(config: ServeConfig, snapshots: Snapshots, reader: WireReader | None) -> WireWatch:
+    """The wire reader over the RoCE netdevs of `snapshots` (--collector.wire); `reader` replaces the
+    real one (the simulator's). Its families go into the registry every sink reads; started after the
+    first poll."""
+    from rnic_exporter.daemon.wire_watch import WireWatch, wire_settings
+
+    if reader is None:
+        from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
+        from rnic_exporter.sources.wire import WireReader
+
+        reader = WireReader(EthtoolNetlink(), wire_settings(config.wire_intervals))
+    return WireWatch(reader, snapshots, sysfs=config.sysfs)
+
+
+def wire_settings_for(config: ServeConfig, current: WireSettings) -> WireSettings:
+    """The wire reader's settings after a reload: the config file's `[collector.wire]` intervals."""
+    from rnic_exporter.daemon.wire_watch import wire_settings
+
+    return wire_settings(config.wire_intervals, current)

@@ -86,6 +86,7 @@ def build() -> Dashboard:
     _traffic(lay)
     _link_health(lay)
     _errors(lay)
+    _wire(lay)
     _gids(lay)
     return dashboard(
         "RNIC host detail",
@@ -423,6 +424,85 @@ def _errors(lay: Layout) -> None:
             thresholds=OK_BAD,
         ),
         w=8,
+        h=8,
+    )
+
+
+def _wire(lay: Layout) -> None:
+    """The wire below RoCE netdevs (--collector.wire): what degrades before the link does."""
+    lay.row("Optics, FEC and pause (RoCE)")
+    lay.add(
+        timeseries(
+            "Module temperature",
+            "The pluggable module's own temperature, and its high warning threshold (read every minute).",
+            targets(
+                (f"{name(c.MODULE_TEMPERATURE)}{{{PORT_SEL}}}", "{{device}}/{{port}} {{netdev}}"),
+                (
+                    f'{name(c.MODULE_TEMPERATURE_THRESHOLD)}{{limit="high_warning", {PORT_SEL}}}',
+                    "{{device}}/{{port}} high warning",
+                ),
+            ),
+            "celsius",
+            thresholds=NEUTRAL,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Rx power vs its warning threshold",
+            "Received optical power per lane against the module's own low warning threshold: a lane "
+            "falling towards it is a dirty connector, a bent fibre or a failing optic, before the link "
+            "renegotiates or drops.",
+            targets(
+                (f"{name(c.MODULE_RX_POWER)}{{{PORT_SEL}}}", "{{device}}/{{port}} lane {{lane}}"),
+                (
+                    f'{name(c.MODULE_RX_POWER_THRESHOLD)}{{limit="low_warning", {PORT_SEL}}}',
+                    "{{device}}/{{port}} low warning",
+                ),
+            ),
+            "watt",
+            thresholds=NEUTRAL,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "FEC corrected and uncorrectable blocks",
+            "FEC blocks per second: corrected blocks rising is the early sign; uncorrectable ones are "
+            "corrupted frames that RoCE must retransmit.",
+            targets(
+                (
+                    f"rate({name(c.FEC_CORRECTED_BLOCKS)}{{{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} corrected",
+                ),
+                (
+                    f"rate({name(c.FEC_UNCORRECTABLE_BLOCKS)}{{{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} uncorrectable",
+                ),
+            ),
+            "cps",
+            thresholds=OK_BAD,
+        ),
+        w=6,
+        h=8,
+    )
+    lay.add(
+        timeseries(
+            "Time paused per priority",
+            "Share of time each priority was paused (PFC): received = the peer throttles this host, sent "
+            "= this host's receive side is behind. Near 100% is a pause storm.",
+            targets(
+                (
+                    f"rate({name(c.PRIORITY_PAUSE_DURATION)}{{{PORT_SEL}}}[$__rate_interval])",
+                    "{{device}}/{{port}} prio {{priority}} {{direction}}",
+                ),
+            ),
+            "percentunit",
+            thresholds=OK_BAD,
+        ),
+        w=6,
         h=8,
     )
 

@@ -47,10 +47,14 @@ class WireSettings:
     pause_interval: float = 30.0
     link_state_interval: float = 10.0
     gstats_interval: float = 60.0
+    # The floor under module_interval: a real module page is a firmware register access. Only the
+    # simulator's demo (commands/demo.py, a story told in seconds) lowers it.
+    min_module_interval: float = 60.0
 
     def __post_init__(self) -> None:
-        if 0 < self.module_interval < 60.0:
-            raise ValueError(f"module_interval {self.module_interval}s: optics are read every minute or slower")
+        if 0 < self.module_interval < self.min_module_interval:
+            every = "minute" if self.min_module_interval == 60.0 else f"{self.min_module_interval:g}s"
+            raise ValueError(f"module_interval {self.module_interval}s: optics are read every {every} or slower")
         if any(v < 0 for v in (self.fec_interval, self.pause_interval, self.link_state_interval, self.gstats_interval)):
             raise ValueError("intervals are >= 0")
 

@@ -22,7 +22,7 @@ def test_each_event_is_declared_once() -> None:
 def test_wire_metrics_follow_the_catalogue_conventions() -> None:
     names = [m.name for m in metrics.WIRE_METRICS]
     assert len(set(names)) == len(names)
-    assert not set(names) & set(metrics.BY_NAME), "a wire metric is declared twice"
+    assert set(names) <= set(metrics.BY_NAME), "a wire metric is missing from METRICS"
     for spec in metrics.WIRE_METRICS:
         assert spec.name.startswith("rnic_") and spec.name == spec.name.lower(), spec.name
         assert spec.name.endswith("_total") == (spec.kind == "counter"), spec.name

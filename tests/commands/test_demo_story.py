@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 ALERTS = {
     "_gid_shift": ["RnicGidIndexMoved", "RnicGidTableChanged"],
     "_cable_going_bad": ["RnicLinkSymbolErrors", "RnicLinkRetrained", "RnicRoceRetransmissions"],
+    "_optic_fade": ["RnicOpticRxPowerLow"],
     "_speed_drop": ["RnicLinkBelowRated", "RnicLinkFarBelowRated"],
     "_pcie_downtrain": ["RnicPcieLinkDowntrained"],
     "_nic_gone": ["RnicDeviceDisappeared"],

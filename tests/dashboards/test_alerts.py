@@ -128,6 +128,10 @@ def test_the_issue_alerts_are_all_there() -> None:
         "RnicRoceRetransmissions": "warning",
         "RnicRoceRetriesExceeded": "critical",
         "RnicReceiveDrops": "warning",
+        "RnicOpticRxPowerLow": "warning",
+        "RnicOpticRxPowerDrifting": "warning",
+        "RnicFecUncorrectableRising": "warning",
+        "RnicPauseStorm": "critical",
     }
 
 

@@ -107,6 +107,10 @@ SILENT = {
     "RnicRoceRetriesExceeded",
     "RnicReceiveDrops",
 }
+# The wire's alerts (--collector.wire): the simulated fleet carries no module, FEC or pause series yet, so
+# their expressions find nothing here; promtool's unit tests (alerts/tests/wire.test.yml) and the demo's
+# story on a real Prometheus (tests/e2e/test_demo_optic.py) see them fire and stay silent.
+NOT_IN_FLEET = {"RnicOpticRxPowerLow", "RnicOpticRxPowerDrifting", "RnicFecUncorrectableRising", "RnicPauseStorm"}
 # Before any fault, in each fault, after the flap, and past the 5-minute lookback of the NIC that vanished;
 # the AER ones either side of each window's edges (off the second a range's edge falls on a sample).
 CHECK_TIMES = {
@@ -144,8 +148,8 @@ def _keys(result: list[dict[str, Any]]) -> Counter[Key]:
 
 
 def test_every_alert_is_injected_or_known_silent() -> None:
-    assert set(WINDOWS) | SILENT == {rule["alert"] for rule in ALERT_RULES}
-    assert not set(WINDOWS) & SILENT
+    assert set(WINDOWS) | SILENT | NOT_IN_FLEET == {rule["alert"] for rule in ALERT_RULES}
+    assert not set(WINDOWS) & SILENT and not (set(WINDOWS) | SILENT) & NOT_IN_FLEET
     # Each injected window holds at least one check time, so each expression is seen firing.
     for alert, windows in WINDOWS.items():
         for start, until, _ in windows:
@@ -163,7 +167,7 @@ def test_alert_expression_finds_exactly_the_injected_series(prom: Prometheus, ru
         got = _keys(query(prom, rule["expr"], at))
         assert got == _expected(alert, at), f"{alert} at '{when}' (t={at - FLEET.start:+}s): {sorted(got.elements())}"
         fired_somewhere |= bool(got)
-    assert fired_somewhere == (alert not in SILENT)
+    assert fired_somewhere == (alert not in SILENT | NOT_IN_FLEET)
 
 
 # --- fleet dashboard panels -------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def protocol_of(rcv: HttpReceiver | GrpcReceiver) -> str:
 
 # --------------------------------------------------------------------------- the mapping table
 
-UCUM = re.compile(r"^(1|By|By/s|s|\{[a-z]+\}|\{[a-z]+\}/s)$")
+UCUM = re.compile(r"^(1|By|By/s|s|Cel|V|W|A|\{[a-z]+\}|\{[a-z]+\}/s)$")
 OTEL_NAME = re.compile(r"^(hw|rnic)(\.[a-z][a-z0-9_]*)+$")
 
 
@@ -80,8 +80,10 @@ def test_mapping_keeps_kind_units_and_labels() -> None:
             assert inst.description
             # A Prometheus counter is monotonic: it must stay a counter; gauges and info never become one.
             assert (inst.kind == "counter") == (spec.kind == "counter"), spec.name
-            if spec.unit in ("bytes", "bytes_per_second", "seconds"):
-                assert inst.unit == {"bytes": "By", "bytes_per_second": "By/s", "seconds": "s"}[spec.unit]
+            units = {"bytes": "By", "bytes_per_second": "By/s", "seconds": "s", "celsius": "Cel", "volts": "V"}
+            units.update(watts="W", amperes="A")
+            if spec.unit in units:
+                assert inst.unit == units[spec.unit], spec.name
             for label, _ in route.rename:
                 assert label in spec.labels
             if route.only is not None:

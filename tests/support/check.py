@@ -10,9 +10,13 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sources.address_risks import HostPaths
 from rnic_exporter.sources.reader import ReaderSettings
 from rnic_exporter.sources.sysfs import SysfsRoot
+from rnic_exporter.sources.wire import WireReader
 
 
-def check_in_process(host: SimHost, tmp_path: Path, root: SysfsRoot | None = None) -> CheckReport:
+def check_in_process(
+    host: SimHost, tmp_path: Path, root: SysfsRoot | None = None, wire: WireReader | None = None
+) -> CheckReport:
+    """`wire`: the RoCE netdevs' wire reader (the simulator's); None reads the real one."""
     return run_check(
         host.root,
         None,
@@ -21,4 +25,5 @@ def check_in_process(host: SimHost, tmp_path: Path, root: SysfsRoot | None = Non
         HostPaths(rootfs=tmp_path / "none"),
         use_netlink=False,
         root=root,
+        wire=wire,
     )

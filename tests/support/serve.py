@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rnic_exporter.catalog.metrics import POLLS
+from rnic_exporter.config.serve import ServeConfig
 from tests.support.exposition import first_value
 from tests.support.processes import http_get, stop_process
 
@@ -170,3 +172,35 @@ class Ours:
 def ours_args(sysfs: Path, port: int, state_dir: Path, *extra: str) -> list[str]:
     """`rnic-exporter serve` from this checkout with the running interpreter."""
     return Ours().args(sysfs, port, state_dir, *extra)
+
+
+def sim_serve_config(sysfs: Path, port: int, **changes: Any) -> ServeConfig:
+    """`serve`'s settings over a simulated host's tree on 127.0.0.1:`port`: polls every 0.5 s, no
+    watchers, no ethtool link modes, no inventory; `changes` replace any of them."""
+    config = ServeConfig(
+        sysfs=sysfs,
+        listen=(f"127.0.0.1:{port}",),
+        poll_interval_s=0.5,
+        state_dir=None,
+        watch_netlink=False,
+        watch_udev=False,
+        ethtool=False,
+    )
+    return replace(config, **changes)
+
+
+@contextmanager
+def serving(config: ServeConfig, **seams: Any) -> Iterator[None]:
+    """`serve.run(config, **seams)` on a thread of this process (`seams`: scan=, wire=) for the block;
+    stopped and joined after it, and it must have ended."""
+    from rnic_exporter.daemon.serve import run
+
+    stop = threading.Event()
+    daemon = threading.Thread(target=run, args=(config,), kwargs={"stop": stop, **seams})
+    daemon.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        daemon.join(30)
+    assert not daemon.is_alive(), "serve did not stop within 30 s"

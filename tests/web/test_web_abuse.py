@@ -317,14 +317,30 @@ def test_a_wrong_password_flood_delays_a_correct_user_by_at_most_the_queue_ahead
     assert position <= flooders
 
 
-def test_a_first_scrape_behind_300_clients_guessing_distinct_passwords_is_answered_within_2_s(
-    serve: ServerFactory, tmp_path: Path, checkpw: RecordingCheckpw
+def test_a_first_scrape_behind_300_clients_guessing_distinct_passwords_waits_one_guess_per_address(
+    serve: ServerFactory, tmp_path: Path, checkpw: RecordingCheckpw, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 33 item 6, at the cost the issue measured (bcrypt cost 10): 300 unauthenticated clients,
     each guessing a new password per request from four addresses of their own (as bench/abuse.py
     attacks), keep about 300 checks queued; Prometheus' first scrape, on an address of its own, was
-    answered after 19 s behind one FIFO of them."""
+    answered after 19 s behind one FIFO of them. Judged in bcrypt checks, which a loaded machine does
+    not change: at most the one running and one per flooding address run before hers (a FIFO ran
+    about 300). At cost 10 that is under a second on an idle core (0.83 s measured); the wall time
+    is printed, not asserted."""
     clients, addresses = 300, 4
+    # Counted from when her check is queued (as in the FIFO test above): checks that start while her
+    # request crosses a loaded machine's socket and parser were never behind it.
+    queued_at: list[int] = []
+    real_submit = BasicAuth.submit
+
+    def recording_submit(
+        auth: BasicAuth, credential: Credential, verdict: Callable[[bool], None], source: str = ""
+    ) -> None:
+        real_submit(auth, credential, verdict, source)
+        if credential.secret == b"right":
+            queued_at.append(len(checkpw.passwords))
+
+    monkeypatch.setattr(BasicAuth, "submit", recording_submit)
     server = serve(write_config(tmp_path, users_yaml({"prometheus": ("right", 10)})))
     host, port = server.bound[0]
     stop = threading.Event()
@@ -352,10 +368,9 @@ def test_a_first_scrape_behind_300_clients_guessing_distinct_passwords_is_answer
         for _ in range(clients):
             assert sent.acquire(timeout=60), "a guessing client never sent its first request"
         wait_for(lambda: len(checkpw.passwords) >= 3, timeout=DEADLINE, what="bcrypt to be busy with the guesses")
-        started = time.monotonic()
+        started, before = time.monotonic(), len(checkpw.passwords)
         reply = request(server, headers=basic("prometheus", "right"), timeout=60)
         took = time.monotonic() - started
-        checked = len(checkpw.passwords)
     finally:
         stop.set()
         server.shutdown()
@@ -363,7 +378,9 @@ def test_a_first_scrape_behind_300_clients_guessing_distinct_passwords_is_answer
             thread.join(10)
     assert not any(thread.is_alive() for thread in threads)
     assert reply.status == 200 and reply.body == BODY
-    assert took < 2.0, f"the first scrape took {took:.1f} s; {checked} bcrypt checks ran by its answer"
+    # Negative when her check began before the recorder read the count.
+    ahead = checkpw.passwords.index(b"right", before) - queued_at[0]
+    assert ahead <= addresses, f"{ahead} bcrypt checks ran ahead of the first scrape ({took:.1f} s)"
     auth = server.watcher.current().auth
     wait_for(lambda: auth.pending == 0, timeout=DEADLINE, what="the guesses queued at shutdown to be dropped")
 

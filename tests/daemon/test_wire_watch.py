@@ -1,0 +1,224 @@
+"""The wire in the daemon (issue 32): `serve` over a simulated host with a simulated wire exports the
+module, FEC, pause and read-cost series of its RoCE netdevs on /metrics; a veth of our own, read by
+the real ethtool netlink reader, raises nothing and counts no error; a reader that raises is counted
+and never stops the daemon; --no-collector.wire builds nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rnic_exporter.catalog import metrics as c
+from rnic_exporter.catalog.events import PORT_DOWN, Event
+from rnic_exporter.config.serve import ServeConfig
+from rnic_exporter.daemon.agent import Agent
+from rnic_exporter.daemon.wire_watch import ERROR_OPERATIONS, WireWatch, roce_netdevs
+from rnic_exporter.model.host import Snapshot
+from rnic_exporter.model.wire import NetdevWire
+from rnic_exporter.sim import SimHost
+from rnic_exporter.sim.wire import SimEthtool, SimWire
+from rnic_exporter.sinks.samples import Family, Published
+from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
+from rnic_exporter.sources.wire import WireReader
+from tests.support.agent import make_agent
+from tests.support.exposition import samples
+from tests.support.netns import network_namespace
+from tests.support.processes import free_port, http_get
+from tests.support.serve import serving, sim_serve_config
+from tests.support.wait import wait_for
+
+
+def _series(families: list[Family]) -> dict[str, list[tuple[tuple[str, ...], float]]]:
+    return {f.spec.name: list(f.samples) for f in families}
+
+
+def _snapshot(host: SimHost, tmp_path: Path) -> Snapshot:
+    agent = make_agent(host, tmp_path / "state")
+    try:
+        return agent.poll_once(full_gid_tables=True)
+    finally:
+        agent.close()
+
+
+def test_only_roce_ports_netdevs_are_read(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1)
+    netdevs = roce_netdevs(_snapshot(host, tmp_path))
+    assert netdevs == {
+        "ens1f0np0": ("mlx5_0", "1", "ens1f0np0"),
+        "ens2f0np0": ("mlx5_1", "1", "ens2f0np0"),
+    }
+    assert roce_netdevs(None) == {}
+
+
+def test_serve_exports_the_simulated_wire(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=2, infiniband=1, gid_table_size=16)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    wire.add("ens2f0np0")
+    wire.fec_errors("ens1f0np0", corrected=1200, uncorrectable=3)
+    port = free_port()
+
+    def scraped() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+        try:
+            status, _, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        except OSError:
+            return None
+        got = samples(body.decode()) if status == 200 else {}
+        return got if any(name == c.MODULE_RX_POWER.name for name, _ in got) else None
+
+    with serving(sim_serve_config(host.root, port), wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
+        got = wait_for(scraped, timeout=30, what="the wire series on /metrics")
+    nd = {"device": "mlx5_0", "port": "1", "netdev": "ens1f0np0"}
+    assert got[(c.MODULE_RX_POWER.name, frozenset({**nd, "lane": "1"}.items()))] == pytest.approx(0.9e-3)
+    assert got[(c.MODULE_TEMPERATURE.name, frozenset(nd.items()))] == pytest.approx(45.0, abs=0.01)
+    high_warning = frozenset({**nd, "limit": "high_warning"}.items())
+    assert got[(c.MODULE_RX_POWER_THRESHOLD.name, high_warning)] == pytest.approx(1.7378e-3, rel=1e-3)
+    assert got[(c.FEC_CORRECTED_BLOCKS.name, frozenset(nd.items()))] == 1200
+    assert got[(c.FEC_UNCORRECTABLE_BLOCKS.name, frozenset(nd.items()))] == 3
+    assert (c.PAUSE_FRAMES.name, frozenset({**nd, "direction": "received"}.items())) in got
+    netdevs = {dict(labels).get("netdev") for name, labels in got if name == c.MODULE_INFO.name}
+    assert netdevs == {"ens1f0np0", "ens2f0np0"}  # the InfiniBand port has no module path
+    assert got[(c.ETHTOOL_REQUESTS.name, frozenset({("operation", "module_eeprom")}))] >= 6
+    errors = {dict(labels)["operation"]: v for (name, labels), v in got.items() if name == c.WIRE_READ_ERRORS.name}
+    assert errors == dict.fromkeys(ERROR_OPERATIONS, 0.0)
+
+
+def test_a_veth_raises_nothing_and_counts_no_error(tmp_path: Path) -> None:
+    """The real reader on a veth named as the simulated RoCE netdev: link state only, the rest
+    Unsupported and asked once, no error counted."""
+    host = SimHost.build(tmp_path / "sys", roce=1)
+    snap = _snapshot(host, tmp_path)
+    with network_namespace(["ens1f0np0"]) as ns, ns.entered():
+        watch = WireWatch(WireReader(EthtoolNetlink()), lambda: snap)
+        try:
+            first = watch.poll_once()
+            watch.poll_once(now=1e9)
+            requests = dict(watch.reader.requests)
+            families = _series(list(watch.families()))
+        finally:
+            watch.close()
+    assert set(first) == {"ens1f0np0"} and isinstance(first["ens1f0np0"], NetdevWire)
+    assert {requests[op] for op in ("fec", "pause", "module_eeprom", "gstats")} == {1}  # once: unsupported
+    assert all(v == 0 for _, v in families[c.WIRE_READ_ERRORS.name])
+    wire_series = set(families) - {c.ETHTOOL_REQUESTS.name, c.WIRE_READ_ERRORS.name}
+    assert wire_series <= {c.LINK_DOWN_EVENTS.name}, wire_series
+
+
+class _Broken(WireReader):
+    def poll(self, netdevs: object) -> dict[str, NetdevWire]:
+        raise RuntimeError("a reader bug")
+
+
+def test_a_reader_that_raises_is_counted_and_never_raised(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1)
+    snap = _snapshot(host, tmp_path)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    watch = WireWatch(_Broken(SimEthtool(wire), gstats=wire.gstats), lambda: snap)
+    assert watch.poll_once() == {} and watch.poll_once() == {}
+    errors = dict(_series(list(watch.families()))[c.WIRE_READ_ERRORS.name])
+    assert errors[("poll",)] == 2 and errors[("fec",)] == 0
+
+
+def test_without_the_collector_no_wire_family_is_registered(tmp_path: Path) -> None:
+    host = SimHost.build(tmp_path / "sys", roce=1)
+    port = free_port()
+    wire = SimWire()
+    wire.add("ens1f0np0")
+
+    def scraped() -> str | None:
+        try:
+            status, _, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        except OSError:
+            return None
+        text = body.decode()
+        return text if status == 200 and "rnic_port_info" in text else None
+
+    config = sim_serve_config(host.root, port, wire=False)
+    with serving(config, wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
+        text = wait_for(scraped, timeout=30, what="a scrape after the first poll")
+    assert "rnic_module_" not in text and c.WIRE_READ_ERRORS.name not in text
+
+
+class _Records:
+    """An `agent.EventSink` keeping every published event."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def publish(self, record: Published) -> None:
+        self.events.extend(record.events)
+
+    def families(self) -> list[Family]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_port_down_event_says_why_the_link_is_down(tmp_path: Path) -> None:
+    """The agent's port-down events carry the driver's extended link state (asked at the event), as the
+    log line and the OTLP record spell `Event.fields()`; a port whose driver does not say keeps its event."""
+    host = SimHost.build(tmp_path / "sys", roce=2)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    wire.add("ens2f0np0")
+    records = _Records()
+    holder: list[Agent] = []
+    watch = WireWatch(WireReader(SimEthtool(wire), gstats=wire.gstats), lambda: holder[0].last)
+    agent = Agent(sim_serve_config(host.root, 0), sinks=(lambda _counters: records,), annotate=watch.annotate)
+    holder.append(agent)
+    try:
+        agent.poll_once(full_gid_tables=True)
+        host.set_port_up("mlx5_0", False)
+        host.set_port_up("mlx5_1", False)
+        wire.link_down("ens1f0np0", ext_state=5, ext_substate=1)  # cable issue, unsupported cable
+        wire.link_down("ens2f0np0", ext_state=None)
+        agent.poll_once(event=True)
+    finally:
+        agent.close()
+    down = {e.netdev: e.fields() for e in records.events if e.spec is PORT_DOWN}
+    assert set(down) == {"ens1f0np0", "ens2f0np0"}, records.events
+    assert down["ens1f0np0"]["link_down_reason"] == "cable_issue"
+    assert down["ens1f0np0"]["link_down_substate"] == "unsupported_cable"
+    assert "link_down_reason" not in down["ens2f0np0"]
+
+
+def test_otlp_exports_the_wire_too(tmp_path: Path) -> None:
+    """The wire's families reach the OTLP sink through the registry: decoded from the export's bytes."""
+    from dataclasses import replace
+
+    from rnic_exporter.config.otlp import resolve
+    from tests.support.otlp import HttpReceiver
+
+    host = SimHost.build(tmp_path / "sys", roce=1)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    with HttpReceiver() as rcv:
+        otlp = resolve({"otlp_endpoint": rcv.url}, {})
+        assert otlp is not None
+        config = sim_serve_config(host.root, free_port(), otlp=replace(otlp, interval_s=0.5))
+        with serving(config, wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
+            point = wait_for(
+                lambda: next((p for p in rcv.received.latest_points() if p.metric == "rnic.module.rx_power"), None),
+                timeout=30,
+                what="rnic.module.rx_power in an OTLP export",
+            )
+    assert point.unit == "W" and point.attrs["netdev"] == "ens1f0np0" and point.value == pytest.approx(0.9e-3)
+
+
+def test_the_config_file_sets_the_intervals(tmp_path: Path) -> None:
+    from rnic_exporter.config.file import apply_file
+    from rnic_exporter.daemon.wire_watch import wire_settings
+    from rnic_exporter.errors import ConfigError
+
+    good = tmp_path / "good.toml"
+    good.write_text('[collector.wire]\nmodule_interval_seconds = "2m"\nfec_interval_seconds = 15\n')
+    config = apply_file(ServeConfig(config_file=good, state_dir=None), set())
+    settings = wire_settings(config.wire_intervals)
+    assert (settings.module_interval, settings.fec_interval, settings.pause_interval) == (120.0, 15.0, 30.0)
+    fast = tmp_path / "fast.toml"
+    fast.write_text("[collector.wire]\nmodule_interval_seconds = 10\n")
+    with pytest.raises(ConfigError, match=r"collector\.wire\.module_interval_seconds"):
+        apply_file(ServeConfig(config_file=fast, state_dir=None), set())
