@@ -36,6 +36,10 @@ Thresholds and where they come from (`LinkHealthThresholds`, configurable in the
   hung AllReduce showed thousands).
 - `req_transport_retries_exceeded` (rxe: `retry_exceeded_err`): any increase is critical: a QP
   exhausted its retries (IBV_WC_RETRY_EXC_ERR) and the job using it is failing now.
+- The daemon's events (`rnic.port.degrading` / `rnic.port.recovered`) judge windows of
+  `window_seconds` (60 s: long enough that `min_errors` is not one burst, short enough to warn
+  minutes before the alerts' 5-minute rates) and call a port recovered after
+  `clear_after_seconds` (900 s) without a bad window, as the flap detector does.
 - Receive drops `out_of_buffer`, `rx_discards_phy`: degrading above 1e-3 of received packets with
   at least 100 in the window. `out_of_buffer` also counts a receiver that did not post buffers in
   time (an application matter), hence the laxer ratio than retransmissions.
@@ -63,6 +67,8 @@ class LinkHealthThresholds:
     drop_ratio: float = 1e-3  # receive drops per received packet
     min_drops: int = 100
     check_window_seconds: float = 3.0  # `check`: seconds between its two counter reads
+    window_seconds: float = 60.0  # the daemon's events: counters judged over windows this long
+    clear_after_seconds: float = 900.0  # and a degrading port recovered after this long without a bad one
 
     def with_overrides(self, overrides: Mapping[str, float]) -> LinkHealthThresholds:
         """These thresholds with the config file's values; unknown keys are the file parser's problem."""

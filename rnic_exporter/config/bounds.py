@@ -71,6 +71,9 @@ LINK_HEALTH = {
     "drop_ratio": _RATIO,
     "min_drops": Bound(1, 1_000_000, integer=True),
     "check_window_seconds": Bound(0.5, 60.0, unit=" s", duration=True),
+    # Below a second the window is shorter than a counter pass is reused (agent.COUNTER_PASS_REUSE_S).
+    "window_seconds": Bound(1.0, 3600.0, unit=" s", duration=True),
+    "clear_after_seconds": Bound(1.0, 86400.0, unit=" s", duration=True),
 }
 GBPS = Bound(0.0, 100_000.0, open_low=True, unit=" Gb/s")
 GTS = Bound(0.0, 1000.0, open_low=True, unit=" GT/s")

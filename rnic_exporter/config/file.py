@@ -38,6 +38,8 @@ environment beats the file's `[nccl]`, which beats NCCL's own config files (`con
     symbol_error_ber = 1e-12      # IBTA lane BER limit; also errors_per_hour = 120 (NVSentinel)
     retransmission_ratio = 1e-4   # RoCE retransmissions and sequence errors per packet
     check_window_seconds = 3      # check: seconds between its two counter reads
+    window_seconds = 60           # the daemon's degrading/recovered events: window judged
+    clear_after_seconds = 900     # quiet time before a degrading port is recovered
     [[rated]]                     # expectations; all given match keys must agree; last match wins
     match = { hca_type = "MT4129" }   # keys: device, pci_address, hca_type, board_id
     port_rate_gbps = 400

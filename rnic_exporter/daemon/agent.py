@@ -157,6 +157,9 @@ class Agent:
         # (device, port, attribute) already logged as failed, and as unsupported: each is said once
         self._state_logged: tuple[frozenset[tuple[str, int | None, str]], ...] = (frozenset(), frozenset())
         self._counters_logged: tuple[frozenset[tuple[str, int | None, str]], ...] = (frozenset(), frozenset())
+        # Events judged off the loop (link health, `daemon/link_watch.py`), published by its next poll.
+        self._handed: list[Event] = []
+        self._handed_lock = threading.Lock()
 
     def poll_once(self, full_gid_tables: bool | Collection[str] = False, *, event: bool = False) -> Snapshot:
         """One state pass; detection and publishing only when something changed (or `event`: an
@@ -169,9 +172,12 @@ class Agent:
         self.polls += 1
         self._count(result.read_errors)
         snap = result.snapshot
+        with self._handed_lock:
+            handed, self._handed = self._handed, []
         due = (
             result.changed
             or event
+            or bool(handed)
             or self.last is None
             or now - self._detected_at >= DETECTION_REFRESH_S
             or self.detector.learned
@@ -186,6 +192,9 @@ class Agent:
         self.rnic_netdevs = MappingProxyType({n: port.device for port in snap.ports for n in port.netdevs})
         self._log_changes(snap)
         events = self._detect(snap)
+        if handed:
+            self.detector.count(handed)
+            events = [*events, *handed]
         if self.consumers is not None:
             events = self.consumers.annotate(events)
         if self._annotate is not None:
@@ -256,6 +265,21 @@ class Agent:
             counters_stale=stale,
         )
         return CounterView(groups, stats, self._counter_pass.passes * 2 + (1 if stale else 0))
+
+    def hand_off(self, events: Sequence[Event]) -> None:
+        """Events judged on another thread: the next poll publishes them with its own (thread-safe;
+        the caller wakes the loop)."""
+        with self._handed_lock:
+            self._handed.extend(events)
+
+    def counter_snapshot(self, wait_s: float | None) -> Snapshot | None:
+        """A counter pass (shared with the scrapes', `counter_view`) merged into the last state
+        snapshot: what link health judges. None before the first poll."""
+        last = self.last
+        if last is None:
+            return None
+        self.counter_view(wait_s)
+        return self.reader.with_counters(last, self.config.read_deadline_s)
 
     def families(self) -> list[Family]:
         """The agent's own counters, as of now, for every sink (registered in `health`): state

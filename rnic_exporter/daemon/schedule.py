@@ -26,7 +26,7 @@ BURST_OFFSETS = (0.0, 0.05, 0.15, 0.3, 0.6, 1.2)
 
 @dataclass(frozen=True, slots=True)
 class Due:
-    reason: str  # "interval", "event" or "signal"
+    reason: str  # "interval", "event", "signal" or a `nudge`'s
     full_gid_tables: bool | frozenset[str]  # True: every device's; a set: those RDMA devices'
     sources: frozenset[str]  # announcing sources since the previous poll
 
@@ -46,6 +46,7 @@ class PollSchedule:
         self._burst_step = 0
         self._sources: set[str] = set()
         self._burst_devices: set[str] | None = set()  # None: every device's GID tables
+        self._nudged: str | None = None  # news judged off the loop (`nudge`), due at once
 
     def announce(self, source: str, devices: Collection[str] | None = None) -> None:
         """A change `source` saw; `devices` are the RDMA devices it concerns (None: unknown, all)."""
@@ -77,6 +78,13 @@ class PollSchedule:
             return None
         return self._burst_start + BURST_OFFSETS[self._burst_step]
 
+    def nudge(self, reason: str) -> None:
+        """News judged on another thread (link health) waits for the loop to publish it: a poll
+        is due now, with `reason`, and no burst of re-reads (nothing was announced)."""
+        with self._lock:
+            self._nudged = reason
+        self.wake.set()
+
     def wait(self, stop: threading.Event, interrupt: threading.Event | None = None) -> Due | None:
         """Block until a poll is due; None when `stop` is set. `interrupt` (reload) returns early."""
         while not stop.is_set():
@@ -105,6 +113,10 @@ class PollSchedule:
                 if self._next_interval <= now:
                     self._next_interval = now + self.interval_s
                     return Due("interval", False, frozenset())
+            with self._lock:
+                nudged, self._nudged = self._nudged, None
+            if nudged is not None:
+                return Due(nudged, False, frozenset())
             if interrupt is not None and interrupt.is_set():
                 return Due("signal", False, frozenset())
         return None

@@ -16,14 +16,17 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from rnic_exporter import __version__
+from rnic_exporter.catalog.events import Event
 from rnic_exporter.config.file import apply_file
 from rnic_exporter.config.serve import ServeConfig
 from rnic_exporter.daemon.agent import Agent, SinkFactory
 from rnic_exporter.daemon.consumer_watch import ConsumerWatch, Scan
+from rnic_exporter.daemon.link_watch import NUDGE, LinkWatch
 from rnic_exporter.daemon.runtime import settle_garbage_collector, tune_process
 from rnic_exporter.daemon.schedule import PollSchedule
 from rnic_exporter.daemon.watch import NetlinkAnnouncer, start_watchers
 from rnic_exporter.detect.state import StateLock
+from rnic_exporter.sinks.consumer_fields import workloads_by_device
 from rnic_exporter.sinks.process import ProcessFamilies
 from rnic_exporter.sinks.prometheus import CounterFeed
 from rnic_exporter.sinks.registry import SelfMetrics
@@ -93,6 +96,7 @@ def run(
         state_lock_unwritten=state_lock.problem is not None,
         annotate=wire_watch.annotate if wire_watch is not None else None,
     )
+    link_watch = link_watch_for(agent, schedule)
     web = web_server(config, agent)
     health.register(web.families, reloads=web)
     if wire_watch is not None:
@@ -109,6 +113,8 @@ def run(
         )
         agent.poll_once(full_gid_tables=True)
         schedule.next_read(agent.next_read_at)
+        cleanup.callback(link_watch.close)
+        link_watch.start()  # after the first poll: it merges counters into that poll's snapshot
         if wire_watch is not None:
             wire_watch.start()  # after the first poll: it reads the netdevs that poll found
         settle_garbage_collector()
@@ -131,6 +137,7 @@ def run(
                 reload.clear()
                 config = agent.reload(lambda: apply_file(base, set(explicit)))
                 schedule.interval_s = config.poll_interval_s
+                link_watch.reconfigure(config.detection.link_health)
                 if wire_watch is not None and wire is None:  # the simulator's reader keeps its own
                     wire_watch.reader.settings = wire_settings_for(config, wire_watch.reader.settings)
             agent.woken(due.sources, {source: watcher.errors for source, watcher in watchers.items()})
@@ -141,6 +148,29 @@ def run(
     state_lock.release()
     log.info("stopped")
     return 0
+
+
+def link_watch_for(agent: Agent, schedule: PollSchedule) -> LinkWatch:
+    """Link health judged on its own timer, its events published by the poll loop it wakes."""
+
+    def hand_off(events: list[Event]) -> None:
+        agent.hand_off(events)
+        schedule.nudge(NUDGE)
+
+    def consumers() -> dict[str, tuple[str, ...]] | None:
+        return None if agent.consumers is None else workloads_by_device(agent.consumers.last)
+
+    def failed() -> None:
+        agent.source_errors["detection"] += 1
+
+    return LinkWatch(
+        lambda: agent.counter_snapshot(agent.config.counter_wait_s),
+        hand_off,
+        agent.config.detection.link_health,
+        conditions=lambda: agent.detector.last,
+        consumers=consumers,
+        failed=failed,
+    )
 
 
 def otlp_sinks(config: ServeConfig, health: SelfMetrics) -> tuple[SinkFactory, ...]:

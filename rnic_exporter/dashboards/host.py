@@ -50,6 +50,7 @@ ANNOTATIONS: tuple[tuple[str, str, tuple[e.EventSpec, ...]], ...] = (
     ("Port flap", "orange", (e.PORT_DOWN, e.PORT_FLAPPING)),
     ("Address loss", "purple", (e.ADDRESS_LOST, e.ADDRESS_RESTORED)),
     ("Device and link", "yellow", (e.DEVICE_DISAPPEARED, e.DEVICE_REAPPEARED, e.LINK_BELOW_RATED)),
+    ("Link degrading", "blue", (e.PORT_DEGRADING,)),  # daemon/link_watch.py: minutes before the alerts' rates
 )
 # The link-health row draws the limits `check`, the events and the alerts judge with.
 LIMITS = LinkHealthThresholds()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 
 from rnic_exporter.catalog.events import Event
 from rnic_exporter.detect.conditions import HostConditions, LinkJudgement, judge
@@ -80,15 +81,20 @@ class Detector:
         for view in cur.ports.values():
             for judgement in view.links:
                 self._links_seen[(view.device, view.port, judgement.link)] = judgement
-        for event in events:
-            self.events[(event.name, event.device, "" if event.port is None else str(event.port))] += 1
-            if event.name == "rnic.gid.table_changed" and event.port is not None:
-                self.gid_changes[(event.device, event.port)] += 1
+        self.count(events)
         self.last = cur
         self.learned = self._learn(snap, cur)
         if self.learned:
             self._save()
         return events
+
+    def count(self, events: Sequence[Event]) -> None:
+        """Count events in `rnic_events_total`: this detector's own, and those judged beside it
+        (link health, `daemon/link_watch.py`)."""
+        for event in events:
+            self.events[(event.name, event.device, "" if event.port is None else str(event.port))] += 1
+            if event.name == "rnic.gid.table_changed" and event.port is not None:
+                self.gid_changes[(event.device, event.port)] += 1
 
     def _learn(self, snap: Snapshot, cur: HostConditions) -> bool:
         """Fold this poll into the state; True when something changed (the file is then rewritten)."""

@@ -86,6 +86,14 @@ def workload_names(workloads: Sequence[Workload]) -> list[str]:
     return list(seen.values())
 
 
+def workloads_by_device(scan: ConsumerScan | None) -> dict[str, tuple[str, ...]] | None:
+    """Each used device's workload names (`workload_names`), what link health says a port hits;
+    None without a scan."""
+    if scan is None:
+        return None
+    return {d: tuple(workload_names(scan.workloads(d))) for d in scan.by_device}
+
+
 def _short(w: Workload) -> str:
     if w.kind == "slurm":
         return f"slurm job {w.slurm_job}"

@@ -42,8 +42,8 @@ _ROCE_PORT = (
 )
 _CONFIGURED_INDEX = (ev.NCCL_GID_INDEX_INVALID, ev.NCCL_GID_INDEX_VALID)  # NCCL_IB_GID_INDEX is set
 _NETDEV_PORT = (ev.ADDRESS_LOST, ev.ADDRESS_RESTORED)  # addresses are a netdev's
-# Link health (detect/link_health_events.py): not created at 0 until the daemon judges counters
-# (the agent's wiring adds them to `port_events`); until then one counts from 1 like any unforeseen event.
+# Link health (detect/link_health_events.py, judged by the daemon's `daemon/link_watch.py`): any port
+# whose counters are read can degrade, and which counters a driver has is not known before they are read.
 _LINK_HEALTH = (ev.PORT_DEGRADING, ev.PORT_RECOVERED)
 # Every port event has a rule above (tests/sinks/test_series_budget.py holds the catalogue to that).
 PORT_EVENT_RULES = (_EVERY_PORT, _ROCE_PORT, _CONFIGURED_INDEX, _NETDEV_PORT, _LINK_HEALTH)
@@ -51,7 +51,7 @@ PORT_EVENT_RULES = (_EVERY_PORT, _ROCE_PORT, _CONFIGURED_INDEX, _NETDEV_PORT, _L
 
 def port_events(view: PortView) -> tuple[str, ...]:
     """The events `view`'s port can raise, in catalogue order."""
-    possible = {s.name for s in _EVERY_PORT}
+    possible = {s.name for s in (*_EVERY_PORT, *_LINK_HEALTH)}
     if view.link_layer == "Ethernet":
         possible.update(s.name for s in _ROCE_PORT)
     if view.configured_index is not None:  # set only for an Ethernet port (conditions.py)

@@ -158,13 +158,32 @@ class HostReader:
         `full_gid_tables` forces a whole-table GID read on every port (True) or on the ports of the
         named devices."""
         snap = self.state_pass(full_gid_tables=full_gid_tables, trust_events=False, counters=True).snapshot
-        devices = tuple(self._devices[d.name].counters.with_counters(d) for d in snap.devices)
+        devices = self.with_counters(snap).devices
         errors = [e for e in snap.errors if e.device == "-"]  # the listing itself failed
         unsupported = []
         for reader in self._order:
             errors += [*reader.errors, *reader.counters.failed]
             unsupported += [*reader.unsupported, *reader.counters.unsupported]
         return replace(snap, devices=devices, errors=tuple(errors), unsupported=tuple(unsupported))
+
+    def with_counters(self, snap: Snapshot, wait_s: float | None = None) -> Snapshot:
+        """`snap` (a state pass's) with each device's ports carrying its last counter pass's values.
+        Each device is merged under its gate; one whose read hangs (its gate stuck, or not free
+        within `wait_s`) or that is no longer read keeps its ports without counters."""
+        devices = []
+        for device in snap.devices:
+            reader = self._devices.get(device.name)
+            if reader is None or reader.gate.stuck:
+                devices.append(device)
+                continue
+            if not reader.gate.lock.acquire(timeout=-1 if wait_s is None else wait_s):
+                devices.append(device)
+                continue
+            try:
+                devices.append(reader.counters.with_counters(device))
+            finally:
+                reader.gate.lock.release()
+        return replace(snap, devices=tuple(devices))
 
     # -- passes -----------------------------------------------------------------------------
 

@@ -232,6 +232,7 @@ def test_annotations_mark_catalogue_events(dashboards: dict[str, dict[str, Any]]
     assert events.GID_ADDRESS_MOVED.name in by_name["GID change"]
     assert events.PORT_FLAPPING.name in by_name["Port flap"]
     assert events.ADDRESS_LOST.name in by_name["Address loss"]
+    assert events.PORT_DEGRADING.name in by_name["Link degrading"]
     # Every query naming an event at all names a catalogue one.
     for dashboard in dashboards.values():
         for where, expr in _queries(dashboard):
@@ -261,11 +262,13 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
     """Each query parses on a real Prometheus; each one whose metrics `serve` exposes returns data.
 
     The faults make the "what changed" queries and the event annotations non-empty: a GID shift, a PCIe
-    downtrain, a speed drop, a port down and an address removal.
+    downtrain, a speed drop, a port down, an address removal and symbol errors (link health judged over
+    1 s windows instead of 60 s).
     """
     host = SimHost.build(tmp_path / "sys", roce=3, gid_table_size=16)
     port = free_port()
-    args = serve_args(host.root, port, poll=0.2, state_dir=tmp_path / "state")
+    (tmp_path / "rnic.toml").write_text("[link_health]\nwindow_seconds = 1\n")
+    args = serve_args(host.root, port, "--config", str(tmp_path / "rnic.toml"), poll=0.2, state_dir=tmp_path / "state")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
@@ -286,6 +289,7 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
         host.set_speed("mlx5_1", 200)
         host.set_port_up("mlx5_2", False)
         host.remove_address("mlx5_2", "10.0.2.1")
+        host.degrade_link("mlx5_0", {"symbol_error": 1000.0})
         host.add_traffic(1.0)
         prom.wait_value('count(rnic_port_up{device="mlx5_2"} == 0)')
 
@@ -305,8 +309,12 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
         def silent() -> list[str]:
             return [where for where, promql in must_answer.items() if not _query(prom, promql)]
 
+        def answered() -> bool:
+            host.add_traffic(0.1)  # symbol errors keep rising until link health judges a window
+            return not silent()
+
         try:
-            wait_for(lambda: not silent(), timeout=20, what="data for every dashboard query")
+            wait_for(answered, timeout=20, what="data for every dashboard query")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; still without data: {silent()}") from None
         print(f"{len(must_answer)} of {sum(1 for d in dashboards.values() for _ in _queries(d))} queries answered")
