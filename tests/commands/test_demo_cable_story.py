@@ -12,6 +12,7 @@ import yaml
 
 from rnic_exporter.commands import demo
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.reader import ReaderSettings
 from tests.support.agent import make_agent
 from tests.support.agent import metrics as scrape
 from tests.support.dashboards import ALERT_RULES, RULES
@@ -48,7 +49,9 @@ def test_the_degrading_alerts_fire_before_the_speed_alert(tmp_path: Path) -> Non
     end = speed + 8 * 60
     host = SimHost.build(tmp_path / "sys", roce=5, infiniband=1)  # the demo's 6 RNICs
     host.without_pma("mlx5_4")
-    agent = make_agent(host, tmp_path / "state")
+    # The story's minutes pass in a moment here: every scrape reads the error counters, as the
+    # 1-minute PMA timer (--collector.pma.slow-interval) does at the story's real pace.
+    agent = make_agent(host, tmp_path / "state", reader=ReaderSettings(pma_slow_s=0))
     agent._counter_pass.max_age_s = 0.0  # each scrape reads counters (Prometheus' come 15 s apart)
     wanted = _needed_metrics()
     series: dict[str, list[str]] = {}

@@ -8,16 +8,20 @@ from rnic_exporter.daemon.agent import Agent, ServeConfig
 from rnic_exporter.detect.settings import DetectionSettings
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.sysfs_root import SimSysfsRoot
+from rnic_exporter.sources.reader import ReaderSettings
 from tests.support.exposition import Samples, samples
 
 
-def make_agent(host: SimHost, state_dir: Path, detection: DetectionSettings | None = None) -> Agent:
+def make_agent(
+    host: SimHost, state_dir: Path, detection: DetectionSettings | None = None, reader: ReaderSettings | None = None
+) -> Agent:
     config = ServeConfig(
         sysfs=host.root,
         state_dir=state_dir,
         detection=detection or DetectionSettings(),
         watch_netlink=False,
         watch_udev=False,
+        reader=reader or ReaderSettings(),
     )
     return Agent(config, SimSysfsRoot(host.root, hold_fds=True, errno_overlay=host.errno_overlay))
 
