@@ -15,12 +15,16 @@ from rnic_exporter.daemon.link_watch import NUDGE, LinkWatch
 from rnic_exporter.daemon.schedule import PollSchedule
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.reader import ReaderSettings
 from tests.support.agent import make_agent, series
 from tests.support.wait import wait_for
 
 WINDOW_S = 60.0
 UNSCALED = ("port_xmit_packets", "port_rcv_packets", "symbol_error", "link_downed")  # read as the kernel writes them
 LIMITS = LinkHealthThresholds(window_seconds=WINDOW_S, clear_after_seconds=2 * WINDOW_S)
+# The watch's minutes pass on a fake clock, the reader's PMA timer on the real one: every pass reads the
+# error counters, as the 1-minute timer does at a real minute's pace.
+FAST_PMA = ReaderSettings(pma_slow_s=0)
 
 
 class Clock:
@@ -62,7 +66,7 @@ def window(host: SimHost, watch: LinkWatch, clock: Clock) -> list[str]:
 
 
 def test_a_healthy_busy_host_raises_nothing(sim_host: SimHost, tmp_path: Path) -> None:
-    agent = make_agent(sim_host, tmp_path / "state")
+    agent = make_agent(sim_host, tmp_path / "state", reader=FAST_PMA)
     agent.poll_once(full_gid_tables=True)
     clock = Clock()
     watch = watch_of(agent, sim_host, clock)
@@ -82,7 +86,7 @@ def test_a_healthy_busy_host_raises_nothing(sim_host: SimHost, tmp_path: Path) -
 def test_a_cable_going_bad_degrades_then_recovers_in_log_and_counters(
     sim_host: SimHost, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    agent = make_agent(sim_host, tmp_path / "state")
+    agent = make_agent(sim_host, tmp_path / "state", reader=FAST_PMA)
     agent.poll_once(full_gid_tables=True)
     clock = Clock()
     watch = watch_of(agent, sim_host, clock)
@@ -128,7 +132,7 @@ def test_handed_off_events_wake_the_loop_at_once() -> None:
 
 
 def test_a_reload_changes_the_window(sim_host: SimHost, tmp_path: Path) -> None:
-    agent = make_agent(sim_host, tmp_path / "state")
+    agent = make_agent(sim_host, tmp_path / "state", reader=FAST_PMA)
     agent.poll_once(full_gid_tables=True)
     clock = Clock()
     watch = watch_of(agent, sim_host, clock)

@@ -268,7 +268,17 @@ def test_every_query_runs_on_prometheus_scraping_a_simulated_host(
     host = SimHost.build(tmp_path / "sys", roce=3, gid_table_size=16)
     port = free_port()
     (tmp_path / "rnic.toml").write_text("[link_health]\nwindow_seconds = 1\n")
-    args = serve_args(host.root, port, "--config", str(tmp_path / "rnic.toml"), poll=0.2, state_dir=tmp_path / "state")
+    # 1 s link-health windows and error counters read each second: the annotation's event within the test
+    args = serve_args(
+        host.root,
+        port,
+        "--config",
+        str(tmp_path / "rnic.toml"),
+        "--collector.pma.slow-interval",
+        "1s",
+        poll=0.2,
+        state_dir=tmp_path / "state",
+    )
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "rnic-exporter", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],

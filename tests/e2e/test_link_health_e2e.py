@@ -53,6 +53,8 @@ def test_a_degrading_port_reaches_log_otlp_and_counters(tmp_path: Path) -> None:
             *serve_args(host.root, port, poll=0.3, state_dir=tmp_path / "state"),
             "--no-watch.netlink",
             "--no-watch.udev",
+            "--collector.pma.slow-interval",  # symbol errors within the test's 1 s windows
+            "1s",
             "--log.format",
             "json",
             "--config",

@@ -34,9 +34,14 @@ if TYPE_CHECKING:
     from tests.support.faultfs import FaultyMount
 
 
+LINK_HEALTH = frozenset({"rnic.port.degrading", "rnic.port.recovered"})
+
+
 def derived(event: str) -> bool:
-    """Follows from what was injected by rules of its own (NCCL's GID pick, the host's address manager)."""
-    return event.startswith("rnic.nccl.") or event == ev.RISK_ADDRESS_LOSS.name
+    """Follows from what was injected by rules of its own (NCCL's GID pick, the host's address manager,
+    link health judged on its own 60 s windows of the counters the steps move: a port down counts
+    `link_downed`, as the kernel's PMA does)."""
+    return event.startswith("rnic.nccl.") or event == ev.RISK_ADDRESS_LOSS.name or event in LINK_HEALTH
 
 
 STEPS = (
