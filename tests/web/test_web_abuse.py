@@ -57,6 +57,22 @@ def checkpw(monkeypatch: pytest.MonkeyPatch) -> RecordingCheckpw:
     return recorder
 
 
+def record_queued(monkeypatch: pytest.MonkeyPatch, checkpw: RecordingCheckpw, secret: bytes) -> list[int]:
+    """How many bcrypt checks had started each time a check of `secret` was queued (BasicAuth.submit)."""
+    queued_at: list[int] = []
+    real_submit = BasicAuth.submit
+
+    def recording_submit(
+        auth: BasicAuth, credential: Credential, verdict: Callable[[bool], None], source: str = ""
+    ) -> None:
+        real_submit(auth, credential, verdict, source)
+        if credential.secret == secret:
+            queued_at.append(len(checkpw.passwords))
+
+    monkeypatch.setattr(BasicAuth, "submit", recording_submit)
+    return queued_at
+
+
 def connect(server_address: tuple[str, int], opened: list[socket.socket]) -> socket.socket:
     sock = socket.create_connection(server_address, timeout=DEADLINE)
     opened.append(sock)
@@ -282,17 +298,7 @@ def test_a_wrong_password_flood_delays_a_correct_user_by_at_most_the_queue_ahead
     # Checks are counted from when alice's is queued, not from when her request was sent: on a
     # loaded machine flood checks run while it crosses the socket and the parser, and those were
     # never behind it.
-    queued_at: list[int] = []
-    real_submit = BasicAuth.submit
-
-    def recording_submit(
-        auth: BasicAuth, credential: Credential, verdict: Callable[[bool], None], source: str = ""
-    ) -> None:
-        real_submit(auth, credential, verdict, source)
-        if credential.secret == b"right":
-            queued_at.append(len(checkpw.passwords))
-
-    monkeypatch.setattr(BasicAuth, "submit", recording_submit)
+    queued_at = record_queued(monkeypatch, checkpw, b"right")
 
     def flood(n: int) -> None:
         attempt = 0
@@ -328,19 +334,7 @@ def test_a_first_scrape_behind_300_clients_guessing_distinct_passwords_waits_one
     about 300). At cost 10 that is under a second on an idle core (0.83 s measured); the wall time
     is printed, not asserted."""
     clients, addresses = 300, 4
-    # Counted from when her check is queued (as in the FIFO test above): checks that start while her
-    # request crosses a loaded machine's socket and parser were never behind it.
-    queued_at: list[int] = []
-    real_submit = BasicAuth.submit
-
-    def recording_submit(
-        auth: BasicAuth, credential: Credential, verdict: Callable[[bool], None], source: str = ""
-    ) -> None:
-        real_submit(auth, credential, verdict, source)
-        if credential.secret == b"right":
-            queued_at.append(len(checkpw.passwords))
-
-    monkeypatch.setattr(BasicAuth, "submit", recording_submit)
+    queued_at = record_queued(monkeypatch, checkpw, b"right")  # counted from when hers is queued
     server = serve(write_config(tmp_path, users_yaml({"prometheus": ("right", 10)})))
     host, port = server.bound[0]
     stop = threading.Event()
