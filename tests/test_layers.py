@@ -19,7 +19,7 @@ PACKAGE = "rnic_exporter"
 
 # Lowest first. A package may import its own modules and those of lower floors, never a higher floor or
 # another package of its own floor. This is docs/development.md's layout as the code has it: the target's
-# floors (`/work/shared`'s target-layout: model → catalog, sources → detect, sim, dashboards → config →
+# floors (the December 2026 design review's target layout: model → catalog, sources → detect, sim, dashboards → config →
 # sinks, web → daemon → commands → cli) with web above sinks, since the web front serves the sinks' families.
 FLOORS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
