@@ -294,7 +294,8 @@ STATE_ERRORS = _m(
     "rnic_exporter_state_errors_total",
     "counter",
     ("reason",),
-    "Failures to load or save the state directory (corrupt, foreign, unwritable).",
+    "Failures to load or save the state directory, by reason: corrupt, foreign, unreadable, "
+    "unwritable.",
 )
 EVENT_SOURCE_ERRORS = _m(
     "rnic_exporter_event_source_errors_total",
