@@ -294,8 +294,7 @@ STATE_ERRORS = _m(
     "rnic_exporter_state_errors_total",
     "counter",
     ("reason",),
-    "Failures to load or save the state directory, by reason: corrupt, foreign, unreadable, "
-    "unwritable.",
+    "Failures to load or save the state directory, by reason: corrupt, foreign, unreadable, unwritable.",
 )
 EVENT_SOURCE_ERRORS = _m(
     "rnic_exporter_event_source_errors_total",
@@ -623,6 +622,13 @@ FEC_LANE_CORRECTED_BLOCKS = _m(
 FEC_LANE_UNCORRECTABLE_BLOCKS = _m(
     "rnic_netdev_fec_lane_uncorrectable_blocks_total", "counter", LANE_LABELS, "Uncorrectable FEC blocks per lane."
 )
+FEC_HISTOGRAM_CODEWORDS = _m(
+    "rnic_netdev_fec_histogram_codewords_total",
+    "counter",
+    (*NETDEV_LABELS, "bit_errors"),
+    "RS-FEC codewords by how many errors the FEC corrected in each (bit_errors=0, 1-3, ...: the driver's "
+    "bins, kernel 6.18+); weight moving to the high bins precedes uncorrectable blocks.",
+)
 FEC_MODE_INFO = _m(
     "rnic_netdev_fec_mode_info", "info", (*NETDEV_LABELS, "mode"), "Active FEC mode: rs, baser, llrs, none; always 1."
 )
@@ -731,6 +737,7 @@ WIRE_METRICS: tuple[MetricSpec, ...] = (
     FEC_UNCORRECTABLE_BLOCKS,
     FEC_LANE_CORRECTED_BLOCKS,
     FEC_LANE_UNCORRECTABLE_BLOCKS,
+    FEC_HISTOGRAM_CODEWORDS,
     FEC_MODE_INFO,
     LINK_DOWN_REASON_INFO,
     LINK_DOWN_EVENTS,

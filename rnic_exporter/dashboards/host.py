@@ -471,7 +471,8 @@ def _wire(lay: Layout) -> None:
         timeseries(
             "FEC corrected and uncorrectable blocks",
             "FEC blocks per second: corrected blocks rising is the early sign; uncorrectable ones are "
-            "corrupted frames that RoCE must retransmit.",
+            "corrupted frames that RoCE must retransmit. Kernels 6.18+ also split the corrected ones by "
+            "how many errors each held: weight moving to the high bins comes first.",
             targets(
                 (
                     f"rate({name(c.FEC_CORRECTED_BLOCKS)}{{{PORT_SEL}}}[$__rate_interval])",
@@ -480,6 +481,10 @@ def _wire(lay: Layout) -> None:
                 (
                     f"rate({name(c.FEC_UNCORRECTABLE_BLOCKS)}{{{PORT_SEL}}}[$__rate_interval])",
                     "{{device}}/{{port}} uncorrectable",
+                ),
+                (  # 6.18+ kernels: the corrected ones by errors each; bin 0 (clean codewords) would drown them
+                    f'rate({name(c.FEC_HISTOGRAM_CODEWORDS)}{{bit_errors!="0", {PORT_SEL}}}[$__rate_interval])',
+                    "{{device}}/{{port}} corrected with {{bit_errors}} errors",
                 ),
             ),
             "cps",

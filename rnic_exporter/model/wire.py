@@ -43,6 +43,20 @@ class LinkState:
 
 
 @dataclass(frozen=True, slots=True)
+class FecBin:
+    """A bin of the RS-FEC codeword histogram (FEC_GET, kernel 6.18+): codewords corrected with
+    `low` to `high` errors (ethtool prints it `fec_bit_err_<low>_to_<high>`); low == high for one."""
+
+    low: int
+    high: int
+    codewords: int
+
+    @property
+    def label(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True, slots=True)
 class FecStats:
     """ETHTOOL_MSG_FEC_GET with statistics: blocks, as totals and per lane (lane 0 first)."""
 
@@ -52,6 +66,7 @@ class FecStats:
     corrected_bits: int | None
     corrected_blocks_per_lane: tuple[int, ...] = ()
     uncorrectable_blocks_per_lane: tuple[int, ...] = ()
+    histogram: tuple[FecBin, ...] = ()  # empty before 6.18 and where the driver keeps none
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +141,7 @@ class DeviceTemperatures:
 __all__ = [
     "DeviceTemperatures",
     "DriverPauseStats",
+    "FecBin",
     "FecStats",
     "LinkState",
     "NetdevWire",

@@ -16,6 +16,7 @@ falls through its warning threshold before the link renegotiates), `fec_errors`,
 from __future__ import annotations
 
 import errno
+import struct
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -127,6 +128,8 @@ class SimPort:
     fec_mode: int = 50  # ETHTOOL_LINK_MODE_FEC_RS_BIT
     fec_corrected: list[int] = field(default_factory=lambda: [0] * SIM_LANES)
     fec_uncorrectable: list[int] = field(default_factory=lambda: [0] * SIM_LANES)
+    # the RS-FEC codeword histogram of 6.18+ kernels, {(low, high): codewords}; None: an older kernel
+    fec_histogram: dict[tuple[int, int], int] | None = None
     pause_rx_frames: int = 0
     pause_tx_frames: int = 0
     gstats: dict[str, int] = field(default_factory=dict)
@@ -172,11 +175,19 @@ class SimWire:
             assert module is not None, f"{netdev} has no module"
             module.rx_power_watts[lane - 1] = watts
 
-    def fec_errors(self, netdev: str, corrected: int, uncorrectable: int = 0, lane: int = 1) -> None:
+    def fec_errors(
+        self, netdev: str, corrected: int, uncorrectable: int = 0, lane: int = 1, bit_errors: int = 1
+    ) -> None:
+        """`corrected` codewords with `bit_errors` errors each (counted in the histogram's bin that
+        holds that many, where the port has one) and `uncorrectable` ones, on `lane` (1-based)."""
         with self.lock:
             port = self.ports[netdev]
             port.fec_corrected[lane - 1] += corrected
             port.fec_uncorrectable[lane - 1] += uncorrectable
+            if port.fec_histogram is not None:
+                for low, high in port.fec_histogram:
+                    if low <= bit_errors <= high:
+                        port.fec_histogram[low, high] += corrected
 
     def pause_storm(self, netdev: str, priority: int, frames: int, duration_us: int, storm: bool = False) -> None:
         """Our receive side is behind: we send pause on `priority` (and the device flags a storm)."""
@@ -246,6 +257,10 @@ class SimEthtool(en.EthtoolNetlink):
                 ("ETHTOOL_A_FEC_STAT_CORRECTED", _u64s([sum(port.fec_corrected), *port.fec_corrected])),
                 ("ETHTOOL_A_FEC_STAT_UNCORR", _u64s([sum(port.fec_uncorrectable), *port.fec_uncorrectable])),
             ]
+            for (low, high), codewords in (port.fec_histogram or {}).items():
+                value = struct.pack("=I" if codewords < 1 << 32 else "=Q", codewords)  # NLA_UINT, as the kernel puts it
+                hist = [("ETHTOOL_A_FEC_HIST_BIN_LOW", low), ("ETHTOOL_A_FEC_HIST_BIN_HIGH", high)]
+                stats.append(("ETHTOOL_A_FEC_STAT_HIST", {"attrs": [*hist, ("ETHTOOL_A_FEC_HIST_BIN_VAL", value)]}))
             return [("ETHTOOL_A_FEC_ACTIVE", port.fec_mode), ("ETHTOOL_A_FEC_STATS", {"attrs": stats})]
         if cmd == en.MSG_PAUSE_GET:
             pause_stats: list[tuple[str, Any]] = [

@@ -224,6 +224,7 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.FEC_UNCORRECTABLE_BLOCKS, "rnic.netdev.fec.uncorrectable_blocks", "counter", "{block}"),
     _one(c.FEC_LANE_CORRECTED_BLOCKS, "rnic.netdev.fec.lane.corrected_blocks", "counter", "{block}"),
     _one(c.FEC_LANE_UNCORRECTABLE_BLOCKS, "rnic.netdev.fec.lane.uncorrectable_blocks", "counter", "{block}"),
+    _one(c.FEC_HISTOGRAM_CODEWORDS, "rnic.netdev.fec.histogram.codewords", "counter", "{codeword}"),
     _one(c.FEC_MODE_INFO, "rnic.netdev.fec.mode.info", "gauge", "1"),
     _one(c.LINK_DOWN_REASON_INFO, "rnic.netdev.link_down_reason.info", "gauge", "1"),
     _one(c.LINK_DOWN_EVENTS, "rnic.netdev.link_down.events", "counter", "{event}"),

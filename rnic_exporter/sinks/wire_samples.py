@@ -83,6 +83,8 @@ def fec_samples(nd: Netdev, fec: FecStats) -> Iterator[WireSample]:
         yield c.FEC_LANE_CORRECTED_BLOCKS, (*nd, str(i)), float(value)
     for i, value in enumerate(fec.uncorrectable_blocks_per_lane):
         yield c.FEC_LANE_UNCORRECTABLE_BLOCKS, (*nd, str(i)), float(value)
+    for fec_bin in fec.histogram:
+        yield c.FEC_HISTOGRAM_CODEWORDS, (*nd, fec_bin.label), float(fec_bin.codewords)
 
 
 def link_state_samples(nd: Netdev, state: LinkState) -> Iterator[WireSample]:

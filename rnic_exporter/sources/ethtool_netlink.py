@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rnic_exporter.model.optics import ModuleReading, UnsupportedModule
-from rnic_exporter.model.wire import FecStats, LinkState, Outcome, PauseStats, ReadFailure, Unsupported
+from rnic_exporter.model.wire import FecBin, FecStats, LinkState, Outcome, PauseStats, ReadFailure, Unsupported
 from rnic_exporter.sources import pyroute2_parts
 from rnic_exporter.sources.optics.decode import decode as decode_module
 from rnic_exporter.sources.optics.decode import pages_to_read
@@ -169,8 +169,20 @@ class FecMsg(genlmsg):  # type: ignore[misc]
             ("ETHTOOL_A_FEC_STAT_CORRECTED", "cdata"),
             ("ETHTOOL_A_FEC_STAT_UNCORR", "cdata"),
             ("ETHTOOL_A_FEC_STAT_CORR_BITS", "cdata"),
-            ("ETHTOOL_A_FEC_STAT_HIST", "cdata"),  # 6.18 RS-FEC histogram: not decoded yet
+            ("ETHTOOL_A_FEC_STAT_HIST", "Hist"),  # one per bin, in the driver's order (6.18+)
         )
+
+        class Hist(nla):  # type: ignore[misc]
+            # ETHTOOL_A_FEC_HIST_*: the enum starts at 1 (PAD), so index 0 is unused
+            nla_flags = NLA_F_NESTED
+            nla_map = (
+                ("ETHTOOL_A_FEC_HIST_UNSPEC", "none"),
+                ("ETHTOOL_A_FEC_HIST_PAD", "none"),
+                ("ETHTOOL_A_FEC_HIST_BIN_LOW", "uint32"),
+                ("ETHTOOL_A_FEC_HIST_BIN_HIGH", "uint32"),
+                ("ETHTOOL_A_FEC_HIST_BIN_VAL", "cdata"),  # NLA_UINT: 4 or 8 bytes
+                ("ETHTOOL_A_FEC_HIST_BIN_VAL_PER_LANE", "cdata"),  # u64 per lane, not exported
+            )
 
 
 class ModuleEepromMsg(genlmsg):  # type: ignore[misc]
@@ -422,6 +434,7 @@ def _fec(reply: Any) -> FecStats:
     uncorrectable = _u64s(stats.get_attr("ETHTOOL_A_FEC_STAT_UNCORR")) if stats is not None else ()
     bits = _u64s(stats.get_attr("ETHTOOL_A_FEC_STAT_CORR_BITS")) if stats is not None else ()
     active = reply.get_attr("ETHTOOL_A_FEC_ACTIVE")
+    histogram = tuple(_fec_bin(b) for b in stats.get_attrs("ETHTOOL_A_FEC_STAT_HIST")) if stats is not None else ()
     return FecStats(
         active_mode=None if active is None else FEC_MODES.get(active, f"mode_{active}"),
         corrected_blocks=corrected[0] if corrected else None,
@@ -429,7 +442,21 @@ def _fec(reply: Any) -> FecStats:
         corrected_bits=bits[0] if bits else None,
         corrected_blocks_per_lane=corrected[1:],
         uncorrectable_blocks_per_lane=uncorrectable[1:],
+        histogram=histogram,
     )
+
+
+def _fec_bin(nest: Any) -> FecBin:
+    """One bin of the RS-FEC histogram: codewords the FEC corrected with `low`..`high` errors.
+
+    The kernel sends the bin's sum as NLA_UINT (u32 when it fits, else u64): both are read."""
+    low = nest.get_attr("ETHTOOL_A_FEC_HIST_BIN_LOW")
+    high = nest.get_attr("ETHTOOL_A_FEC_HIST_BIN_HIGH")
+    raw = nest.get_attr("ETHTOOL_A_FEC_HIST_BIN_VAL")
+    if low is None or high is None or not isinstance(raw, bytes) or len(raw) not in (4, 8):
+        raise ValueError("malformed FEC histogram bin")
+    (value,) = struct.unpack("=I" if len(raw) == 4 else "=Q", raw)
+    return FecBin(low=int(low), high=int(high), codewords=int(value))
 
 
 def _pause(reply: Any) -> PauseStats:

@@ -83,6 +83,22 @@ def test_fec_link_state_and_pause_through_the_netlink_parsers() -> None:
     assert isinstance(reader.pause("ens1f0np0"), PauseStats)
 
 
+def test_fec_histogram_of_a_618_kernel_through_the_parsers_to_samples() -> None:
+    wire = _wire()
+    wire.ports["ens1f0np0"].fec_histogram = {(0, 0): 0, (1, 3): 0, (4, 7): 0}
+    reader = SimEthtool(wire)
+    wire.fec_errors("ens1f0np0", corrected=900, bit_errors=2)
+    wire.fec_errors("ens1f0np0", corrected=40, bit_errors=6)
+    fec = reader.fec("ens1f0np0")
+    assert isinstance(fec, FecStats) and fec.corrected_blocks == 940
+    samples = {labels[-1]: v for s, labels, v in fec_samples(ND, fec) if s is c.FEC_HISTOGRAM_CODEWORDS}
+    assert samples == {"0": 0, "1-3": 900, "4-7": 40}
+    older = reader.fec("ens2f0np0")  # no histogram on its kernel: no series, no error
+    assert isinstance(older, FecStats) and older.histogram == ()
+    assert not [s for s, _, _ in fec_samples(ND, older) if s is c.FEC_HISTOGRAM_CODEWORDS]
+    assert reader.errors == {}
+
+
 def test_pause_storm_from_the_driver_strings() -> None:
     wire = _wire()
     reader = SimEthtool(wire)

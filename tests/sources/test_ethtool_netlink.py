@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from rnic_exporter.model.optics import ModuleReading
-from rnic_exporter.model.wire import FecStats, LinkState, PauseStats, ReadFailure, Unsupported
+from rnic_exporter.model.wire import FecBin, FecStats, LinkState, PauseStats, ReadFailure, Unsupported
 from rnic_exporter.sim.wire import kernel_encoded
 from rnic_exporter.sources import ethtool_netlink as en
 from rnic_exporter.sources.optics.memory import ModuleMemory, from_linear
@@ -103,6 +103,55 @@ def test_fec_statistics_total_then_lanes() -> None:
         ],
     )
     assert en._fec(reply) == FecStats("rs", 1000, 3, None, (250, 250, 300, 200), ())
+
+
+def _nla(kind: int, payload: bytes, nested: bool = False) -> bytes:
+    """One netlink attribute as the kernel lays it out: len, type (NLA_F_NESTED), payload, pad to 4."""
+    header = struct.pack("=HH", 4 + len(payload), kind | (0x8000 if nested else 0))
+    return header + payload + bytes(-len(payload) % 4)
+
+
+def test_fec_histogram_bins_from_kernel_bytes() -> None:
+    """A 6.18 FEC_GET reply built byte by byte from the uapi (ETHTOOL_A_FEC_STATS = 5 holding
+    STAT_HIST = 5 nests of HIST_BIN_LOW = 2, BIN_HIGH = 3, BIN_VAL = 4 as NLA_UINT: u32 when the
+    sum fits, u64 past it, BIN_VAL_PER_LANE = 5), not by our own message classes."""
+
+    def hist_bin(low: int, high: int, value: bytes, lanes: bytes = b"") -> bytes:
+        body = _nla(2, struct.pack("=I", low)) + _nla(3, struct.pack("=I", high)) + _nla(4, value)
+        return _nla(5, body + (_nla(5, lanes) if lanes else b""), nested=True)
+
+    stats = (
+        _nla(2, struct.pack("=Q", 200))  # STAT_CORRECTED: the total alone (RS-FEC crosses lanes)
+        + _nla(3, struct.pack("=Q", 1))  # STAT_UNCORR
+        + hist_bin(0, 0, struct.pack("=Q", 7_000_000_000))  # past 2^32: the kernel sends a u64
+        + hist_bin(1, 3, struct.pack("=I", 150), struct.pack("=2Q", 100, 50))
+        + hist_bin(4, 7, struct.pack("=I", 50))
+    )
+    attrs = _nla(4, struct.pack("=I", 50)) + _nla(5, stats, nested=True)  # FEC_ACTIVE: RS
+    genl = struct.pack("=BBH", 2, 1, 0)  # ETHTOOL_MSG_FEC_GET_REPLY, version 1
+    data = struct.pack("=IHHII", 16 + len(genl) + len(attrs), 30, 0, 1, 0) + genl + attrs
+    reply = en.FecMsg(data)
+    reply.decode()
+    fec = en._fec(reply)
+    assert (fec.corrected_blocks, fec.uncorrectable_blocks) == (200, 1)
+    assert fec.histogram == (FecBin(0, 0, 7_000_000_000), FecBin(1, 3, 150), FecBin(4, 7, 50))
+    assert [b.label for b in fec.histogram] == ["0", "1-3", "4-7"]
+
+
+def test_fec_without_histogram_and_with_a_malformed_bin() -> None:
+    reply = kernel_encoded(en.FecMsg, [("ETHTOOL_A_FEC_ACTIVE", 50)])
+    assert en._fec(reply).histogram == ()
+    broken = kernel_encoded(
+        en.FecMsg,
+        [
+            (
+                "ETHTOOL_A_FEC_STATS",
+                {"attrs": [("ETHTOOL_A_FEC_STAT_HIST", {"attrs": [("ETHTOOL_A_FEC_HIST_BIN_VAL", b"\x01\x02")]})]},
+            )
+        ],
+    )
+    with pytest.raises(ValueError, match="malformed FEC histogram bin"):
+        en._fec(broken)
 
 
 def test_pause_statistics() -> None:
