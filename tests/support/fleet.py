@@ -15,6 +15,13 @@ severity, at a known time (`faults`):
 - aer_nonfatal: it reports a non-fatal AER error, and another one `NONFATAL_APART_S` later;
 - aer_correctable: it reports `CORRECTABLE_PER_MINUTE` correctable AER errors a minute from then on.
 
+The wire (`--collector.wire`): every RoCE port has a module with four lanes at `RX_POWER_W` and the module's
+low warning at `RX_LOW_WARNING_W`, corrected FEC blocks counting, no uncorrectable ones, and some PFC pause:
+- optic_low: lane `FADING_LANE`'s Rx power falls below its module's low warning (a dirty connector);
+- optic_drift: it falls to `RX_DRIFTED_W`, still above the warning but below half its median: a drift;
+- fec: uncorrectable FEC blocks count `UNCORRECTABLE_PER_SECOND` from then on;
+- pause: the port sends pause on `STORM_PRIORITY` for `STORM_SHARE` of each second: a pause storm.
+
 Every device exposes its three AER counters; on every twelfth host they hold a few errors (`OLD_AER`) counted
 before the exporter started and constant since, as after a reboot's link training: no alert may fire on those.
 
@@ -46,7 +53,20 @@ from tests.support.processes import Prometheus, http_get, require_binary
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "rnic-exporter"
-KINDS = ("nccl", "pcie", "speed", "gid_shift", "gone", "aer_fatal", "aer_nonfatal", "aer_correctable")
+KINDS = (
+    "nccl",
+    "pcie",
+    "speed",
+    "gid_shift",
+    "gone",
+    "aer_fatal",
+    "aer_nonfatal",
+    "aer_correctable",
+    "optic_low",
+    "optic_drift",
+    "fec",
+    "pause",
+)
 # When each kind starts, as a fraction of the time range (snapped to whole minutes).
 _AT = {
     "nccl": 1 / 6,
@@ -57,6 +77,10 @@ _AT = {
     "aer_fatal": 7 / 20,
     "aer_nonfatal": 3 / 5,
     "aer_correctable": 1 / 5,
+    "optic_low": 5 / 12,
+    "optic_drift": 1 / 4,
+    "fec": 1 / 2,
+    "pause": 13 / 20,
 }
 RATE = 50e9  # 400 Gb/s in bytes per second
 PCIE_GEN5, PCIE_GEN4 = 32e9, 16e9
@@ -76,6 +100,12 @@ CORRECTABLE_PER_MINUTE = 20  # the aer_correctable stream: above RnicPcieAerCorr
 # Errors counted before the exporter started, on every device of every twelfth host (and constant since).
 OLD_AER = {AER_CORRECTABLE: 40, AER_NONFATAL: 2, AER_FATAL: 1}
 OLD_AER_EVERY = 12
+LANES = 4
+RX_POWER_W, RX_LOW_WARNING_W, RX_DRIFTED_W = 0.9e-3, 0.1445e-3, 0.4e-3
+FADING_LANE = 2
+RX_FADED_W = 0.12e-3  # optic_low: below the low warning, so the module's level is -1 (warning low)
+CORRECTED_PER_SECOND, UNCORRECTABLE_PER_SECOND = 50.0, 0.2
+PAUSE_SHARE, STORM_SHARE, STORM_PRIORITY = 0.01, 0.8, 3  # seconds paused a second: healthy PFC, then a storm
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +221,7 @@ class _Writer:
             self.samples += len(self.times)
         self._device_families()
         self._port_families()
+        self._wire_families()
         self.out.write("# EOF\n")
         return self.samples
 
@@ -295,6 +326,54 @@ class _Writer:
             for h, d in self._devices():
                 rate = bytes_per_second * (1 + (h + d) % 4)
                 self._counter(self._port(spec, h, d, ""), rate, 0.0, None, h, d)
+
+    # --- the wire below each RoCE port -------------------------------------------------------------------
+
+    def _wire_families(self) -> None:
+        fl = self.fleet
+        self._family(c.MODULE_RX_POWER.family_name, "gauge")
+        for h, d in self._devices():
+            for lane in range(1, LANES + 1):
+                series = self._port(c.MODULE_RX_POWER, h, d, f'netdev=%N,lane="{lane}"')
+                self._steps(series, self._rx_steps(h, d, lane), self._gone(h, d))
+        self._family(c.MODULE_MONITOR_LEVEL.family_name, "gauge")
+        for h, d in self._devices():
+            for lane in range(1, LANES + 1):
+                series = self._port(c.MODULE_MONITOR_LEVEL, h, d, f'netdev=%N,monitor="rx_power",lane="{lane}"')
+                low = self._at(h, d, "optic_low") if lane == FADING_LANE else []
+                self._steps(series, [(fl.start, 0), *((at, -1) for at in low)], self._gone(h, d))
+        self._family(c.MODULE_RX_POWER_THRESHOLD.family_name, "gauge")
+        for h, d in self._devices():
+            series = self._port(c.MODULE_RX_POWER_THRESHOLD, h, d, 'netdev=%N,limit="low_warning"')
+            self._steps(series, [(fl.start, RX_LOW_WARNING_W)], self._gone(h, d))
+        for spec, rate, kind in (
+            (c.FEC_CORRECTED_BLOCKS, CORRECTED_PER_SECOND, ""),
+            (c.FEC_UNCORRECTABLE_BLOCKS, 0.0, "fec"),
+        ):
+            self._family(spec.family_name, "counter")
+            for h, d in self._devices():
+                since = self._at(h, d, kind) if kind else []
+                extra = UNCORRECTABLE_PER_SECOND if since else 0.0
+                self._counter(self._port(spec, h, d, "netdev=%N"), rate, extra, since[0] if since else None, h, d)
+        self._family(c.PRIORITY_PAUSE_DURATION.family_name, "counter")
+        for h, d in self._devices():
+            for direction in ("received", "sent"):
+                labels = f'netdev=%N,direction="{direction}",priority="{STORM_PRIORITY}"'
+                storm = self._at(h, d, "pause") if direction == "sent" else []
+                extra = STORM_SHARE - PAUSE_SHARE if storm else 0.0
+                series = self._port(c.PRIORITY_PAUSE_DURATION, h, d, labels)
+                self._counter(series, PAUSE_SHARE, extra, storm[0] if storm else None, h, d)
+        self._family(c.PAUSE_STORM_EVENTS.family_name, "counter")
+        for h, d in self._devices():
+            series = self._port(c.PAUSE_STORM_EVENTS, h, d, 'netdev=%N,stage="warning"')
+            self._steps(series, [(fl.start, 0)], self._gone(h, d))
+
+    def _rx_steps(self, h: int, d: int, lane: int) -> list[tuple[int, float | None]]:
+        steps: list[tuple[int, float | None]] = [(self.fleet.start, RX_POWER_W)]
+        if lane == FADING_LANE:
+            steps += [(at, RX_FADED_W) for at in self._at(h, d, "optic_low")]
+            steps += [(at, RX_DRIFTED_W) for at in self._at(h, d, "optic_drift")]
+        return steps
 
     # --- fault timing -----------------------------------------------------------------------------------
 
