@@ -2,8 +2,11 @@
 
 Real dumps (tests/fixtures/modules/*/SOURCE.md): 29 QSFP+/QSFP28 modules of 15 vendors from
 OpenNetworkLinux's module database, compared with ONL's own decode of each; one Mellanox QSFP28
-with its page 03h, compared with the `ethtool -m` lines published with it. CMIS has no real dump
-here (see the SOURCE files): its offsets are tested on constructed pages below.
+with its page 03h, compared with the `ethtool -m` lines published with it. CMIS: three real
+QSFP-DD modules (Amphenol and INNOLIGHT from bigcode's database, the successor of ONL's; Mellanox
+from a SONiC test) compared with those decoders' identity. No public CMIS dump with its pages
+01h, 02h and 11h comes with an independent decode, so the CMIS monitor and threshold offsets are
+tested on constructed pages below.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from rnic_exporter.sources.optics.memory import ModuleDecodeError, ModuleMemory,
 from tests.support.modules import MODULES, parse_ethtool_hex
 
 ONL = json.loads((MODULES / "onl-sff-db" / "sff_db_qsfp.json").read_text())["entries"]
+BIGCODE = json.loads((MODULES / "bigcode-sff-db" / "sff_db_new_entries.json").read_text())["entries"]
+SONIC_MLX = json.loads((MODULES / "sonic-xcvr-qsfp-dd-mellanox" / "test_xcvr_eeprom.json").read_text())
 MLX = MODULES / "mlxsw-qsfp28-mellanox"
 
 
@@ -37,6 +42,52 @@ def test_onl_module_identity_equals_onl_decode(entry: dict[str, Any]) -> None:
     got = _reading(ModuleMemory(lower=data[:128], upper={(0, 0): data[128:]})).identity
     want = (entry["vendor"].strip(), entry["model"].strip(), entry["serial"].strip(), entry["sfp_type"])
     assert (got.vendor, got.part_number, got.serial_number, got.type) == want
+
+
+# bigcode's module types name their lane count last: 400G-CR8 is eight copper pairs, 400G-DR4 four fibres
+_BIGCODE_LANES = {"SFF_400G_CR8_PROPERTIES": 8, "SFF_400G_DR4_PROPERTIES": 4}
+
+
+@pytest.mark.parametrize("entry", BIGCODE, ids=[f"line{e['line']}" for e in BIGCODE])
+def test_bigcode_module_identity_equals_bigcode_decode(entry: dict[str, Any]) -> None:
+    data = bytes.fromhex(entry["eeprom"])
+    reading = _reading(ModuleMemory(lower=data[:128], upper={(0, 0): data[128:]}))
+    got = reading.identity
+    want = (entry["vendor"].strip(), entry["model"].strip(), entry["serial"].strip(), entry["sfp_type"])
+    assert (got.vendor, got.part_number, got.serial_number, got.type) == want
+    if data[0] == 0x18:
+        assert got.memory_map == "cmis"
+        assert cmis.media_lanes(data[:128]) == _BIGCODE_LANES[entry["properties"]]
+        # lower page and page 00h only: no lane monitors and no thresholds, never zeros
+        assert reading.lanes == () and not reading.thresholds_published
+
+
+def test_bigcode_fixture_holds_two_cmis_vendors() -> None:
+    cmis_vendors = {e["vendor"].strip() for e in BIGCODE if bytes.fromhex(e["eeprom"])[0] == 0x18}
+    assert cmis_vendors == {"Amphenol", "INNOLIGHT"}
+
+
+def test_mellanox_qsfp_dd_equals_sonic_xcvr_decode() -> None:
+    """SONiC's CMIS decoder on the same 256 bytes: every field both of us decode."""
+    data = bytes.fromhex(SONIC_MLX["eeprom"])
+    assert len(data) == 256
+    want = SONIC_MLX["admin_info"]
+    reading = _reading(ModuleMemory(lower=data[:128], upper={(0, 0): data[128:]}))
+    got = reading.identity
+    assert got.type == want["Identifier Abbreviation"] and got.memory_map == "cmis"
+    assert got.vendor == want["VendorName"].strip()
+    assert got.part_number == want["VendorPN"].strip()
+    assert got.serial_number == want["VendorSN"].strip()
+    assert got.revision == want["VendorRev"]
+    assert got.oui == want["VendorOUI"].replace("-", ":")
+    # sonic_xcvr prints the YYMMDD date code as 20YY-MM-DD followed by the lot code
+    assert f"20{got.date_code[:2]}-{got.date_code[2:4]}-{got.date_code[4:6]}" == want["VendorDate"].strip()
+    assert cmis.media_lanes(data[:128]) == want["MediaLaneCount"]
+    # a passive cable (flat memory, no monitors): identity only, nothing judged
+    assert want["ModuleMediaType"] == "passive_copper_media_interface"
+    assert cmis.pages_to_read(data[:128]) == [(0, 0)]
+    assert reading.temperature_celsius is None and reading.supply_voltage_volts is None
+    assert reading.lanes == () and not reading.thresholds_published
 
 
 def test_onl_fixture_spans_vendors_and_both_sff8636_types() -> None:
