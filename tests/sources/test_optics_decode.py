@@ -1,12 +1,14 @@
 """SFF-8636 and CMIS decoders: real module dumps against an independent decode, then the rules.
 
-Real dumps (tests/fixtures/modules/*/SOURCE.md): 29 QSFP+/QSFP28 modules of 15 vendors from
-OpenNetworkLinux's module database, compared with ONL's own decode of each; one Mellanox QSFP28
-with its page 03h, compared with the `ethtool -m` lines published with it. CMIS: three real
-QSFP-DD modules (Amphenol and INNOLIGHT from bigcode's database, the successor of ONL's; Mellanox
-from a SONiC test) compared with those decoders' identity. No public CMIS dump with its pages
-01h, 02h and 11h comes with an independent decode, so the CMIS monitor and threshold offsets are
-tested on constructed pages below.
+Real dumps (tests/fixtures/modules/*/SOURCE.md): 30 QSFP+/QSFP28 modules of 15 vendors from
+OpenNetworkLinux's module database and its successor bigcode's, compared with that database's own
+decode of each; one Mellanox QSFP28 with its page 03h, compared with the `ethtool -m` lines
+published with it. CMIS: QSFP-DD modules of Amphenol and INNOLIGHT (bigcode) and Mellanox (a
+SONiC test), identity compared with those decoders; an Arista QSFP-DD and OSFP with pages 01h,
+02h and 11h (FBOSS's test data), part numbers compared with FBOSS's decoder and the QSFP-DD's
+thresholds with ethtool's print of the same part. No real CMIS dump comes with an independent
+decode of its own lane monitors: those are checked against FBOSS's decoder on its made-up vector,
+and against the spec on constructed pages below.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ ONL = json.loads((MODULES / "onl-sff-db" / "sff_db_qsfp.json").read_text())["ent
 BIGCODE = json.loads((MODULES / "bigcode-sff-db" / "sff_db_new_entries.json").read_text())["entries"]
 SONIC_MLX = json.loads((MODULES / "sonic-xcvr-qsfp-dd-mellanox" / "test_xcvr_eeprom.json").read_text())
 FBOSS = json.loads((MODULES / "fboss-arista-xdr4" / "eeprom_pages.json").read_text())
+FBOSS_FR4 = json.loads((MODULES / "fboss-synthetic-cmis-200g-fr4" / "cmis_200g_fr4.json").read_text())
 MLX = MODULES / "mlxsw-qsfp28-mellanox"
 
 
@@ -231,6 +234,25 @@ def test_mellanox_dark_lanes_are_judged_against_the_modules_own_limits() -> None
     # every lane reads 0 W and 0 A in this dump: below the module's own low alarm
     assert {lane.rx_power_watts.level for lane in reading.lanes if lane.rx_power_watts} == {Level.ALARM_LOW}
     assert reading.worst is Level.ALARM_LOW
+
+
+def test_cmis_lane_monitors_equal_fboss_decode_of_its_synthetic_vector() -> None:
+    """FBOSS's CMIS decoder on its made-up 200G-FR4 pages: our page 11h, temperature and voltage agree."""
+    assert FBOSS_FR4["synthetic"] is True  # not a real module: see its SOURCE.md
+    want = FBOSS_FR4["fboss_expects"]
+    upper = {(int(page, 16), 0): bytes.fromhex(data) for page, data in FBOSS_FR4["upper"].items()}
+    reading = _reading(ModuleMemory(lower=bytes.fromhex(FBOSS_FR4["lower"]), upper=upper))
+    assert reading.identity.vendor == want["vendor"]
+    assert reading.temperature_celsius is not None and reading.supply_voltage_volts is not None
+    assert reading.temperature_celsius.value == want["temperature_celsius"]
+    assert reading.supply_voltage_volts.value == pytest.approx(want["supply_voltage_volts"], rel=1e-12)
+    assert len(reading.lanes) == want["media_lanes"]
+    for lane in reading.lanes:
+        i = lane.number - 1
+        assert lane.tx_bias_amperes is not None and lane.tx_power_watts is not None and lane.rx_power_watts
+        assert lane.tx_bias_amperes.value * 1e3 == pytest.approx(want["tx_bias_milliamperes"][i], rel=1e-12)
+        assert lane.tx_power_watts.value * 1e3 == pytest.approx(want["tx_power_milliwatts"][i], rel=1e-12)
+        assert lane.rx_power_watts.value * 1e3 == pytest.approx(want["rx_power_milliwatts"][i], rel=1e-12)
 
 
 def test_thresholds_judgement_boundaries() -> None:
