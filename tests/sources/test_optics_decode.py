@@ -1,9 +1,14 @@
 """SFF-8636 and CMIS decoders: real module dumps against an independent decode, then the rules.
 
-Real dumps (tests/fixtures/modules/*/SOURCE.md): 29 QSFP+/QSFP28 modules of 15 vendors from
-OpenNetworkLinux's module database, compared with ONL's own decode of each; one Mellanox QSFP28
-with its page 03h, compared with the `ethtool -m` lines published with it. CMIS has no real dump
-here (see the SOURCE files): its offsets are tested on constructed pages below.
+Real dumps (tests/fixtures/modules/*/SOURCE.md): 30 QSFP+/QSFP28 modules of 15 vendors from
+OpenNetworkLinux's module database and its successor bigcode's, compared with that database's own
+decode of each; one Mellanox QSFP28 with its page 03h, compared with the `ethtool -m` lines
+published with it. CMIS: QSFP-DD modules of Amphenol and INNOLIGHT (bigcode) and Mellanox (a
+SONiC test), identity compared with those decoders; an Arista QSFP-DD and OSFP with pages 01h,
+02h and 11h (FBOSS's test data), part numbers compared with FBOSS's decoder and the QSFP-DD's
+thresholds with ethtool's print of the same part. No real CMIS dump comes with an independent
+decode of its own lane monitors: those are checked against FBOSS's decoder on its made-up vector,
+and against the spec on constructed pages below.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +28,10 @@ from rnic_exporter.sources.optics.memory import ModuleDecodeError, ModuleMemory,
 from tests.support.modules import MODULES, parse_ethtool_hex
 
 ONL = json.loads((MODULES / "onl-sff-db" / "sff_db_qsfp.json").read_text())["entries"]
+BIGCODE = json.loads((MODULES / "bigcode-sff-db" / "sff_db_new_entries.json").read_text())["entries"]
+SONIC_MLX = json.loads((MODULES / "sonic-xcvr-qsfp-dd-mellanox" / "test_xcvr_eeprom.json").read_text())
+FBOSS = json.loads((MODULES / "fboss-arista-xdr4" / "eeprom_pages.json").read_text())
+FBOSS_FR4 = json.loads((MODULES / "fboss-synthetic-cmis-200g-fr4" / "cmis_200g_fr4.json").read_text())
 MLX = MODULES / "mlxsw-qsfp28-mellanox"
 
 
@@ -39,6 +49,52 @@ def test_onl_module_identity_equals_onl_decode(entry: dict[str, Any]) -> None:
     assert (got.vendor, got.part_number, got.serial_number, got.type) == want
 
 
+# bigcode's module types name their lane count last: 400G-CR8 is eight copper pairs, 400G-DR4 four fibres
+_BIGCODE_LANES = {"SFF_400G_CR8_PROPERTIES": 8, "SFF_400G_DR4_PROPERTIES": 4}
+
+
+@pytest.mark.parametrize("entry", BIGCODE, ids=[f"line{e['line']}" for e in BIGCODE])
+def test_bigcode_module_identity_equals_bigcode_decode(entry: dict[str, Any]) -> None:
+    data = bytes.fromhex(entry["eeprom"])
+    reading = _reading(ModuleMemory(lower=data[:128], upper={(0, 0): data[128:]}))
+    got = reading.identity
+    want = (entry["vendor"].strip(), entry["model"].strip(), entry["serial"].strip(), entry["sfp_type"])
+    assert (got.vendor, got.part_number, got.serial_number, got.type) == want
+    if data[0] == 0x18:
+        assert got.memory_map == "cmis"
+        assert cmis.media_lanes(data[:128]) == _BIGCODE_LANES[entry["properties"]]
+        # lower page and page 00h only: no lane monitors and no thresholds, never zeros
+        assert reading.lanes == () and not reading.thresholds_published
+
+
+def test_bigcode_fixture_holds_two_cmis_vendors() -> None:
+    cmis_vendors = {e["vendor"].strip() for e in BIGCODE if bytes.fromhex(e["eeprom"])[0] == 0x18}
+    assert cmis_vendors == {"Amphenol", "INNOLIGHT"}
+
+
+def test_mellanox_qsfp_dd_equals_sonic_xcvr_decode() -> None:
+    """SONiC's CMIS decoder on the same 256 bytes: every field both of us decode."""
+    data = bytes.fromhex(SONIC_MLX["eeprom"])
+    assert len(data) == 256
+    want = SONIC_MLX["admin_info"]
+    reading = _reading(ModuleMemory(lower=data[:128], upper={(0, 0): data[128:]}))
+    got = reading.identity
+    assert got.type == want["Identifier Abbreviation"] and got.memory_map == "cmis"
+    assert got.vendor == want["VendorName"].strip()
+    assert got.part_number == want["VendorPN"].strip()
+    assert got.serial_number == want["VendorSN"].strip()
+    assert got.revision == want["VendorRev"]
+    assert got.oui == want["VendorOUI"].replace("-", ":")
+    # sonic_xcvr prints the YYMMDD date code as 20YY-MM-DD followed by the lot code
+    assert f"20{got.date_code[:2]}-{got.date_code[2:4]}-{got.date_code[4:6]}" == want["VendorDate"].strip()
+    assert cmis.media_lanes(data[:128]) == want["MediaLaneCount"]
+    # a passive cable (flat memory, no monitors): identity only, nothing judged
+    assert want["ModuleMediaType"] == "passive_copper_media_interface"
+    assert cmis.pages_to_read(data[:128]) == [(0, 0)]
+    assert reading.temperature_celsius is None and reading.supply_voltage_volts is None
+    assert reading.lanes == () and not reading.thresholds_published
+
+
 def test_onl_fixture_spans_vendors_and_both_sff8636_types() -> None:
     vendors = {e["vendor"].strip().rstrip(".") for e in ONL}
     assert len(ONL) == 29 and len(vendors) >= 14
@@ -50,6 +106,7 @@ _ETHTOOL_LINE = re.compile(r"^(?P<name>.+?)\s+:\s+(?P<value>-?[\d.]+) (?P<unit>m
 _NAMES = {
     "Laser bias current": "tx_bias",
     "Laser output power": "tx_power",
+    "Laser rx power": "rx_power",
     "Module temperature": "temperature",
     "Module voltage": "supply_voltage",
 }
@@ -57,10 +114,12 @@ _SCALE = {"mA": 1e3, "mW": 1e3, "degrees C": 1.0, "V": 1.0}
 _DIGITS = {"mA": 3, "mW": 4, "degrees C": 2, "V": 4}
 
 
-def _published_thresholds() -> list[tuple[str, str, str, str]]:
+def _published_thresholds(decoded: Path) -> list[tuple[str, str, str, str]]:
     """(value name, limit attribute, printed value, unit) of every threshold line published."""
     out = []
-    for line in (MLX / "ethtool-m-decoded.txt").read_text().splitlines():
+    for line in decoded.read_text().splitlines():
+        if "threshold" not in line:
+            continue
         match = _ETHTOOL_LINE.match(line)
         assert match is not None, line
         words = match["name"].split()
@@ -70,22 +129,101 @@ def _published_thresholds() -> list[tuple[str, str, str, str]]:
     return out
 
 
-def test_mellanox_thresholds_equal_ethtool_decode() -> None:
-    data = parse_ethtool_hex((MLX / "ethtool-m-hex.txt").read_text())
-    assert len(data) == 640
-    reading = _reading(from_linear(data, [0, 1, 2, 3]))
+def _assert_thresholds_print_as_published(reading: ModuleReading, decoded: Path, count: int) -> None:
+    """Every published threshold line equals ours rounded as ethtool prints it."""
     limits: dict[str, Thresholds | None] = {
         name: mon.thresholds for name, lane, mon in reading.monitors() if lane in (None, 1)
     }
-    published = _published_thresholds()
-    assert len(published) == 14
+    published = _published_thresholds(decoded)
+    assert len(published) == count
     for name, limit, printed, unit in published:
         found = limits[name]
         assert found is not None, name
         value = getattr(found, limit) * _SCALE[unit]
         assert f"{value:.{_DIGITS[unit]}f}" == printed, (name, limit)
+
+
+def test_mellanox_thresholds_equal_ethtool_decode() -> None:
+    data = parse_ethtool_hex((MLX / "ethtool-m-hex.txt").read_text())
+    assert len(data) == 640
+    reading = _reading(from_linear(data, [0, 1, 2, 3]))
+    _assert_thresholds_print_as_published(reading, MLX / "ethtool-m-decoded.txt", 14)
     assert reading.identity.vendor == "Mellanox" and reading.identity.oui == "00:02:c9"
     assert reading.thresholds_published
+
+
+def _fboss(name: str) -> ModuleMemory:
+    module = next(m for m in FBOSS["modules"] if m["name"] == name)
+    upper = {(int(page, 16), 0): bytes.fromhex(data) for page, data in module["upper"].items()}
+    return ModuleMemory(lower=bytes.fromhex(module["lower"]), upper=upper)
+
+
+@pytest.mark.parametrize(
+    ("name", "type_", "part_number"),
+    [("qsfp-dd-400g-xdr4", "QSFP-DD", "QDD-400G-XDR4"), ("osfp-2x400g-xdr4", "OSFP", "FB-P800G-2XDR4-1")],
+)
+def test_arista_cmis_identity_equals_fboss_decode(name: str, type_: str, part_number: str) -> None:
+    """FBOSS's CmisTest reads these part numbers from these bytes, as a QSFP-DD and an OSFP."""
+    memory = _fboss(name)
+    assert cmis.pages_to_read(memory.lower) == [(0, 0), (1, 0), (2, 0), (0x11, 0)]
+    ident = _reading(memory).identity
+    assert (ident.type, ident.memory_map, ident.vendor, ident.part_number) == (
+        type_,
+        "cmis",
+        "Arista Networks",
+        part_number,
+    )
+
+
+def test_arista_osfp_identity_equals_fboss_description() -> None:
+    # FakeTransceiverImpl.cpp: "Arista Networks FB-P800G-2XDR4-1, serial XKT242913953"
+    ident = _reading(_fboss("osfp-2x400g-xdr4")).identity
+    assert (ident.vendor, ident.part_number, ident.serial_number) == (
+        "Arista Networks",
+        "FB-P800G-2XDR4-1",
+        "XKT242913953",
+    )
+
+
+def test_arista_qsfp_dd_thresholds_equal_ethtool_decode_of_the_same_part() -> None:
+    """Page 02h of a real module against ethtool's print of another unit of the same part and revision.
+
+    Thresholds are a per-part table, so all 20 agree; this checks page 02h offsets and units on real
+    bytes, not one module's bytes against their own decode (see the two SOURCE.md files).
+    """
+    reading = _reading(_fboss("qsfp-dd-400g-xdr4"))
+    published = (MODULES / "netdev-arista-qdd-400g-xdr4" / "ethtool-m-decoded.txt").read_text()
+    ident = reading.identity
+    for label, ours in (("Vendor PN", ident.part_number), ("Vendor rev", ident.revision), ("Vendor OUI", ident.oui)):
+        assert re.search(rf"^{label}\s+: {re.escape(ours)}$", published, re.MULTILINE), label
+    _assert_thresholds_print_as_published(
+        reading, MODULES / "netdev-arista-qdd-400g-xdr4" / "ethtool-m-decoded.txt", 20
+    )
+    # ethtool applies no bias multiplier here because the module advertises x1 (page 01h byte 160 bits 4-3)
+    assert reading.lanes[0].tx_bias_amperes is not None
+    assert reading.lanes[0].tx_bias_amperes.thresholds == Thresholds(0.130, 0.010, 0.125, 0.015)
+
+
+def test_arista_2x400g_osfp_has_eight_live_media_lanes() -> None:
+    """Its application 1 (400GBASE-DR4) is 4 media lanes per instance, startable on lane 1 or 5.
+
+    Lane counts are per instance (CMIS lower page byte 88 with page 01h byte 176): reading only the
+    first application's count would drop lanes 5-8, which this module reports live.
+    """
+    memory = _fboss("osfp-2x400g-xdr4")
+    page01 = memory.page(1)
+    assert page01 is not None and page01[176 - 128] == 0x11 and memory.lower[88] & 0x0F == 4
+    assert cmis.media_lanes(memory.lower, page01) == 8
+    reading = _reading(memory)
+    assert [lane.number for lane in reading.lanes] == list(range(1, 9))
+    for lane in reading.lanes:
+        tx, rx = lane.tx_power_watts, lane.rx_power_watts
+        assert tx is not None and rx is not None
+        assert tx.value > 1e-3 and rx.value > 1e-3  # over 1 mW both ways on every lane: all eight are live
+        assert tx.level is Level.NORMAL and rx.level is Level.NORMAL
+    # the 400G QSFP-DD of the same family advertises its DR4 application on lane 1 only: 4 lanes
+    qsfp_dd = _fboss("qsfp-dd-400g-xdr4")
+    assert cmis.media_lanes(qsfp_dd.lower, qsfp_dd.page(1)) == 4 and len(_reading(qsfp_dd).lanes) == 4
 
 
 def test_mellanox_dark_lanes_are_judged_against_the_modules_own_limits() -> None:
@@ -96,6 +234,25 @@ def test_mellanox_dark_lanes_are_judged_against_the_modules_own_limits() -> None
     # every lane reads 0 W and 0 A in this dump: below the module's own low alarm
     assert {lane.rx_power_watts.level for lane in reading.lanes if lane.rx_power_watts} == {Level.ALARM_LOW}
     assert reading.worst is Level.ALARM_LOW
+
+
+def test_cmis_lane_monitors_equal_fboss_decode_of_its_synthetic_vector() -> None:
+    """FBOSS's CMIS decoder on its made-up 200G-FR4 pages: our page 11h, temperature and voltage agree."""
+    assert FBOSS_FR4["synthetic"] is True  # not a real module: see its SOURCE.md
+    want = FBOSS_FR4["fboss_expects"]
+    upper = {(int(page, 16), 0): bytes.fromhex(data) for page, data in FBOSS_FR4["upper"].items()}
+    reading = _reading(ModuleMemory(lower=bytes.fromhex(FBOSS_FR4["lower"]), upper=upper))
+    assert reading.identity.vendor == want["vendor"]
+    assert reading.temperature_celsius is not None and reading.supply_voltage_volts is not None
+    assert reading.temperature_celsius.value == want["temperature_celsius"]
+    assert reading.supply_voltage_volts.value == pytest.approx(want["supply_voltage_volts"], rel=1e-12)
+    assert len(reading.lanes) == want["media_lanes"]
+    for lane in reading.lanes:
+        i = lane.number - 1
+        assert lane.tx_bias_amperes is not None and lane.tx_power_watts is not None and lane.rx_power_watts
+        assert lane.tx_bias_amperes.value * 1e3 == pytest.approx(want["tx_bias_milliamperes"][i], rel=1e-12)
+        assert lane.tx_power_watts.value * 1e3 == pytest.approx(want["tx_power_milliwatts"][i], rel=1e-12)
+        assert lane.rx_power_watts.value * 1e3 == pytest.approx(want["rx_power_milliwatts"][i], rel=1e-12)
 
 
 def test_thresholds_judgement_boundaries() -> None:

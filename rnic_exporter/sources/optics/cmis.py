@@ -3,12 +3,15 @@
 Memory used (OIF-CMIS 5.x):
   lower page   2       bit 7 "flat memory": only page 00h exists (passive copper)
                14-15   temperature            16-17  supply voltage
-               88      first application: host lanes (high nibble), media lanes (low nibble)
+               86-117  applications 1-8, 4 bytes each: host interface (0xff ends the list), media
+                       interface, host lanes (high nibble) and media lanes (low nibble) per instance
   page 00h     129-144 vendor name   145-147 OUI   148-163 part number   164-165 revision
                166-181 serial        182-189 date code
   page 01h     151     bit 4: Rx power is average (else OMA)
                160     lane monitors: bit 0 Tx bias, bit 1 Tx power, bit 2 Rx power;
                        bits 4-3 Tx bias multiplier (x1, x2, x4)
+               176-183 media lane assignment options of applications 1-8: bit n set = an
+                       instance may start on media lane n+1
   page 02h     128 temperature, 136 voltage, 176 Tx power, 184 Tx bias, 192 Rx power thresholds
   page 11h     154 Tx power, 170 Tx bias, 186 Rx power, lanes 1-8 of bank 0
 
@@ -27,6 +30,9 @@ _RX_POWER_AVERAGE = 0x10  # page 01h byte 151
 _TX_BIAS, _TX_POWER, _RX_POWER = 0x01, 0x02, 0x04  # page 01h byte 160
 _BIAS_MULTIPLIER = {0x00: 1, 0x08: 2, 0x10: 4}
 LANES_PER_BANK = 8
+_APPLICATIONS = range(86, 118, 4)  # lower page, application descriptors 1-8
+_END_OF_APPLICATIONS = 0xFF  # host interface code that ends the list (SFF-8024)
+_MEDIA_LANE_OPTIONS = 176  # page 01h, one byte per application
 
 UPPER = 128
 IDENTITY = mem.IdentityLayout(vendor=129, oui=145, part_number=148, revision=164, serial_number=166, date_code=182)
@@ -37,11 +43,26 @@ def pages_to_read(lower: bytes) -> list[mem.PageKey]:
     return [(0, 0)] if lower[2] & _FLAT_MEMORY else [(0, 0), (1, 0), (2, 0), (0x11, 0)]
 
 
-def media_lanes(lower: bytes) -> int:
-    """Media lanes of the first application; by form factor when the module advertises none."""
-    count = lower[88] & 0x0F
-    if 1 <= count <= LANES_PER_BANK:
-        return count
+def media_lanes(lower: bytes, page01: bytes | None = None) -> int:
+    """The media lanes the module has: the furthest lane any advertised application reaches.
+
+    An application's lane count is per instance: a 2x400G-DR4 OSFP advertises 400GBASE-DR4 on 4
+    media lanes, startable on lane 1 or lane 5 (page 01h byte 176 = 0x11), so it has 8 live
+    lanes, not 4. Without page 01h (flat memory) an application counts once. By form factor
+    when the module advertises none.
+    """
+    found = 0
+    for index, offset in enumerate(_APPLICATIONS):
+        if lower[offset] == _END_OF_APPLICATIONS:
+            break
+        count = lower[offset + 2] & 0x0F
+        if not 1 <= count <= LANES_PER_BANK:
+            continue
+        options = page01[_MEDIA_LANE_OPTIONS - UPPER + index] if page01 is not None else 0
+        starts = [lane for lane in range(LANES_PER_BANK) if options >> lane & 1]
+        found = max(found, min(LANES_PER_BANK, max((start + count for start in starts), default=count)))
+    if found:
+        return found
     return 4 if lower[0] == 0x1E else LANES_PER_BANK
 
 
@@ -93,5 +114,5 @@ def _lanes(lower: bytes, page01: bytes, page02: bytes | None, page11: bytes) -> 
             tx_power_watts=lane_monitor(_TX_POWER, 154 + 2 * i, mem.watts, tx_limits),
             tx_bias_amperes=lane_monitor(_TX_BIAS, 170 + 2 * i, bias, bias_limits),
         )
-        for i in range(media_lanes(lower))
+        for i in range(media_lanes(lower, page01))
     )
