@@ -266,6 +266,7 @@ def scan_json(users: ConsumerScan) -> dict[str, Any]:
         "complete": users.complete,
         "processes_scanned": users.processes_scanned,
         "skipped": users.skipped,
+        "source": users.source,  # procfs (every descriptor walked) or rdma_netlink (the kernel's verbs contexts)
     }
 
 

@@ -195,7 +195,8 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
             default=True,
             help="Read each port's hw counters with one RDMA netlink request (STAT_GET) where the kernel "
             "answers it, instead of a file (and firmware command on mlx5) per counter; sysfs where it "
-            "does not (rnic_exporter_read_path_info).",
+            "does not (rnic_exporter_read_path_info). With --collector.consumers, also where the holders of "
+            "each device come from (the kernel's verbs contexts) instead of reading every process's descriptors.",
         ),
         click.option(
             "--collector.pma.slow-interval",

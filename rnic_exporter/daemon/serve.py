@@ -212,7 +212,10 @@ def start_consumer_watch(config: ServeConfig, scan: Scan | None = None) -> Consu
     from rnic_exporter.daemon.consumer_watch import scanner
 
     paths = config.host_paths
-    watch = ConsumerWatch(scan or scanner(config.sysfs, paths.procfs, paths.rootfs), config.consumers)
+    netlink = config.reader.rdma_netlink
+    watch = ConsumerWatch(
+        scan or scanner(config.sysfs, paths.procfs, paths.rootfs, rdma_netlink=netlink), config.consumers
+    )
     watch.start()
     return watch
 

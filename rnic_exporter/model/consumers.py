@@ -90,6 +90,9 @@ class ConsumerScan:
     kernel_threads: int = 0  # refused /proc/<pid>/fd but hold no files: neither scanned nor skipped
     # sysfs verbs nodes that could not be read, one message each; any makes `complete` False
     problems: tuple[str, ...] = ()
+    # how the holders were found: "procfs" (every descriptor of every process) or "rdma_netlink"
+    # (the kernel's list of verbs contexts, RES_CTX_GET: /proc is read for the holders only)
+    source: str = "procfs"
 
     def workloads(self, device: str) -> tuple[Workload, ...]:
         """The distinct workloads using `device`, sorted, so output and series are stable."""

@@ -15,6 +15,11 @@ instead only when there is no number to compare: sysfs gives no `dev` for the no
 finds nothing (a descriptor closed right after its readlink; a simulated procfs, whose links are
 plain symlinks to paths this host does not have).
 
+Where the kernel's resource tracker lists the verbs contexts (RDMA netlink `RES_CTX_GET`, passed
+in as `holders`), the walk is skipped: the holders' threads are mapped to their processes and only
+those are read. A context belongs to the thread that opened the device; a forked child that
+inherited the descriptor but made no context of its own is not listed, where the walk counts it.
+
 Everything here is a pure function of three roots (`--path.procfs`, `--path.sysfs`,
 `--path.rootfs`) plus a clock: nothing runs unless `scan` is called.
 """
@@ -288,8 +293,12 @@ def scan(
     budget_s: float = DEFAULT_BUDGET_S,
     clock: Callable[[], float] = time.monotonic,
     wall: Callable[[], float] = time.time,
+    holders: Iterable[tuple[int, str]] | None = None,
 ) -> ConsumerScan:
     """One walk of `procfs`: every process holding a verbs node of `sysfs`, with its workload.
+
+    `holders`: (thread id, device) of each verbs context the kernel lists; then `procfs` is not
+    walked, only the holders' entries are read.
 
     Stops when `budget_s` of `clock` has passed (then `complete` is False and `unscanned` says
     how many processes were not reached). Never raises for what a process does meanwhile:
@@ -305,12 +314,18 @@ def scan(
             at=wall(), devices=devices, problems=tuple(problems), complete=not problems, duration_s=clock() - started
         )
     base = str(procfs).rstrip("/") + "/"
-    matcher = _Matcher(nodes)
-    pids = _pids(base)
-    deadline = started + budget_s
     tally = _Tally()
     held: list[tuple[int, str]] = []  # (pid, device); comm and cgroup are read for these only
     complete = True
+    unscanned = 0
+    if holders is not None:
+        held = _listed_holders(base, holders, devices, tally)
+        return _scan_result(
+            base, held, rootfs, tally, wall, clock() - started, devices, problems, True, 0, "rdma_netlink"
+        )
+    matcher = _Matcher(nodes)
+    pids = _pids(base)
+    deadline = started + budget_s
     for n, pid in enumerate(pids):
         if clock() > deadline:
             complete = False
@@ -322,8 +337,22 @@ def scan(
             unscanned = len(pids) - n
             break
         held.extend((pid, device) for device in sorted(found))
-    else:
-        unscanned = 0
+    return _scan_result(base, held, rootfs, tally, wall, clock() - started, devices, problems, complete, unscanned)
+
+
+def _scan_result(
+    base: str,
+    held: list[tuple[int, str]],
+    rootfs: Path | str,
+    tally: _Tally,
+    wall: Callable[[], float],
+    seconds: float,
+    devices: frozenset[str],
+    problems: list[str],
+    complete: bool,
+    unscanned: int,
+    source: str = "procfs",
+) -> ConsumerScan:
     consumers = _describe(base, held, Path(rootfs), tally)
     by_device: dict[str, list[Consumer]] = {}
     for consumer in consumers:
@@ -335,13 +364,49 @@ def scan(
         processes_scanned=tally.scanned,
         skipped=sum(skipped.values()),
         complete=complete and not problems,  # a node that could not be read may have holders
-        duration_s=clock() - started,
+        duration_s=seconds,
         devices=devices,
         skipped_by_reason=MappingProxyType(dict(sorted(skipped.items()))),
         unscanned=unscanned,
         kernel_threads=tally.kernel_threads,
         problems=tuple(problems),
+        source=source,
     )
+
+
+def _listed_holders(
+    base: str, holders: Iterable[tuple[int, str]], devices: frozenset[str], tally: _Tally
+) -> list[tuple[int, str]]:
+    """The kernel's (thread, device) list as (process, device): a context is made by a thread,
+    which /proc/<tid>/status names the process (Tgid) of; a thread gone since is counted skipped."""
+    tgids: dict[int, int | None] = {}
+    held: set[tuple[int, str]] = set()
+    for tid, device in holders:
+        if device not in devices:
+            continue  # a device without a verbs node here (another network namespace's)
+        if tid not in tgids:
+            tgids[tid] = _tgid(base, tid, tally)
+        tgid = tgids[tid]
+        if tgid is not None:
+            held.add((tgid, device))
+    tally.scanned += len({pid for pid, _ in held})
+    return sorted(held)
+
+
+def _tgid(base: str, tid: int, tally: _Tally) -> int | None:
+    try:
+        status = _read_small(f"{base}{tid}/status")
+    except OSError as exc:
+        tally.skip(exc.errno)
+        return None
+    for line in status.splitlines():
+        if line.startswith("Tgid:"):
+            try:
+                return int(line.split()[1])
+            except (IndexError, ValueError):
+                break
+    tally.skipped["malformed"] += 1
+    return None
 
 
 def _held_devices(

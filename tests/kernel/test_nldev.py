@@ -116,6 +116,19 @@ def test_the_qp_table_names_the_processes_holding_qps(nldev: dict[str, Any]) -> 
         assert consumers[pid]["comm"] == "ib_send_bw" and consumers[pid]["qps"] >= 1, consumers[pid]
 
 
+def test_the_consumers_scan_finds_the_same_processes_from_the_verbs_contexts(nldev: dict[str, Any]) -> None:
+    """RES_CTX_GET lists each ib_send_bw's context on rxe0 (by the thread that made it); the scan built
+    on it names the same processes as the walk of every descriptor under /proc, which it replaces."""
+    qps = nldev["traffic"]["qps"]
+    pids = {qps["pids"]["server"], qps["pids"]["client"]}
+    contexts = qps["contexts"]
+    assert isinstance(contexts, list) and any(c["device"] == "rxe0" for c in contexts), contexts
+    walk, netlink = qps["scan_walk"], qps["scan_netlink"]
+    assert (walk["source"], netlink["source"]) == ("procfs", "rdma_netlink"), (walk, netlink)
+    assert pids <= set(walk["by_device"]["rxe0"]), walk
+    assert netlink["by_device"] == walk["by_device"] and netlink["complete"], (netlink, walk)
+
+
 def test_node_exporter_scraped_the_same_sysfs(nldev: dict[str, Any]) -> None:
     """The reference beside the two paths: node_exporter's infiniband collector on the same devices
     (the figure is in the lab's summary; rxe has no counters/, which its collector may call an error)."""

@@ -235,6 +235,35 @@ def test_fake_tree_consumers_by_device_with_their_workloads(host: SimHost, tmp_p
     assert result.devices == {"mlx5_0", "mlx5_1", "mlx5_2"}
 
 
+def test_the_kernels_context_list_finds_what_the_walk_finds_reading_only_the_holders(
+    host: SimHost, tmp_path: Path
+) -> None:
+    """RES_CTX_GET names the thread that opened the device: its process is read from its status."""
+    _by_name_only(host)
+    proc, rootfs = tmp_path / "proc", tmp_path / "root"
+    add_process(proc, 100, fds={3: "/dev/infiniband/uverbs1", 5: "/dev/infiniband/uverbs0"})
+    add_process(proc, 200, fds={7: "/dev/infiniband/uverbs1"}, comm="torchrun", cgroup=f"0::/kubepods/pod{UID}/{CID}\n")
+    add_process(proc, 300, fds={3: "/dev/infiniband/uverbs2"}, comm="ib_write_bw")
+    add_process(proc, 400, fds={0: "/dev/null"}, comm="sshd")  # holds nothing: never read
+    walked = scan(proc, host.root, rootfs)
+    add_process(proc, 201, fds={}, comm="torchrun", tgid=200)  # the thread of 200 that made its context
+    (proc / "400" / "status").unlink()  # would make it a skip, were it read
+    listed = [(100, "mlx5_0"), (100, "mlx5_1"), (201, "mlx5_1"), (300, "mlx5_2"), (300, "mlx5_2")]
+    listed += [(999, "mlx5_1"), (100, "mlx5_7")]  # a thread gone since the dump; a device with no verbs node here
+    got = scan(proc, host.root, rootfs, holders=listed)
+    assert got.by_device == walked.by_device and got.source == "rdma_netlink" and walked.source == "procfs"
+    assert {d: [c.pid for c in cs] for d, cs in got.by_device.items()} == {
+        "mlx5_0": [100],
+        "mlx5_1": [100, 200],
+        "mlx5_2": [300],
+    }
+    assert (got.processes_scanned, got.skipped, dict(got.skipped_by_reason)) == (3, 1, {"ENOENT": 1})
+    assert got.complete and got.devices == walked.devices
+    (proc / "300" / "status").write_text("Name:\tib_write_bw\n")  # no Tgid line: not guessed
+    odd = scan(proc, host.root, rootfs, holders=[(300, "mlx5_2")])
+    assert dict(odd.by_device) == {} and dict(odd.skipped_by_reason) == {"malformed": 1}
+
+
 def test_pod_without_log_directory_keeps_its_uid(host: SimHost, tmp_path: Path) -> None:
     _by_name_only(host)
     add_process(tmp_path / "proc", 5, fds={3: "/dev/infiniband/uverbs0"}, cgroup=f"0::/kubepods/pod{UID}/{CID}\n")

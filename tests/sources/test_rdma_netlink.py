@@ -307,3 +307,33 @@ def test_qp_dumps_are_per_device_and_a_device_gone_meanwhile_is_skipped() -> Non
     with peer(answer) as client:
         got = client.qp_owners()
     assert got == [nl.QpOwner(0, "mlx5_0", 1, 90, 2, 3, 4242, None)], got
+
+
+def test_context_dumps_name_each_context_and_its_thread_and_an_old_kernel_says_not_supported() -> None:
+    """RES_CTX_GET (22): RES_CTX (86) of RES_CTX_ENTRY (87) nests, each CTXN (64) and PID (28)."""
+
+    def answer(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        mtype = nl.NLMSG_HEADER.unpack_from(request)[1]
+        if mtype == nl.message_type(nl.CMD_GET):
+            devs = [reply(nl.CMD_GET, seq, [(1, i), (2, f"mlx5_{i}"), (3, 1), (6, ("u64", i))], 2) for i in (0, 1)]
+            return [b"".join(devs), done(seq)]
+        assert mtype == nl.message_type(nl.CMD_RES_CTX_GET)
+        index = struct.unpack_from("=I", request, 16 + 4)[0]
+        entries: list[Attr] = [(87, [(64, 0), (28, 4242)]), (87, [(64, 1), (28, 4250)])]
+        table: Attr = (86, entries if index == 0 else [])
+        return [reply(nl.CMD_RES_CTX_GET, seq, [(1, index), (2, f"mlx5_{index}"), table], 2), done(seq)]
+
+    with peer(answer) as client:
+        got = client.context_owners()
+    assert got == [nl.ContextOwner(0, "mlx5_0", 0, 4242), nl.ContextOwner(0, "mlx5_0", 1, 4250)], got
+
+    def old_kernel(request: bytes) -> list[bytes]:
+        seq = seq_of(request)
+        if nl.NLMSG_HEADER.unpack_from(request)[1] == nl.message_type(nl.CMD_GET):
+            return [reply(nl.CMD_GET, seq, [(1, 0), (2, "mlx5_0"), (3, 1), (6, ("u64", 0))], 2), done(seq)]
+        return [done(seq, errno.EOPNOTSUPP)]
+
+    with peer(old_kernel) as client:
+        refused = client.context_owners()
+    assert isinstance(refused, Unavailable) and refused.reason == "not_supported", refused

@@ -25,13 +25,18 @@ def add_process(
     comm: str = "python3",
     cgroup: str = "0::/user.slice/user-1000.slice/session-3.scope\n",
     kernel_thread: bool = False,
+    tgid: int | None = None,
 ) -> Path:
-    """One process; `fds` maps descriptor numbers to their link text."""
+    """One process (or, with `tgid`, a thread of that process); `fds` maps descriptor numbers to
+    their link text."""
     base = root / str(pid)
     (base / "fd").mkdir(parents=True)
     for number, text in fds.items():
         os.symlink(text, base / "fd" / str(number))
     (base / "comm").write_text(comm + "\n")
+    (base / "status").write_text(
+        f"Name:\t{comm}\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t{tgid or pid}\nPid:\t{pid}\n"
+    )
     (base / "cgroup").write_text(cgroup)
     (base / "stat").write_text((KTHREAD_STAT if kernel_thread else USER_STAT.format(pid=pid)) + "\n")
     return base

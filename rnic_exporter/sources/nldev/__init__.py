@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from rnic_exporter.sources.nldev.client import DEFAULT_TIMEOUT_S, RdmaNetlink, in_network_namespace
 from rnic_exporter.sources.nldev.records import (
+    ContextOwner,
     NlDevice,
     NlPort,
     PortCounters,
@@ -32,6 +33,7 @@ from rnic_exporter.sources.nldev.records import (
     Reason,
     Unavailable,
     guid_text,
+    parse_contexts,
     parse_device,
     parse_disabled,
     parse_port,
@@ -41,6 +43,7 @@ from rnic_exporter.sources.nldev.records import (
 from rnic_exporter.sources.nldev.wire import (
     CMD_GET,
     CMD_PORT_GET,
+    CMD_RES_CTX_GET,
     CMD_RES_QP_GET,
     CMD_STAT_GET,
     CMD_STAT_GET_STATUS,
@@ -68,6 +71,7 @@ from rnic_exporter.sources.nldev.wire import (
 __all__ = [
     "CMD_GET",
     "CMD_PORT_GET",
+    "CMD_RES_CTX_GET",
     "CMD_RES_QP_GET",
     "CMD_STAT_GET",
     "CMD_STAT_GET_STATUS",
@@ -82,6 +86,7 @@ __all__ = [
     "NLM_F_REQUEST",
     "RDMA_NL_NLDEV",
     "Attrs",
+    "ContextOwner",
     "MalformedError",
     "NlDevice",
     "NlPort",
@@ -96,6 +101,7 @@ __all__ = [
     "in_network_namespace",
     "message",
     "message_type",
+    "parse_contexts",
     "parse_device",
     "parse_disabled",
     "parse_port",

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rnic_exporter.sources.nldev.records import (
+    ContextOwner,
     NlDevice,
     NlPort,
     PortCounters,
     QpOwner,
     Unavailable,
+    parse_contexts,
     parse_device,
     parse_disabled,
     parse_port,
@@ -28,6 +30,7 @@ from rnic_exporter.sources.nldev.wire import (
     A_PORT_INDEX,
     CMD_GET,
     CMD_PORT_GET,
+    CMD_RES_CTX_GET,
     CMD_RES_QP_GET,
     CMD_STAT_GET,
     CMD_STAT_GET_STATUS,
@@ -136,6 +139,13 @@ class RdmaNetlink:
         processes in other PID namespaces are not listed."""
         got = self._per_device(CMD_RES_QP_GET, parse_qps, "QP dump", devices)
         return got if isinstance(got, Unavailable) else [qp for part in got for qp in part]
+
+    def context_owners(self, devices: Sequence[NlDevice] | None = None) -> list[ContextOwner] | Unavailable:
+        """Every verbs context of every device with the thread that made it: one RES_CTX_GET dump
+        per device. What the consumers scan otherwise learns by reading every descriptor of every
+        process under /proc; a kernel without the request answers EOPNOTSUPP (`not_supported`)."""
+        got = self._per_device(CMD_RES_CTX_GET, parse_contexts, "context dump", devices)
+        return got if isinstance(got, Unavailable) else [ctx for part in got for ctx in part]
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -21,6 +21,9 @@ from rnic_exporter.sources.nldev.wire import (
     A_PORT_INDEX,
     A_PORT_PHYS_STATE,
     A_PORT_STATE,
+    A_RES_CTX,
+    A_RES_CTX_ENTRY,
+    A_RES_CTXN,
     A_RES_KERN_NAME,
     A_RES_LQPN,
     A_RES_PID,
@@ -122,6 +125,19 @@ class QpOwner:
     kernel_owner: str | None  # e.g. "ib_core", "ib_ipoib" for a kernel QP
 
 
+@dataclass(frozen=True, slots=True)
+class ContextOwner:
+    """One verbs context (`RES_CTX_GET`): a process that opened the device through libibverbs.
+
+    `pid` is the id of the thread that created it (the kernel's `task_pid_vnr`), as this PID
+    namespace sees it; a context of a process in another PID namespace is not listed at all."""
+
+    device_index: int
+    device: str
+    ctxn: int
+    pid: int | None
+
+
 def guid_text(value: int) -> str:
     """A u64 GUID as sysfs prints it (`node_guid`): the kernel sends it in host order."""
     h = f"{value:016x}"
@@ -210,4 +226,21 @@ def parse_qps(a: Attrs) -> list[QpOwner]:
             kernel_owner=e.text(A_RES_KERN_NAME, "KERN_NAME"),
         )
         for e in table.nests(A_RES_QP_ENTRY, "ENTRY")
+    ]
+
+
+def parse_contexts(a: Attrs) -> list[ContextOwner]:
+    dev_index = a.need(a.u32(A_DEV_INDEX, "DEV_INDEX"), "DEV_INDEX")
+    dev = a.need(a.text(A_DEV_NAME, "DEV_NAME"), "DEV_NAME")
+    table = a.nest(A_RES_CTX, "RES_CTX")
+    if table is None:
+        return []
+    return [
+        ContextOwner(
+            device_index=dev_index,
+            device=dev,
+            ctxn=e.need(e.u32(A_RES_CTXN, "CTXN"), "CTXN"),
+            pid=e.u32(A_RES_PID, "PID"),
+        )
+        for e in table.nests(A_RES_CTX_ENTRY, "ENTRY")
     ]

@@ -12,7 +12,8 @@ and the sysfs fallback where netlink cannot see the device.
    netlink must equal sysfs exactly.
 3. CPU and wall time of one port's counters: all sysfs files vs one STAT_GET, 100 times each, alternating;
    and node_exporter's infiniband collector scraping the same sysfs (its CPU per scrape).
-   While it runs, the QP table (RES_QP_GET) must name both perftest processes on rxe0.
+   While it runs, the QP table (RES_QP_GET) must name both perftest processes on rxe0, and the
+   consumers scan must find them both ways: from the verbs contexts (RES_CTX_GET) and by the walk.
 4. The fallback: the RDMA subsystem in exclusive netns mode, rxe0 in the root namespace, a client
    whose socket lives in a new netns c (the process keeps the root's /sys, as a container with the
    host's /sys in its own network namespace): the dump is empty, STAT_GET for rxe0 is refused, the
@@ -28,8 +29,10 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from rnic_exporter.daemon.consumer_watch import LIVE_PROCFS, LIVE_SYSFS, scanner
 from rnic_exporter.sources.nldev import RdmaNetlink, Unavailable, in_network_namespace
 from rnic_exporter.sources.qp_owners import consumers_by_device
 from rnic_exporter.sources.read_path import choose_read_path
@@ -185,6 +188,17 @@ def _under_traffic(lab: Lab, nl: RdmaNetlink, index: int) -> dict[str, Any]:
         qps = {"owners": as_json(owners), "pids": {"server": server.pid, "client": client.pid}}
         if not isinstance(owners, Unavailable):
             qps["consumers"] = {dev: [as_json(c) for c in found] for dev, found in consumers_by_device(owners).items()}
+        # The consumers scan both ways while they run: the kernel's verbs contexts (RES_CTX_GET) and the walk
+        # of every process's descriptors must name the same processes.
+        with RdmaNetlink() as ctx_client:
+            qps["contexts"] = as_json(ctx_client.context_owners())
+        for way, netlink in (("netlink", True), ("walk", False)):
+            found = scanner(LIVE_SYSFS, LIVE_PROCFS, Path("/"), rdma_netlink=netlink)()
+            qps[f"scan_{way}"] = {
+                "source": found.source,
+                "by_device": {dev: sorted({c.pid for c in cs}) for dev, cs in found.by_device.items()},
+                "complete": found.complete,
+            }
     finally:
         for p in (client, server):
             if p is not None and p.poll() is None:
