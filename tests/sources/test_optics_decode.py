@@ -24,7 +24,7 @@ import pytest
 from rnic_exporter.model.optics import Level, ModuleReading, Thresholds, UnsupportedModule, watts_to_dbm
 from rnic_exporter.sources.optics import cmis, sff8636
 from rnic_exporter.sources.optics.decode import decode, pages_to_read
-from rnic_exporter.sources.optics.memory import ModuleDecodeError, ModuleMemory, from_linear
+from rnic_exporter.sources.optics.memory import ModuleDecodeError, ModuleMemory, ascii_field, from_linear
 from tests.support.modules import MODULES, parse_ethtool_hex
 
 ONL = json.loads((MODULES / "onl-sff-db" / "sff_db_qsfp.json").read_text())["entries"]
@@ -383,3 +383,13 @@ def test_non_ascii_identity_bytes_do_not_crash() -> None:
     page00[1:17] = bytes(range(0xF0, 0x100))
     reading = _reading(ModuleMemory(lower=memory.lower, upper={**memory.upper, (0, 0): bytes(page00)}))
     assert reading.identity.vendor == "?" * 16
+
+
+def test_ascii_fields_drop_nul_and_space_padding_and_mark_garbage() -> None:
+    """Real modules pad with NULs where the specs say spaces (a blank revision, a short date code):
+    padding is empty, not '??'; a stray byte inside the text is still shown as '?'."""
+    page = b"A2\x00\x00" + b"\x00\x00\x00\x00" + b"MT\x01X    " + b"180703\x00\x00"
+    assert ascii_field(page, 0, 4) == "A2"
+    assert ascii_field(page, 4, 4) == ""
+    assert ascii_field(page, 8, 8) == "MT?X"
+    assert ascii_field(page, 16, 8) == "180703"

@@ -119,10 +119,12 @@ def amperes(page: bytes, offset: int, multiplier: int = 1) -> float:
 
 
 def ascii_field(page: bytes, start: int, length: int) -> str:
-    """A space-padded ASCII field; bytes outside printable ASCII become '?' (never a crash)."""
-    raw = page[start : start + length]
-    text = "".join(chr(b) if 0x20 <= b < 0x7F else "?" for b in raw)
-    return text.rstrip(" ").rstrip("\x00")
+    """A space-padded ASCII field; bytes outside printable ASCII become '?' (never a crash).
+
+    Trailing NULs are padding too: the specs say spaces, but real modules pad with NULs (a blank
+    revision, a date code's lot digits), and a label of "??" would say "garbled" where it is empty."""
+    raw = page[start : start + length].rstrip(b" \x00")
+    return "".join(chr(b) if 0x20 <= b < 0x7F else "?" for b in raw)
 
 
 def oui(page: bytes, start: int) -> str:
