@@ -291,13 +291,18 @@ def test_qp_owners_group_by_device_and_pid_with_comm_and_ports() -> None:
     }
 
 
+def two_devices(seq: int) -> list[bytes]:
+    """A device dump's answer: mlx5_0 and mlx5_1, one port each."""
+    devs = [reply(nl.CMD_GET, seq, [(1, i), (2, f"mlx5_{i}"), (3, 1), (6, ("u64", i))], 2) for i in (0, 1)]
+    return [b"".join(devs), done(seq)]
+
+
 def test_qp_dumps_are_per_device_and_a_device_gone_meanwhile_is_skipped() -> None:
     def answer(request: bytes) -> list[bytes]:
         seq = seq_of(request)
         mtype = nl.NLMSG_HEADER.unpack_from(request)[1]
         if mtype == nl.message_type(nl.CMD_GET):
-            devs = [reply(nl.CMD_GET, seq, [(1, i), (2, f"mlx5_{i}"), (3, 1), (6, ("u64", i))], 2) for i in (0, 1)]
-            return [b"".join(devs), done(seq)]
+            return two_devices(seq)
         index = struct.unpack_from("=I", request, 16 + 4)[0]
         if index == 1:
             return [done(seq, errno.ENODEV)]
@@ -316,8 +321,7 @@ def test_context_dumps_name_each_context_and_its_thread_and_an_old_kernel_says_n
         seq = seq_of(request)
         mtype = nl.NLMSG_HEADER.unpack_from(request)[1]
         if mtype == nl.message_type(nl.CMD_GET):
-            devs = [reply(nl.CMD_GET, seq, [(1, i), (2, f"mlx5_{i}"), (3, 1), (6, ("u64", i))], 2) for i in (0, 1)]
-            return [b"".join(devs), done(seq)]
+            return two_devices(seq)
         assert mtype == nl.message_type(nl.CMD_RES_CTX_GET)
         index = struct.unpack_from("=I", request, 16 + 4)[0]
         entries: list[Attr] = [(87, [(64, 0), (28, 4242)]), (87, [(64, 1), (28, 4250)])]

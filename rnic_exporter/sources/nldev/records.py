@@ -208,12 +208,16 @@ def parse_disabled(a: Attrs) -> frozenset[str]:
     return frozenset(off)
 
 
-def parse_qps(a: Attrs) -> list[QpOwner]:
+def _resource_entries(a: Attrs, table: int, entry: int, name: str) -> tuple[int, str, list[Attrs]]:
+    """A resource dump's device index and name, and the entries of its table (none: empty)."""
     dev_index = a.need(a.u32(A_DEV_INDEX, "DEV_INDEX"), "DEV_INDEX")
     dev = a.need(a.text(A_DEV_NAME, "DEV_NAME"), "DEV_NAME")
-    table = a.nest(A_RES_QP, "RES_QP")
-    if table is None:
-        return []
+    nest = a.nest(table, name)
+    return dev_index, dev, [] if nest is None else nest.nests(entry, "ENTRY")
+
+
+def parse_qps(a: Attrs) -> list[QpOwner]:
+    dev_index, dev, entries = _resource_entries(a, A_RES_QP, A_RES_QP_ENTRY, "RES_QP")
     return [
         QpOwner(
             device_index=dev_index,
@@ -225,22 +229,13 @@ def parse_qps(a: Attrs) -> list[QpOwner]:
             pid=e.u32(A_RES_PID, "PID"),
             kernel_owner=e.text(A_RES_KERN_NAME, "KERN_NAME"),
         )
-        for e in table.nests(A_RES_QP_ENTRY, "ENTRY")
+        for e in entries
     ]
 
 
 def parse_contexts(a: Attrs) -> list[ContextOwner]:
-    dev_index = a.need(a.u32(A_DEV_INDEX, "DEV_INDEX"), "DEV_INDEX")
-    dev = a.need(a.text(A_DEV_NAME, "DEV_NAME"), "DEV_NAME")
-    table = a.nest(A_RES_CTX, "RES_CTX")
-    if table is None:
-        return []
+    dev_index, dev, entries = _resource_entries(a, A_RES_CTX, A_RES_CTX_ENTRY, "RES_CTX")
     return [
-        ContextOwner(
-            device_index=dev_index,
-            device=dev,
-            ctxn=e.need(e.u32(A_RES_CTXN, "CTXN"), "CTXN"),
-            pid=e.u32(A_RES_PID, "PID"),
-        )
-        for e in table.nests(A_RES_CTX_ENTRY, "ENTRY")
+        ContextOwner(dev_index, dev, ctxn=e.need(e.u32(A_RES_CTXN, "CTXN"), "CTXN"), pid=e.u32(A_RES_PID, "PID"))
+        for e in entries
     ]
