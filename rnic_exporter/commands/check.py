@@ -170,7 +170,7 @@ def run_check(
     excluded = reader_settings.excludes_all(snap, sysfs)
     if excluded is not None:  # nothing would be checked: "OK: 0 devices" would be a lie
         raise ConfigError(excluded)
-    store = StateStore(state_dir)
+    store = StateStore(state_dir, read_only=True)  # a diagnosis writes nothing, not even a rename
     cur, notes = gather(snap, store, settings, paths, use_netlink)
     if inventory_note is not None:
         notes[:] = [inventory_note, *(n for n in notes if not n.startswith("no inventory"))]

@@ -324,10 +324,14 @@ def merge(base: State, learned: State) -> State:
 
 
 class StateStore:
-    """Loads and saves the state file in `directory`; `None` keeps state in memory only."""
+    """Loads and saves the state file in `directory`; `None` keeps state in memory only.
 
-    def __init__(self, directory: Path | None) -> None:
+    `read_only` (the `check` command, a job prologue's diagnosis): a corrupt or foreign file is
+    reported and left where it is for the daemon, which owns it, to move aside."""
+
+    def __init__(self, directory: Path | None, *, read_only: bool = False) -> None:
         self.directory = directory
+        self.read_only = read_only
         self._last_written: str | None = None
         # Why saving is held back: the file exists but could not be read (see load); None otherwise.
         self.withheld: str | None = None
@@ -369,6 +373,8 @@ class StateStore:
         return LoadResult(state)
 
     def _rebuild(self, path: Path, problem: str, reason: str) -> LoadResult:
+        if self.read_only:
+            return LoadResult(State(), problem + "; left in place (judged without its inventory)", reason)
         aside = path.with_name(f"{path.name}.{reason}-{int(time.time())}")
         with contextlib.suppress(OSError):
             path.rename(aside)

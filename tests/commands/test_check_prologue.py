@@ -94,3 +94,17 @@ def test_readme_init_container_args_run(host: SimHost) -> None:
     assert CliRunner().invoke(main, args, env=env).exit_code == Exit.OK
     host.ipv6_only("mlx5_1")
     assert CliRunner().invoke(main, args, env=env).exit_code == Exit.PROBLEMS
+
+
+def test_a_corrupt_state_file_is_reported_and_left_for_the_daemon(host: SimHost, tmp_path: Path) -> None:
+    """check is a diagnosis: it writes nothing, not even the rename the daemon makes of a corrupt file."""
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "state.json").write_text("{not json")
+    result = CliRunner().invoke(
+        main, ["check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", str(state_dir), "--json"]
+    )
+    notes = json.loads(result.output)["notes"]
+    assert any(n.startswith("state: ") and "left in place" in n for n in notes), notes
+    assert sorted(p.name for p in state_dir.iterdir()) == ["state.json"]
+    assert (state_dir / "state.json").read_text() == "{not json"
