@@ -37,6 +37,9 @@ class Exit(IntEnum):
     USAGE = 2  # bad flag, unusable path or config, could not start
 
 
+INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports 128 + 2: neither OK nor "problems"
+
+
 def fail(message: str) -> NoReturn:
     click.echo(f"rnic-exporter: error: {message}", err=True)
     raise SystemExit(Exit.USAGE)
@@ -145,7 +148,11 @@ class OneLineGroup(click.Group):
         except click.ClickException as exc:
             exc.show()
             raise SystemExit(exc.exit_code) from None
-        except click.exceptions.Abort:
+        except click.exceptions.Abort as exc:
+            if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+                # 128 + SIGINT, as a shell reports it: a prologue must not read Ctrl-C as "problems" (1)
+                click.echo("rnic-exporter: interrupted", err=True)
+                raise SystemExit(INTERRUPTED) from None
             click.echo("Aborted!", err=True)
             raise SystemExit(1) from None
         raise SystemExit(rv if isinstance(rv, int) else 0)

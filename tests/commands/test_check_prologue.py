@@ -9,6 +9,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -108,3 +109,17 @@ def test_a_corrupt_state_file_is_reported_and_left_for_the_daemon(host: SimHost,
     assert any(n.startswith("state: ") and "left in place" in n for n in notes), notes
     assert sorted(p.name for p in state_dir.iterdir()) == ["state.json"]
     assert (state_dir / "state.json").read_text() == "{not json"
+
+
+def test_ctrl_c_is_neither_ok_nor_problems(host: SimHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exit 1 makes the shipped prologue drain the node: an interrupted check must not say it (130, as a
+    shell reports SIGINT, is a run that judged nothing; the prologue lets the job run)."""
+    from rnic_exporter.commands import check
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(check, "run_check", interrupted)
+    result = CliRunner().invoke(main, ["check", "--path.sysfs", str(host.root), "--no-netlink", "--state.dir", ""])
+    assert result.exit_code == 130, (result.exit_code, result.output)
+    assert "interrupted" in result.output
