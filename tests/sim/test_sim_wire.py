@@ -54,6 +54,11 @@ def test_dark_cmis_lanes_are_sampled_without_a_level() -> None:
     assert samples[(c.MODULE_RX_POWER.name, (*ND, "3"))] == 0.0
     levels = {labels[-2:]: v for (name, labels), v in samples.items() if name == c.MODULE_MONITOR_LEVEL.name}
     assert {lane for _, lane in levels if lane} == {"1", "2"} and set(levels.values()) == {0.0}
+    active = {labels[-1]: v for (name, labels), v in samples.items() if name == c.MODULE_LANE_ACTIVE.name}
+    assert active == {"1": 1.0, "2": 1.0, "3": 0.0, "4": 0.0}  # what keeps RnicOpticRxPowerDrifting quiet
+    sff = SimEthtool(wire).module("ens1f0np0").result  # SFF-8636 does not say: no series
+    assert isinstance(sff, ModuleReading)
+    assert not [s for s, _, _ in module_samples(ND, sff) if s is c.MODULE_LANE_ACTIVE]
 
 
 def test_rx_power_fading_through_the_warning_threshold_is_judged_and_sampled() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from rnic_exporter.catalog.metrics import MODULE_MONITOR_LEVEL, MODULE_RX_POWER
+from rnic_exporter.catalog.metrics import MODULE_LANE_ACTIVE, MODULE_MONITOR_LEVEL, MODULE_RX_POWER
 from rnic_exporter.commands.check import optic_problems
 from rnic_exporter.model.optics import Level, ModuleReading, Thresholds, UnsupportedModule, watts_to_dbm
 from rnic_exporter.model.wire import NetdevWire
@@ -283,6 +283,8 @@ def test_arista_osfp_with_its_second_port_deactivated_raises_nothing() -> None:
     assert all(samples[(MODULE_RX_POWER.name, (*ND, str(n)))] == 0.0 for n in range(5, 9))  # values stay
     assert not any(v < 0 for (name, _), v in samples.items() if name == MODULE_MONITOR_LEVEL.name)
     assert _judged_lanes(reading) == {m: {1, 2, 3, 4} for m in ("rx_power", "tx_power", "tx_bias")}
+    active = {labels[-1]: v for (name, labels), v in samples.items() if name == MODULE_LANE_ACTIVE.name}
+    assert active == {str(n): float(n <= 4) for n in range(1, 9)}
     assert optic_problems({"eth2": ND}, {"eth2": NetdevWire(module=reading)}) == []
 
 
