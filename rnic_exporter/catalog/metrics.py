@@ -573,6 +573,14 @@ MODULE_TX_POWER = _m(
 MODULE_TX_BIAS = _m(
     "rnic_module_tx_bias_amperes", "gauge", LANE_LABELS, "Laser bias current per media lane.", "amperes"
 )
+MODULE_LANE_ACTIVE = _m(
+    "rnic_module_lane_active",
+    "gauge",
+    LANE_LABELS,
+    "1 while the host has the media lane's data path activated (CMIS page 11h), 0 while it keeps the lane "
+    "dark on purpose (deactivated or changing state: an unused port of a twin-port module; its values are "
+    "exported, not judged); absent where the module does not say (SFF-8636, CMIS flat memory).",
+)
 MODULE_TEMPERATURE_THRESHOLD = _m(
     "rnic_module_temperature_threshold_celsius",
     "gauge",
@@ -602,7 +610,8 @@ MODULE_MONITOR_LEVEL = _m(
     (*NETDEV_LABELS, "monitor", "lane"),
     "Each monitored value judged against the module's own thresholds: -2 below low alarm, -1 below low "
     "warning, 0 normal, 1 above high warning, 2 above high alarm; monitor=temperature|supply_voltage|"
-    "rx_power|tx_power|tx_bias, lane empty for module-wide values; absent without thresholds.",
+    "rx_power|tx_power|tx_bias, lane empty for module-wide values; absent without thresholds and for a lane "
+    "the host keeps dark (rnic_module_lane_active 0) or a transmitter it disabled.",
 )
 FEC_CORRECTED_BLOCKS = _m(
     "rnic_netdev_fec_corrected_blocks_total",
@@ -727,6 +736,7 @@ WIRE_METRICS: tuple[MetricSpec, ...] = (
     MODULE_RX_POWER,
     MODULE_TX_POWER,
     MODULE_TX_BIAS,
+    MODULE_LANE_ACTIVE,
     MODULE_TEMPERATURE_THRESHOLD,
     MODULE_SUPPLY_VOLTAGE_THRESHOLD,
     MODULE_RX_POWER_THRESHOLD,

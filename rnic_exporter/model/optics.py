@@ -8,6 +8,11 @@ people reading a datasheet) and amperes (laser bias). A monitor the module does 
 Each value carries the module's *own* alarm and warning thresholds (SFF-8636 page 03h, CMIS page
 02h) and is judged against them: a vendor knows its laser's safe window better than any fixed
 number we could pick, and a module without thresholds is judged `UNKNOWN`, not normal.
+
+A lane the host keeps dark on purpose (CMIS: its data path is not activated, e.g. the unused port
+of a twin-port module; or its transmitter is disabled) still reports its values but is judged
+`NOT_IN_USE`: 0 W there is the lane doing what it was told, and an alarm on it would drain a
+healthy node.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ class Level(enum.Enum):
     WARNING_LOW = "warning_low"
     NORMAL = "normal"
     UNKNOWN = "unknown"  # the module publishes no (usable) thresholds for this value
+    NOT_IN_USE = "not_in_use"  # the host keeps this lane (or its transmitter) off: not judged
 
     @property
     def rank(self) -> int:
-        """0 for an alarm, 1 for a warning, 2 for normal, 3 for unknown."""
+        """0 for an alarm, 1 for a warning, 2 for normal, 3 for unknown or not in use."""
         return _RANK[self]
 
 
@@ -43,7 +49,9 @@ _RANK = {
     Level.WARNING_LOW: 1,
     Level.NORMAL: 2,
     Level.UNKNOWN: 3,
+    Level.NOT_IN_USE: 3,
 }
+_UNJUDGED = frozenset({Level.UNKNOWN, Level.NOT_IN_USE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,24 +89,38 @@ class Thresholds:
 
 @dataclass(frozen=True, slots=True)
 class Monitor:
-    """One measured value and the module's thresholds for it (None when the module has none)."""
+    """One measured value and the module's thresholds for it (None when the module has none).
+
+    `in_use` False: the host keeps what this value measures off (a deactivated data path, a
+    disabled transmitter); the value is still reported, never judged.
+    """
 
     value: float
     thresholds: Thresholds | None
+    in_use: bool = True
 
     @property
     def level(self) -> Level:
+        if not self.in_use:
+            return Level.NOT_IN_USE
         return Level.UNKNOWN if self.thresholds is None else self.thresholds.judge(self.value)
 
 
 @dataclass(frozen=True, slots=True)
 class Lane:
-    """One media lane (1-based), as the module numbers them."""
+    """One media lane (1-based), as the module numbers them.
+
+    `data_path_active`: CMIS page 11h says the host lanes feeding it are activated (True) or
+    deactivated or changing state (False); None where the module does not say (SFF-8636, CMIS flat
+    memory, a reserved state code). `tx_disabled`: CMIS page 10h, None where not read.
+    """
 
     number: int
     rx_power_watts: Monitor | None
     tx_power_watts: Monitor | None
     tx_bias_amperes: Monitor | None
+    data_path_active: bool | None = None
+    tx_disabled: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +170,7 @@ class ModuleReading:
     def worst(self) -> Level:
         """The worst level over all values; UNKNOWN only when no value could be judged."""
         levels = [mon.level for _, _, mon in self.monitors()]
-        judged = [lv for lv in levels if lv is not Level.UNKNOWN]
+        judged = [lv for lv in levels if lv not in _UNJUDGED]
         return min(judged, key=lambda lv: lv.rank) if judged else Level.UNKNOWN
 
 

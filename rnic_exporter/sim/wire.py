@@ -10,7 +10,7 @@ veth) is registered with `supported=False`.
 
 Fault methods tell the stories the exporter exists for: `fade_rx_power` (an optic whose Rx power
 falls through its warning threshold before the link renegotiates), `fec_errors`, `pause_storm`,
-`link_down` with a reason.
+`link_down` with a reason; and one it must stay quiet on, `dark_lanes` (lanes the host keeps off).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from rnic_exporter.sources import ethtool_netlink as en
 from rnic_exporter.sources.optics.memory import PAGE_SIZE, ModuleMemory
 
 SIM_LANES = 4
+_DP_ACTIVATED, _DP_DEACTIVATED = 0x4, 0x1  # CMIS page 11h data path states
 
 
 def _put(page: bytearray, offset: int, value: float, scale: float, signed: bool = False) -> None:
@@ -51,6 +52,8 @@ class SimModule:
     rx_power_watts: list[float] = field(default_factory=lambda: [0.9e-3] * SIM_LANES)
     tx_power_watts: list[float] = field(default_factory=lambda: [1.0e-3] * SIM_LANES)
     tx_bias_amperes: list[float] = field(default_factory=lambda: [7.5e-3] * SIM_LANES)
+    # CMIS page 11h: the host has every lane's data path activated, as on a port in use
+    data_path_active: list[bool] = field(default_factory=lambda: [True] * SIM_LANES)
     # (high alarm, low alarm, high warning, low warning)
     temperature_limits: tuple[float, float, float, float] = (75.0, -5.0, 70.0, 0.0)
     voltage_limits: tuple[float, float, float, float] = (3.63, 2.97, 3.465, 3.135)
@@ -113,7 +116,17 @@ class SimModule:
             _put(page11, 154 - 128 + 2 * i, self.tx_power_watts[i], 1e-7)
             _put(page11, 170 - 128 + 2 * i, self.tx_bias_amperes[i], 2e-6)
             _put(page11, 186 - 128 + 2 * i, self.rx_power_watts[i], 1e-7)
-        upper = {(0, 0): bytes(page00), (1, 0): bytes(page01), (2, 0): bytes(page02), (0x11, 0): bytes(page11)}
+        for i in range(SIM_LANES):  # data path state per host lane, lane 1 in the low nibble
+            state = _DP_ACTIVATED if self.data_path_active[i] else _DP_DEACTIVATED
+            page11[i // 2] |= state << (4 * (i % 2))
+        page10 = bytearray(PAGE_SIZE)  # byte 130, Tx disable: 0, every transmitter enabled
+        upper = {
+            (0, 0): bytes(page00),
+            (1, 0): bytes(page01),
+            (2, 0): bytes(page02),
+            (0x10, 0): bytes(page10),
+            (0x11, 0): bytes(page11),
+        }
         return ModuleMemory(bytes(lower), upper)
 
 
@@ -174,6 +187,17 @@ class SimWire:
             module = self.ports[netdev].module
             assert module is not None, f"{netdev} has no module"
             module.rx_power_watts[lane - 1] = watts
+
+    def dark_lanes(self, netdev: str, lanes: list[int]) -> None:
+        """The host deactivates the data path of `lanes` (1-based; CMIS modules): they go dark on
+        purpose, 0 W both ways and no bias, as the unused port of a twin-port module."""
+        with self.lock:
+            module = self.ports[netdev].module
+            assert module is not None and module.memory_map == "cmis", f"{netdev} has no CMIS module"
+            for lane in lanes:
+                module.data_path_active[lane - 1] = False
+                module.rx_power_watts[lane - 1] = module.tx_power_watts[lane - 1] = 0.0
+                module.tx_bias_amperes[lane - 1] = 0.0
 
     def fec_errors(
         self, netdev: str, corrected: int, uncorrectable: int = 0, lane: int = 1, bit_errors: int = 1

@@ -214,6 +214,7 @@ MAPPINGS: tuple[MetricMapping, ...] = (
     _one(c.MODULE_RX_POWER, "rnic.module.rx_power", "gauge", "W"),
     _one(c.MODULE_TX_POWER, "rnic.module.tx_power", "gauge", "W"),
     _one(c.MODULE_TX_BIAS, "rnic.module.tx_bias", "gauge", "A"),
+    _one(c.MODULE_LANE_ACTIVE, "rnic.module.lane.active", "gauge", "1"),
     _one(c.MODULE_TEMPERATURE_THRESHOLD, "rnic.module.temperature.threshold", "gauge", "Cel"),
     _one(c.MODULE_SUPPLY_VOLTAGE_THRESHOLD, "rnic.module.supply_voltage.threshold", "gauge", "V"),
     _one(c.MODULE_RX_POWER_THRESHOLD, "rnic.module.rx_power.threshold", "gauge", "W"),

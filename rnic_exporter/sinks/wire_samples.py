@@ -51,6 +51,10 @@ def module_samples(nd: Netdev, reading: ModuleReading) -> Iterator[WireSample]:
         ),
         1.0,
     )
+    for lane_reading in reading.lanes:
+        if lane_reading.data_path_active is not None:
+            active = float(lane_reading.data_path_active)
+            yield c.MODULE_LANE_ACTIVE, (*nd, str(lane_reading.number)), active
     thresholds_done: set[str] = set()
     for name, lane, mon in reading.monitors():
         if lane is None:

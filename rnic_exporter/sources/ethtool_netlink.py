@@ -57,8 +57,9 @@ NOT_SUPPORTED = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP})
 # A cage with no module in it (mlx5 answers ENODEV/EIO from MCIA on some firmware; ENODATA elsewhere).
 NO_MODULE = frozenset({errno.ENODATA, errno.ENODEV})
 
-# Pages whose bytes move while the module is plugged (CMIS lane monitors); the rest are static.
-_LIVE_PAGES = frozenset({0x11})
+# Pages whose bytes move while the module is plugged (CMIS 10h: Tx disable the host writes; 11h:
+# data path state and lane monitors); the rest are static.
+_LIVE_PAGES = frozenset({0x10, 0x11})
 
 # enum ethtool_link_ext_state and its substates (include/uapi/linux/ethtool.h), as ethtool prints them
 EXT_STATES: tuple[str, ...] = (

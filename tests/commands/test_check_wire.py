@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rnic_exporter.commands.check import CheckReport, format_report
 from rnic_exporter.sim import SimHost
-from rnic_exporter.sim.wire import SimEthtool, SimPort, SimWire
+from rnic_exporter.sim.wire import SimEthtool, SimModule, SimPort, SimWire
 from rnic_exporter.sources.wire import WireReader
 from tests.support.check import check_in_process
 
@@ -37,6 +37,21 @@ def test_unsupported_netdevs_add_nothing(tmp_path: Path) -> None:
     wire.add("ens1f0np0", SimPort(supported=False, module=None))
     wire.add("ens2f0np0", SimPort(supported=False, module=None))
     assert _check(host, wire, tmp_path).healthy
+
+
+def test_lanes_the_host_keeps_dark_add_nothing(tmp_path: Path) -> None:
+    """A CMIS module whose lanes 3-4 the host deactivated (0 W): a healthy node, not a drain; the
+    same 0 W on an activated lane is a warning."""
+    host = SimHost.build(tmp_path / "sys", roce=2)
+    wire = SimWire()
+    for netdev in ("ens1f0np0", "ens2f0np0"):
+        wire.add(netdev, SimPort(module=SimModule(memory_map="cmis")))
+    wire.dark_lanes("ens1f0np0", [3, 4])
+    report = _check(host, wire, tmp_path)
+    assert report.healthy, format_report(report)
+    wire.fade_rx_power("ens2f0np0", lane=3, watts=0.0)
+    problems = _check(host, wire, tmp_path).problems
+    assert [(p.netdev, p.code, p.severity) for p in problems] == [("ens2f0np0", "optic_rx_power_alarm_low", "warning")]
 
 
 def test_an_optic_below_its_warning_and_alarm_thresholds(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ def _wire() -> SimWire:
     return wire
 
 
-@pytest.mark.parametrize("netdev, memory_map, requests", [("ens1f0np0", "sff8636", 3), ("ens2f0np0", "cmis", 5)])
+@pytest.mark.parametrize("netdev, memory_map, requests", [("ens1f0np0", "sff8636", 3), ("ens2f0np0", "cmis", 6)])
 def test_sim_module_reads_and_decodes_like_a_real_one(netdev: str, memory_map: str, requests: int) -> None:
     reader = SimEthtool(_wire())
     read = reader.module(netdev)
@@ -38,7 +38,27 @@ def test_sim_module_reads_and_decodes_like_a_real_one(netdev: str, memory_map: s
     assert reading.identity.memory_map == memory_map and reading.thresholds_published
     assert reading.worst is Level.NORMAL and len(reading.lanes) == 4
     again = reader.module(netdev, static=read.memory)
-    assert again.requests == (1 if memory_map == "sff8636" else 2) and again.result == reading
+    assert again.requests == (1 if memory_map == "sff8636" else 3) and again.result == reading  # 10h, 11h live
+    if memory_map == "cmis":  # the simulated host has every lane's data path activated
+        assert [lane.data_path_active for lane in reading.lanes] == [True] * 4
+
+
+def test_dark_cmis_lanes_are_sampled_without_a_level() -> None:
+    """The host deactivates lanes 3-4 (the unused half of a breakout): 0 W is exported, not judged."""
+    wire = _wire()
+    wire.dark_lanes("ens2f0np0", [3, 4])
+    read = SimEthtool(wire).module("ens2f0np0")
+    assert isinstance(read.result, ModuleReading) and read.result.worst is Level.NORMAL
+    assert [lane.data_path_active for lane in read.result.lanes] == [True, True, False, False]
+    samples = {(s.name, labels): v for s, labels, v in module_samples(ND, read.result)}
+    assert samples[(c.MODULE_RX_POWER.name, (*ND, "3"))] == 0.0
+    levels = {labels[-2:]: v for (name, labels), v in samples.items() if name == c.MODULE_MONITOR_LEVEL.name}
+    assert {lane for _, lane in levels if lane} == {"1", "2"} and set(levels.values()) == {0.0}
+    active = {labels[-1]: v for (name, labels), v in samples.items() if name == c.MODULE_LANE_ACTIVE.name}
+    assert active == {"1": 1.0, "2": 1.0, "3": 0.0, "4": 0.0}  # what keeps RnicOpticRxPowerDrifting quiet
+    sff = SimEthtool(wire).module("ens1f0np0").result  # SFF-8636 does not say: no series
+    assert isinstance(sff, ModuleReading)
+    assert not [s for s, _, _ in module_samples(ND, sff) if s is c.MODULE_LANE_ACTIVE]
 
 
 def test_rx_power_fading_through_the_warning_threshold_is_judged_and_sampled() -> None:

@@ -21,7 +21,11 @@ from typing import Any
 
 import pytest
 
+from rnic_exporter.catalog.metrics import MODULE_LANE_ACTIVE, MODULE_MONITOR_LEVEL, MODULE_RX_POWER
+from rnic_exporter.commands.check import optic_problems
 from rnic_exporter.model.optics import Level, ModuleReading, Thresholds, UnsupportedModule, watts_to_dbm
+from rnic_exporter.model.wire import NetdevWire
+from rnic_exporter.sinks.wire_samples import module_samples
 from rnic_exporter.sources.optics import cmis, sff8636
 from rnic_exporter.sources.optics.decode import decode, pages_to_read
 from rnic_exporter.sources.optics.memory import ModuleDecodeError, ModuleMemory, ascii_field, from_linear
@@ -165,7 +169,7 @@ def _fboss(name: str) -> ModuleMemory:
 def test_arista_cmis_identity_equals_fboss_decode(name: str, type_: str, part_number: str) -> None:
     """FBOSS's CmisTest reads these part numbers from these bytes, as a QSFP-DD and an OSFP."""
     memory = _fboss(name)
-    assert cmis.pages_to_read(memory.lower) == [(0, 0), (1, 0), (2, 0), (0x11, 0)]
+    assert cmis.pages_to_read(memory.lower) == [(0, 0), (1, 0), (2, 0), (0x10, 0), (0x11, 0)]
     ident = _reading(memory).identity
     assert (ident.type, ident.memory_map, ident.vendor, ident.part_number) == (
         type_,
@@ -224,6 +228,127 @@ def test_arista_2x400g_osfp_has_eight_live_media_lanes() -> None:
     # the 400G QSFP-DD of the same family advertises its DR4 application on lane 1 only: 4 lanes
     qsfp_dd = _fboss("qsfp-dd-400g-xdr4")
     assert cmis.media_lanes(qsfp_dd.lower, qsfp_dd.page(1)) == 4 and len(_reading(qsfp_dd).lanes) == 4
+
+
+def _osfp_with_port_2(state: int, watts: bool = False) -> ModuleMemory:
+    """The real 2x400G OSFP dump with only these bytes edited, as when the host leaves its second
+    port unused: page 11h data path state of host lanes 5-8 set to `state` (bytes 130-131, one
+    nibble each) and, unless `watts`, lanes 5-8's Tx power, Tx bias and Rx power set to 0, the
+    reading of a dark lane. Nothing else of the dump changes."""
+    memory = _fboss("osfp-2x400g-xdr4")
+    page11 = bytearray(memory.upper[(0x11, 0)])
+    assert page11[0:4] == bytes([0x44] * 4)  # the real dump: every host lane's data path activated
+    page11[130 - 128 : 132 - 128] = bytes([state << 4 | state] * 2)
+    if not watts:
+        for base in (154, 170, 186):  # Tx power, Tx bias, Rx power of lanes 5-8
+            page11[base + 8 - 128 : base + 16 - 128] = bytes(8)
+    return ModuleMemory(lower=memory.lower, upper={**memory.upper, (0x11, 0): bytes(page11)})
+
+
+ND = ("mlx5_0", "1", "eth2")
+
+
+def _judged_lanes(reading: ModuleReading) -> dict[str, set[int]]:
+    """monitor -> the lanes `rnic_module_monitor_level` has a series for (what the alerts can see)."""
+    out: dict[str, set[int]] = {}
+    for spec, labels, _ in module_samples(ND, reading):
+        if spec is MODULE_MONITOR_LEVEL and labels[-1]:
+            out.setdefault(labels[-2], set()).add(int(labels[-1]))
+    return out
+
+
+def test_arista_osfp_both_ports_lit_every_lane_is_judged_normal() -> None:
+    reading = _reading(_fboss("osfp-2x400g-xdr4"))
+    assert [(lane.data_path_active, lane.tx_disabled) for lane in reading.lanes] == [(True, False)] * 8
+    assert {mon.level for _, lane, mon in reading.monitors() if lane is not None} == {Level.NORMAL}
+    assert _judged_lanes(reading) == {m: set(range(1, 9)) for m in ("rx_power", "tx_power", "tx_bias")}
+    assert optic_problems({"eth2": ND}, {"eth2": NetdevWire(module=reading)}) == []
+    # the QSFP-DD: 8 host lanes (400GAUI-8) onto 4 media lanes, all activated
+    qsfp_dd = _reading(_fboss("qsfp-dd-400g-xdr4"))
+    assert [lane.data_path_active for lane in qsfp_dd.lanes] == [True] * 4
+    assert {mon.level for _, lane, mon in qsfp_dd.monitors() if lane is not None} == {Level.NORMAL}
+
+
+def test_arista_osfp_with_its_second_port_deactivated_raises_nothing() -> None:
+    """Lanes 5-8 dark on purpose (data path deactivated, 0 W): reported, never judged."""
+    reading = _reading(_osfp_with_port_2(state=0x1))
+    dark = reading.lanes[4:]
+    assert [lane.data_path_active for lane in reading.lanes] == [True] * 4 + [False] * 4
+    for lane in dark:
+        for mon in (lane.rx_power_watts, lane.tx_power_watts, lane.tx_bias_amperes):
+            assert mon is not None and mon.value == 0.0 and mon.level is Level.NOT_IN_USE
+            assert mon.thresholds is not None and mon.thresholds.judge(mon.value) is Level.ALARM_LOW
+    assert reading.worst is Level.NORMAL  # lanes 1-4 and the module values, all normal
+    samples = {(spec.name, labels): value for spec, labels, value in module_samples(ND, reading)}
+    assert all(samples[(MODULE_RX_POWER.name, (*ND, str(n)))] == 0.0 for n in range(5, 9))  # values stay
+    assert not any(v < 0 for (name, _), v in samples.items() if name == MODULE_MONITOR_LEVEL.name)
+    assert _judged_lanes(reading) == {m: {1, 2, 3, 4} for m in ("rx_power", "tx_power", "tx_bias")}
+    active = {labels[-1]: v for (name, labels), v in samples.items() if name == MODULE_LANE_ACTIVE.name}
+    assert active == {str(n): float(n <= 4) for n in range(1, 9)}
+    assert optic_problems({"eth2": ND}, {"eth2": NetdevWire(module=reading)}) == []
+
+
+def test_the_same_dark_lanes_with_their_data_path_activated_are_alarms() -> None:
+    """What the data path state prevents: 0 W on an activated lane is below the module's low alarm."""
+    reading = _reading(_osfp_with_port_2(state=0x4))
+    assert {lane.rx_power_watts.level for lane in reading.lanes[4:] if lane.rx_power_watts} == {Level.ALARM_LOW}
+    problems = optic_problems({"eth2": ND}, {"eth2": NetdevWire(module=reading)})
+    assert {(p.code, p.severity) for p in problems} >= {("optic_rx_power_alarm_low", "warning")}
+    assert len([p for p in problems if p.code == "optic_rx_power_alarm_low"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("state", "judged"),
+    [(0x2, False), (0x3, False), (0x5, False), (0x6, False), (0x7, False), (0x0, True), (0x8, True), (0xF, True)],
+)
+def test_lanes_between_states_are_not_judged_and_reserved_codes_are(state: int, judged: bool) -> None:
+    """DPInit, DPDeinit, DPTxTurnOn/Off, DPInitialized: on the way, values meaningless. A reserved
+    code says nothing: judged as before the state was read (a real low lane must not hide)."""
+    reading = _reading(_osfp_with_port_2(state=state))
+    assert {lane.data_path_active for lane in reading.lanes[4:]} == {None if judged else False}
+    levels = {lane.rx_power_watts.level for lane in reading.lanes[4:] if lane.rx_power_watts}
+    assert levels == ({Level.ALARM_LOW} if judged else {Level.NOT_IN_USE})
+
+
+def test_a_disabled_transmitter_leaves_tx_unjudged_and_rx_judged() -> None:
+    memory = _osfp_with_port_2(state=0x4, watts=True)  # every lane lit, as dumped
+    page10, page11 = bytearray(memory.upper[(0x10, 0)]), bytearray(memory.upper[(0x11, 0)])
+    page10[130 - 128] = 0x04  # Tx disable of media lane 3
+    page11[154 + 4 - 128 : 154 + 6 - 128] = bytes(2)  # its Tx power 0 W
+    page11[170 + 4 - 128 : 170 + 6 - 128] = bytes(2)  # its bias 0 A
+    reading = _reading(ModuleMemory(memory.lower, {**memory.upper, (0x10, 0): bytes(page10), (0x11, 0): bytes(page11)}))
+    lane3 = reading.lanes[2]
+    assert lane3.tx_disabled is True and lane3.data_path_active is True
+    assert lane3.tx_power_watts is not None and lane3.tx_power_watts.level is Level.NOT_IN_USE
+    assert lane3.tx_bias_amperes is not None and lane3.tx_bias_amperes.level is Level.NOT_IN_USE
+    assert lane3.rx_power_watts is not None and lane3.rx_power_watts.level is Level.NORMAL
+    assert [lane.tx_disabled for lane in reading.lanes] == [False, False, True] + [False] * 5
+
+
+def test_qsfp_dd_media_lane_goes_dark_only_when_both_its_host_lanes_do() -> None:
+    """The real QSFP-DD: 400GAUI-8 (8 host lanes) onto 400GBASE-DR4 (4 media lanes), so media lane
+    4 is fed by host lanes 7 and 8. One of them activated keeps it judged."""
+    memory = _fboss("qsfp-dd-400g-xdr4")
+    assert (cmis.host_lanes(memory.lower), cmis.media_lanes(memory.lower, memory.page(1))) == (8, 4)
+
+    def lane4(byte131: int) -> bool | None:
+        page11 = bytearray(memory.upper[(0x11, 0)])
+        page11[131 - 128] = byte131  # host lanes 7 (low nibble) and 8 (high nibble)
+        reading = _reading(ModuleMemory(memory.lower, {**memory.upper, (0x11, 0): bytes(page11)}))
+        assert [lane.data_path_active for lane in reading.lanes[:3]] == [True] * 3
+        return reading.lanes[3].data_path_active
+
+    assert lane4(0x11) is False
+    assert lane4(0x14) is True and lane4(0x41) is True  # one host lane still activated
+    assert lane4(0x01) is None  # host lane 8 reads reserved 0: not clearly deactivated
+
+
+def test_host_to_media_lane_mapping() -> None:
+    assert [cmis.feeding_host_lanes(m, 8, 8) for m in range(8)] == [range(m, m + 1) for m in range(8)]
+    assert [cmis.feeding_host_lanes(m, 4, 8) for m in range(4)] == [range(2 * m, 2 * m + 2) for m in range(4)]
+    assert [cmis.feeding_host_lanes(m, 8, 4) for m in range(8)] == [range(m // 2, m // 2 + 1) for m in range(8)]
+    assert [cmis.feeding_host_lanes(m, 4, 4) for m in range(4)] == [range(m, m + 1) for m in range(4)]
+    assert [cmis.feeding_host_lanes(m, 3, 8) for m in range(3)] == [range(0, 3), range(2, 6), range(5, 8)]
 
 
 def test_mellanox_dark_lanes_are_judged_against_the_modules_own_limits() -> None:
@@ -363,6 +488,8 @@ def test_cmis_offsets_units_and_bias_multiplier() -> None:
     assert first.rx_power_watts is not None and first.rx_power_watts.value == pytest.approx(2.2489e-3)
     assert round(watts_to_dbm(first.rx_power_watts.value), 2) == 3.52
     assert reading.lanes[3].rx_power_watts is not None and reading.lanes[3].rx_power_watts.level is Level.ALARM_LOW
+    # page 11h's data path state reads 0 (reserved) and page 10h was not read: unknown, judged as before
+    assert {(lane.data_path_active, lane.tx_disabled) for lane in reading.lanes} == {(None, None)}
 
 
 def test_cmis_flat_memory_has_identity_and_module_monitors_only() -> None:
@@ -373,8 +500,9 @@ def test_cmis_flat_memory_has_identity_and_module_monitors_only() -> None:
     assert reading.temperature_celsius is not None and reading.temperature_celsius.level is Level.UNKNOWN
 
 
-def test_cmis_paged_module_reads_four_pages() -> None:
-    assert cmis.pages_to_read(_cmis_memory().lower) == [(0, 0), (1, 0), (2, 0), (0x11, 0)]
+def test_cmis_paged_module_reads_five_pages() -> None:
+    # 10h (Tx disable) as ethtool's own CMIS decoder reads it for every paged module
+    assert cmis.pages_to_read(_cmis_memory().lower) == [(0, 0), (1, 0), (2, 0), (0x10, 0), (0x11, 0)]
 
 
 def test_non_ascii_identity_bytes_do_not_crash() -> None:
