@@ -60,6 +60,9 @@ NO_MODULE = frozenset({errno.ENODATA, errno.ENODEV})
 # Pages whose bytes move while the module is plugged (CMIS 10h: Tx disable the host writes; 11h:
 # data path state and lane monitors); the rest are static.
 _LIVE_PAGES = frozenset({0x10, 0x11})
+# Pages the decoder does without (CMIS 10h: which transmitters the host disabled; unknown, every
+# lane's Tx is judged): a module that refuses one still has its optics read.
+_OPTIONAL_PAGES = frozenset({0x10})
 
 # enum ethtool_link_ext_state and its substates (include/uapi/linux/ethtool.h), as ethtool prints them
 EXT_STATES: tuple[str, ...] = (
@@ -302,7 +305,11 @@ class EthtoolNetlink:
                     upper[(page, bank)] = cached
                     continue
                 requests += 1
-                upper[(page, bank)] = self.module_page(ifname, page, bank, PAGE_SIZE)
+                try:
+                    upper[(page, bank)] = self.module_page(ifname, page, bank, PAGE_SIZE)
+                except _NetlinkError:
+                    if page not in _OPTIONAL_PAGES:
+                        raise
             memory = ModuleMemory(lower=lower, upper=upper)
             return ModuleRead(decode_module(memory), requests, memory)
         except _NetlinkError as exc:

@@ -16,6 +16,7 @@ from rnic_exporter.sinks.wire_samples import (
     pause_samples,
     request_samples,
 )
+from rnic_exporter.sources.optics.memory import ModuleMemory
 from rnic_exporter.sources.pause_stats import parse as parse_pause
 
 ND = ("mlx5_0", "1", "ens1f0np0")
@@ -59,6 +60,31 @@ def test_dark_cmis_lanes_are_sampled_without_a_level() -> None:
     sff = SimEthtool(wire).module("ens1f0np0").result  # SFF-8636 does not say: no series
     assert isinstance(sff, ModuleReading)
     assert not [s for s, _, _ in module_samples(ND, sff) if s is c.MODULE_LANE_ACTIVE]
+
+
+class _WithoutPage(SimModule):
+    """A CMIS module that refuses one upper page (EINVAL from the sim, as a real one would)."""
+
+    def __init__(self, missing: int) -> None:
+        super().__init__(memory_map="cmis")
+        self.missing = missing
+
+    def memory(self) -> ModuleMemory:
+        full = super().memory()
+        return ModuleMemory(full.lower, {key: page for key, page in full.upper.items() if key[0] != self.missing})
+
+
+def test_a_module_refusing_page_10h_still_has_its_optics_read_and_11h_is_an_error() -> None:
+    wire = SimWire()
+    wire.add("ens1f0np0", SimPort(module=_WithoutPage(0x10)))  # Tx disable unknown: every lane's Tx judged
+    wire.add("ens2f0np0", SimPort(module=_WithoutPage(0x11)))  # the lane monitors themselves: a failure
+    reader = SimEthtool(wire)
+    read = reader.module("ens1f0np0")
+    assert isinstance(read.result, ModuleReading) and read.result.worst is Level.NORMAL
+    assert len(read.result.lanes) == 4 and all(lane.tx_disabled is None for lane in read.result.lanes)
+    assert reader.errors == {}
+    failed = reader.module("ens2f0np0").result
+    assert isinstance(failed, ReadFailure) and reader.errors == {"module_eeprom": 1}
 
 
 def test_rx_power_fading_through_the_warning_threshold_is_judged_and_sampled() -> None:
