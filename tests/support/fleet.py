@@ -19,6 +19,8 @@ The wire (`--collector.wire`): every RoCE port has a module with four lanes at `
 low warning at `RX_LOW_WARNING_W`, corrected FEC blocks counting, no uncorrectable ones, and some PFC pause:
 - optic_low: lane `FADING_LANE`'s Rx power falls below its module's low warning (a dirty connector);
 - optic_drift: it falls to `RX_DRIFTED_W`, still above the warning but below half its median: a drift;
+- optic_dark: the host takes lanes `DARK_LANES` dark on purpose (the unused port of a twin-port module):
+  their Rx power goes to 0 W, their level series ends, `rnic_module_lane_active` says 0; nothing may fire;
 - fec: uncorrectable FEC blocks count `UNCORRECTABLE_PER_SECOND` from then on;
 - pause: the port sends pause on `STORM_PRIORITY` for `STORM_SHARE` of each second: a pause storm.
 
@@ -64,6 +66,7 @@ KINDS = (
     "aer_correctable",
     "optic_low",
     "optic_drift",
+    "optic_dark",
     "fec",
     "pause",
 )
@@ -79,6 +82,7 @@ _AT = {
     "aer_correctable": 1 / 5,
     "optic_low": 5 / 12,
     "optic_drift": 1 / 4,
+    "optic_dark": 3 / 10,
     "fec": 1 / 2,
     "pause": 13 / 20,
 }
@@ -103,6 +107,7 @@ OLD_AER_EVERY = 12
 LANES = 4
 RX_POWER_W, RX_LOW_WARNING_W, RX_DRIFTED_W = 0.9e-3, 0.1445e-3, 0.4e-3
 FADING_LANE = 2
+DARK_LANES = (3, 4)
 RX_FADED_W = 0.12e-3  # optic_low: below the low warning, so the module's level is -1 (warning low)
 CORRECTED_PER_SECOND, UNCORRECTABLE_PER_SECOND = 50.0, 0.2
 PAUSE_SHARE, STORM_SHARE, STORM_PRIORITY = 0.01, 0.8, 3  # seconds paused a second: healthy PFC, then a storm
@@ -341,7 +346,15 @@ class _Writer:
             for lane in range(1, LANES + 1):
                 series = self._port(c.MODULE_MONITOR_LEVEL, h, d, f'netdev=%N,monitor="rx_power",lane="{lane}"')
                 low = self._at(h, d, "optic_low") if lane == FADING_LANE else []
-                self._steps(series, [(fl.start, 0), *((at, -1) for at in low)], self._gone(h, d))
+                dark = self._at(h, d, "optic_dark") if lane in DARK_LANES else []  # a dark lane is not judged
+                steps = [(fl.start, 0), *((at, -1) for at in low), *((at, None) for at in dark)]
+                self._steps(series, steps, self._gone(h, d))
+        self._family(c.MODULE_LANE_ACTIVE.family_name, "gauge")
+        for h, d in self._devices():
+            for lane in range(1, LANES + 1):
+                series = self._port(c.MODULE_LANE_ACTIVE, h, d, f'netdev=%N,lane="{lane}"')
+                dark = self._at(h, d, "optic_dark") if lane in DARK_LANES else []
+                self._steps(series, [(fl.start, 1), *((at, 0) for at in dark)], self._gone(h, d))
         self._family(c.MODULE_RX_POWER_THRESHOLD.family_name, "gauge")
         for h, d in self._devices():
             series = self._port(c.MODULE_RX_POWER_THRESHOLD, h, d, 'netdev=%N,limit="low_warning"')
@@ -373,6 +386,8 @@ class _Writer:
         if lane == FADING_LANE:
             steps += [(at, RX_FADED_W) for at in self._at(h, d, "optic_low")]
             steps += [(at, RX_DRIFTED_W) for at in self._at(h, d, "optic_drift")]
+        if lane in DARK_LANES:
+            steps += [(at, 0.0) for at in self._at(h, d, "optic_dark")]
         return steps
 
     # --- fault timing -----------------------------------------------------------------------------------
