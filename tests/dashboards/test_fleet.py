@@ -93,9 +93,10 @@ WINDOWS: dict[str, list[tuple[float, float, list[Key]]]] = {
     # more samples before the drift than since it (one less, as the median of an even count is the mean of
     # the middle two). The same low lane is below half its median too: only `unless` keeps the drift silent
     # there. Lanes the host takes dark (optic_dark: 0 W, no level, rnic_module_lane_active 0) fire nothing,
-    # though 0 W is below half their median: the rule's second `unless`. FEC: from the first sample with an uncorrectable block, a step after the fault. The pause storm:
-    # from when the 5-minute rate holds it whole (before, Prometheus 2's closed range and 3's left-open one
-    # cross 0.5 at different seconds: no check time falls there).
+    # though 0 W is below half their median: the rule's second `unless`. FEC: from the first sample with an
+    # uncorrectable block, a step after the fault. The pause storm: from when the 5-minute rate holds it whole
+    # (before, Prometheus 2's closed range and 3's left-open one cross 0.5 at different seconds: no check time
+    # falls there).
     "RnicOpticRxPowerLow": [(FLEET.at("optic_low"), INF, _ports("optic_low"))],
     "RnicOpticRxPowerDrifting": [(DRIFT, DRIFT + (DRIFT - FLEET.start) - FLEET.step, _ports("optic_drift"))],
     "RnicFecUncorrectableRising": [(FLEET.at("fec") + FLEET.step, INF, _ports("fec"))],
