@@ -44,8 +44,9 @@ KERNEL_ENV = "RNIC_KERNEL_LAB_KERNEL"  # a version (6.12.118+deb12-amd64) or a p
 # The second kernel runs these (the rest only on the first): what differs across kernels is the
 # RDMA core's and rxe's behaviour (sysfs, netlink, events), which these cover; the incident replays
 # (NetworkManager, QP holders, renames) are about userspace and ~6 min more per kernel under TCG.
-# wire_ethtool is the driver's ethtool ops and the ethtool netlink core (12-22 s a kernel).
-SECOND_KERNEL_SCENARIOS = ("healthy", "events", "nldev", "tap_speed", "wire_ethtool")
+# wire_ethtool is the driver's ethtool ops and the ethtool netlink core (12-22 s a kernel),
+# netlink_serve the daemon's counter path over RDMA netlink (38-42 s a kernel).
+SECOND_KERNEL_SCENARIOS = ("healthy", "events", "nldev", "tap_speed", "wire_ethtool", "netlink_serve")
 # Scenarios that need an emulated NIC with real ethtool operations (link state, `ethtool -S`,
 # pause): QEMU's e1000e (igb needs QEMU 8.0) behind user-mode networking, which gives it carrier.
 # The boot adds it only when one of them is selected; the guest sees it once e1000e is loaded.
