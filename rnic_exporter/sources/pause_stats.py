@@ -20,6 +20,9 @@ Names (mlx5e, `Documentation/networking/device_drivers/ethernet/mellanox/mlx5/co
 | `module_unplug`, `module_bus_stuck`, `module_high_temp`, `module_bad_shorted` | module events |
 
 Other drivers name these differently or not at all: an empty result is "not exposed", not 0.
+Intel's e1000e, igb and ixgbe count 802.3x pause as `{rx,tx}_flow_control_{xon,xoff}`; those are
+deliberately not in the set: those drivers carry no RDMA, so no RoCE netdev has them (the kernel
+lab's emulated e1000e reads as not exposed, tests/kernel/test_wire_ethtool.py).
 """
 
 from __future__ import annotations

@@ -352,6 +352,36 @@ class Lab:
         self.sh(f"ip link set {tap} carrier on")
         self.wait_until(lambda: read_attr(SYS_NET / tap / "carrier").strip() == "1", 20, f"{tap} carrier on")
 
+    @contextlib.contextmanager
+    def send_bw_loopback(
+        self, dev: str = "rxe0", seconds: int = 20, tcp_port: int = 18611
+    ) -> Iterator[tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]]:
+        """ib_send_bw RC traffic in loopback on DEV (server and client both on it, 10.77.0.1: rxe in
+        the root namespace loops it back), until the block ends or `seconds` pass; yields (server,
+        client) once the client runs. Their output goes to send_bw_{server,client}.log in `out`."""
+        common = ["ib_send_bw", "-d", dev, "-x", "1", "-s", "4096", "-D", str(seconds), "-p", str(tcp_port)]
+        procs: list[subprocess.Popen[bytes]] = []
+        with open(self.out / "send_bw_server.log", "w") as slog, open(self.out / "send_bw_client.log", "w") as clog:
+            try:
+                server = subprocess.Popen(common, stdout=slog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                procs.append(server)
+                self.wait_until(
+                    lambda: server.poll() is not None or f":{tcp_port}" in self.sh("ss -Hltn", check=False).stdout,
+                    30,
+                    f"ib_send_bw server listening on {tcp_port}",
+                    poll_s=0.1,
+                )
+                client = subprocess.Popen(
+                    [*common, VA_ADDR], stdout=clog, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                )
+                procs.append(client)
+                yield server, client
+            finally:
+                for proc in reversed(procs):
+                    if proc.poll() is None:
+                        proc.kill()
+                    proc.wait()
+
     # -- the exporter as a daemon ----------------------------------------------------------
 
     def serve(self, *args: str, deadline_s: float = 120.0) -> Serve:

@@ -44,7 +44,14 @@ KERNEL_ENV = "RNIC_KERNEL_LAB_KERNEL"  # a version (6.12.118+deb12-amd64) or a p
 # The second kernel runs these (the rest only on the first): what differs across kernels is the
 # RDMA core's and rxe's behaviour (sysfs, netlink, events), which these cover; the incident replays
 # (NetworkManager, QP holders, renames) are about userspace and ~6 min more per kernel under TCG.
-SECOND_KERNEL_SCENARIOS = ("healthy", "events", "nldev", "tap_speed")
+# wire_ethtool is the driver's ethtool ops and the ethtool netlink core (12-22 s a kernel),
+# netlink_serve the daemon's counter path over RDMA netlink (38-42 s a kernel).
+SECOND_KERNEL_SCENARIOS = ("healthy", "events", "nldev", "tap_speed", "wire_ethtool", "netlink_serve")
+# Scenarios that need an emulated NIC with real ethtool operations (link state, `ethtool -S`,
+# pause): QEMU's e1000e (igb needs QEMU 8.0) behind user-mode networking, which gives it carrier.
+# The boot adds it only when one of them is selected; the guest sees it once e1000e is loaded.
+NIC_SCENARIOS = ("wire_ethtool",)
+NIC_QEMU_OPTS = "-device e1000e,netdev=labnic -netdev user,id=labnic"
 PACKAGES = {
     "qemu-system-x86_64": "qemu-system-x86",
     "vng": "virtme-ng (pip install virtme-ng into the venv, and put its bin/ on PATH)",
@@ -244,11 +251,15 @@ def stage(workdir: Path) -> tuple[Path, dict[str, float]]:
 # -- booting ------------------------------------------------------------------------------------
 
 
-def _vng_argv(tools: Tools, outdir: Path, exec_cmd: str, kvm: bool, cpus: int, memory: str) -> list[str]:
+def _vng_argv(
+    tools: Tools, outdir: Path, exec_cmd: str, kvm: bool, cpus: int, memory: str, nic: bool = False
+) -> list[str]:
     argv = [tools.vng, "--run", str(tools.kernel), "--user", "root", "--memory", memory, "--cpus", str(cpus)]
     argv += ["--rwdir", str(outdir), "--cwd", str(REPO)]
     if not kvm:
         argv.append("--disable-kvm")
+    if nic:
+        argv.append(f"--qemu-opts={NIC_QEMU_OPTS}")  # vng hands it on through a shell: no quoting needed
     argv += ["--exec", exec_cmd]
     return argv
 
@@ -426,7 +437,8 @@ def run_lab(
             else driver + "\n"
         )
     )
-    argv = _vng_argv(tools, outdir, f"sh {shlex.quote(str(guest_script))}", kvm, cpus, memory)
+    nic = any(s in NIC_SCENARIOS for s in scenarios)
+    argv = _vng_argv(tools, outdir, f"sh {shlex.quote(str(guest_script))}", kvm, cpus, memory, nic)
     if shell:
         proc_shell = subprocess.Popen(argv, env=_env(), start_new_session=False)
         proc_shell.wait()
@@ -516,6 +528,7 @@ def _figures(report: RunReport, t_start: float) -> None:
 
 
 __all__ = [
+    "NIC_SCENARIOS",
     "SECOND_KERNEL_SCENARIOS",
     "LabSetupError",
     "RunReport",

@@ -36,7 +36,7 @@ from rnic_exporter.daemon.consumer_watch import LIVE_PROCFS, LIVE_SYSFS, scanner
 from rnic_exporter.sources.nldev import RdmaNetlink, Unavailable, in_network_namespace
 from rnic_exporter.sources.qp_owners import consumers_by_device
 from rnic_exporter.sources.read_path import choose_read_path
-from tests.kernel.lab import SYS_IB, VA_ADDR, Lab, LabError, free_port, measured, read_attr
+from tests.kernel.lab import SYS_IB, Lab, LabError, free_port, measured, read_attr
 
 ROUNDS = 12
 TIMING_REPEATS = 100
@@ -148,28 +148,10 @@ def figures(result: dict[str, Any]) -> dict[str, Any]:
 
 def _under_traffic(lab: Lab, nl: RdmaNetlink, index: int) -> dict[str, Any]:
     wait = 2 * lifespan_s() + 0.005
-    common = ["ib_send_bw", "-d", "rxe0", "-x", "1", "-s", "4096", "-D", "20", "-p", "18611"]
-    logs = lab.out
-    server_log = open(logs / "server.log", "w")  # noqa: SIM115 (lives as long as the process)
-    client_log = open(logs / "client.log", "w")  # noqa: SIM115
-    server = subprocess.Popen(common, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    client: subprocess.Popen[bytes] | None = None
     rounds: list[dict[str, Any]] = []
     qps: dict[str, Any] = {}
-    try:
-        lab.wait_until(
-            lambda: server.poll() is not None or ":18611" in lab.sh("ss -Hltn", check=False).stdout,
-            30,
-            "ib_send_bw server listening on 18611",
-            poll_s=0.1,
-        )
+    with lab.send_bw_loopback("rxe0", seconds=20) as (server, client):
         start = hw_sysfs()["sent_pkts"]
-        client = subprocess.Popen(
-            [*common, VA_ADDR],
-            stdout=client_log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
         lab.wait_until(lambda: hw_sysfs()["sent_pkts"] > start + 1000, 60, "rxe0 sent_pkts moving (traffic)")
         for _ in range(ROUNDS):
             before = hw_sysfs()
@@ -199,13 +181,6 @@ def _under_traffic(lab: Lab, nl: RdmaNetlink, index: int) -> dict[str, Any]:
                 "by_device": {dev: sorted({c.pid for c in cs}) for dev, cs in found.by_device.items()},
                 "complete": found.complete,
             }
-    finally:
-        for p in (client, server):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
-        server_log.close()
-        client_log.close()
     # Traffic over (both killed): nothing moves any more, so one read of each must agree exactly.
     lab.wait_until(lambda: hw_sysfs() == hw_sysfs(), 10, "counters standing still")
     time.sleep(wait)
@@ -218,8 +193,8 @@ def _under_traffic(lab: Lab, nl: RdmaNetlink, index: int) -> dict[str, Any]:
         "lifespan_s": lifespan_s(),
         "still_sysfs": still_sysfs,
         "still_netlink": as_json(still),
-        "client_log": (logs / "client.log").read_text()[-2000:],
-        "server_log": (logs / "server.log").read_text()[-2000:],
+        "client_log": (lab.out / "send_bw_client.log").read_text()[-2000:],
+        "server_log": (lab.out / "send_bw_server.log").read_text()[-2000:],
     }
 
 
