@@ -3,7 +3,8 @@
 pyroute2's `NlEthtool` knows the family and the header; its message classes lack the statistics
 and extended link state attributes, so the messages are declared again here as pyroute2 `nla`
 classes (attribute numbers from `include/uapi/linux/ethtool_netlink_generated.h`), and sent on
-one bound socket. No byte parsing of our own.
+a bound socket of the calling thread's own (pyroute2 runs each on the event loop of the thread that
+opened it). No byte parsing of our own.
 
 Cost (rnic-linux-facts §7): a module page is one MCIA register access on mlx5 per request (128
 bytes at most); FEC and pause statistics are one PPCNT each; link state is cheap. Read them on a
@@ -224,26 +225,30 @@ R = TypeVar("R")
 
 
 class EthtoolNetlink:
-    """One bound ethtool genetlink socket; thread-safe, one request at a time.
+    """Bound ethtool genetlink sockets, one per calling thread; thread-safe, one request at a time.
 
     Every call returns a typed outcome and never raises for the device's answer; `requests`
     counts each request sent per operation (the read-cost metric), `errors` each failure.
     """
 
     def __init__(self) -> None:
-        self._sock: Any = None
+        # One socket per calling thread (see `_socket`), closed by `close()` or when its thread ended.
+        self._socks: dict[threading.Thread, Any] = {}
         self._lock = threading.Lock()
         self.requests: dict[str, int] = {}
         self.errors: dict[str, int] = {}
 
+    @property
+    def sockets(self) -> int:
+        """Sockets open now: one per thread that sent a request and is still running."""
+        with self._lock:
+            return len(self._socks)
+
     def close(self) -> None:
         with self._lock:
-            if self._sock is not None:
-                try:
-                    self._sock.close()
-                except Exception:  # a broken socket must not take the caller down
-                    log.debug("ethtool netlink close failed", exc_info=True)
-                self._sock = None
+            socks, self._socks = list(self._socks.values()), {}
+        for sock in socks:
+            _close(sock)
 
     def __enter__(self) -> EthtoolNetlink:
         return self
@@ -373,15 +378,28 @@ class EthtoolNetlink:
         return replies[0]
 
     def _socket(self) -> Any:
-        if self._sock is None:
-            sock = _generic.NlEthtool()
-            try:
-                sock.bind(GENL_NAME, LinkStateMsg)
-            except Exception:
-                sock.close()
-                raise
-            self._sock = sock
-        return self._sock
+        """The calling thread's socket, opened on its first request (called with the lock held).
+
+        pyroute2 (0.9) runs a synchronous socket on an asyncio event loop kept by the thread that
+        opened it; a request from any other thread makes a new event loop and endpoint of its own,
+        closes them after the reply, and leaves some of each behind in the socket (the loop's id in
+        a set, the closed transport's error message in that thread's queue). `WireWatch.annotate`
+        asks the link state from the agent's thread while the wire thread polls: one socket each.
+        """
+        for thread in [t for t in self._socks if not t.is_alive()]:
+            _close(self._socks.pop(thread))  # a thread that ended will not ask again
+        me = threading.current_thread()
+        sock = self._socks.get(me)
+        if sock is not None:
+            return sock
+        sock = _generic.NlEthtool()
+        try:
+            sock.bind(GENL_NAME, LinkStateMsg)
+        except Exception:
+            sock.close()
+            raise
+        self._socks[me] = sock
+        return sock
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
@@ -395,16 +413,17 @@ class EthtoolNetlink:
             if not isinstance(code, int):
                 raise
             if isinstance(exc, OSError):  # the socket itself broke: start afresh next time
-                self._drop_socket()
+                sock = self._socks.pop(threading.current_thread(), None)
+                if sock is not None:
+                    _close(sock)
             raise _NetlinkError(abs(code)) from exc
 
-    def _drop_socket(self) -> None:
-        sock, self._sock = self._sock, None
-        if sock is not None:
-            try:
-                sock.close()
-            except Exception:
-                log.debug("ethtool netlink close failed", exc_info=True)
+
+def _close(sock: Any) -> None:
+    try:
+        sock.close()
+    except Exception:  # a broken socket must not take the caller down
+        log.debug("ethtool netlink close failed", exc_info=True)
 
 
 def _link_state(reply: Any) -> LinkState:

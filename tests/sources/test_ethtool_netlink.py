@@ -8,6 +8,7 @@ messages encoded by pyroute2 itself, for attributes veth never sends (extended s
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -66,6 +67,34 @@ def test_a_missing_netdev_is_a_counted_failure(ns: Netns) -> None:
         assert reader.link_state("gone0") == ReadFailure("link_state", "ENODEV")
         assert reader.fec("gone0") == ReadFailure("fec", "ENODEV")
         assert reader.errors == {"link_state": 1, "fec": 1}
+
+
+def test_each_thread_asks_on_a_socket_of_its_own_and_leaves_nothing_behind(ns: Netns) -> None:
+    # The daemon asks from two threads: the wire watch polls, the agent asks the link state at a
+    # port-down event (WireWatch.annotate). pyroute2 keeps a socket's event loop for the thread that
+    # opened it; on one shared socket every request of the other thread made an event loop of its
+    # own and left its id and a queued message behind (the soak's memory rose ~2 MB a minute).
+    def event_loops_made(reader: en.EthtoolNetlink) -> int:
+        return sum(len(sock.asyncore.status["eids"]) for sock in reader._socks.values())
+
+    with ns.entered(), en.EthtoolNetlink() as reader:
+        assert isinstance(reader.link_state(NETDEV), LinkState)  # this thread opens its socket
+
+        seen: list[object] = []
+
+        def agent() -> None:
+            seen.extend(reader.link_state(NETDEV) for _ in range(40))
+            seen.append(reader.sockets)
+
+        other = threading.Thread(target=agent)  # started in the namespace: it stays there
+        other.start()
+        other.join(30)
+        assert not other.is_alive() and len(seen) == 41, seen
+        assert all(isinstance(s, LinkState) for s in seen[:40]) and seen[40] == 2
+        assert event_loops_made(reader) == 2, "a thread's requests made event loops of their own"
+        reader.link_state(NETDEV)
+        assert reader.sockets == 1  # the ended thread's socket is closed at the next request
+    assert reader.sockets == 0
 
 
 def test_extended_link_state_names() -> None:
