@@ -27,6 +27,7 @@ from pathlib import Path
 from rnic_exporter.catalog import metrics as catalog
 from rnic_exporter.catalog.events import PORT_DOWN, Event
 from rnic_exporter.config.file import WireIntervals
+from rnic_exporter.daemon.runtime import collect_young_garbage
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.wire import DeviceTemperatures, LinkState, NetdevWire, ReadFailure
 from rnic_exporter.sinks.samples import Family, FamilyBuilder
@@ -102,6 +103,7 @@ class WireWatch:
         self._hwmon: dict[str, tuple[str, DeviceTemperatures]] = {}
         self.errors: Counter[str] = Counter()
         self.polls = 0
+        self._sent = 0  # requests sent by the last poll's end
         self._failing: set[str] = set()  # operations whose failure is logged already
         self._lock = threading.Lock()
         self._families: list[Family] = self._build({}, {})
@@ -135,6 +137,10 @@ class WireWatch:
             self._families = families
             self.polls += 1
         self._note_failures(wire)
+        sent = sum(self.reader.requests.values())
+        if sent != self._sent:  # each request left reference cycles behind (pyroute2's messages)
+            self._sent = sent
+            collect_young_garbage()
         return wire
 
     def _read_hwmon(self, snap: Snapshot | None, now: float) -> None:
