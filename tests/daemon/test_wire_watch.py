@@ -204,6 +204,7 @@ def test_the_cycles_its_requests_leave_are_collected_every_poll(tmp_path: Path) 
     reader = WireReader(SimEthtool(wire), gstats=wire.gstats, clock=lambda: clock[0])
     watch = WireWatch(reader, lambda: current[0])
     young: list[int] = []
+    older: list[int] = []  # young collections since the last collection of the middle generation
     threshold = gc.get_threshold()
     gc.collect()
     gc.set_threshold(GC_GEN0_THRESHOLD, *threshold[1:])
@@ -213,10 +214,12 @@ def test_the_cycles_its_requests_leave_are_collected_every_poll(tmp_path: Path) 
             watch.poll_once(now=clock[0])
             clock[0] += 10.0
             young.append(gc.get_count()[0])
+            older.append(gc.get_count()[1])
     finally:
         gc.set_threshold(*threshold)
     assert sum(reader.requests.values()) > 400, reader.requests  # not vacuous: it asked, and often
     assert max(young) < 1_000, young
+    assert max(older) <= threshold[1] + 1, older  # and the older generations are collected in turn
 
 
 def test_otlp_exports_the_wire_too(tmp_path: Path) -> None:
