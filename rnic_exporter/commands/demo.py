@@ -236,7 +236,6 @@ def run_demo(
             state_dir=workdir / "state",
             host_paths=HostPaths(procfs=workdir / "proc", rootfs=workdir / "root"),
             consumers=ConsumerSettings(enabled=True, interval_s=max(1.0, step_seconds / 4)),
-            wire=True,  # opt-in on a real host (docs/wire.md); the demo shows its fading optic
         )
         # the real scan, over the fake procfs; the simulated wire under the RoCE netdevs
         return serve.run(config, stop=stop, wire=wire_reader(attach_wire(host), step_seconds))

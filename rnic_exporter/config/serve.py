@@ -64,7 +64,7 @@ class ServeConfig:
     counter_wait_s: float = DEFAULT_COUNTER_WAIT_S  # --web.counter-wait
     read_deadline_s: float = DEFAULT_DEADLINE_S
     consumers: ConsumerSettings = field(default_factory=ConsumerSettings)  # --collector.consumers
-    wire: bool = False  # --collector.wire, opt-in (docs/wire.md): optics, FEC, link-down reason, pause
+    wire: bool = True  # --collector.wire: optics, FEC, link-down reason, pause on their own timers
     wire_intervals: WireIntervals = field(default_factory=WireIntervals)  # the config file's [collector.wire]
 
     @property
@@ -184,10 +184,10 @@ def serve_flags(log: Sequence[Decorator] = ()) -> list[Decorator]:
         click.option(
             "--collector.wire/--no-collector.wire",
             "wire",
-            default=False,
+            default=True,
             help="Read the wire below RoCE netdevs on its own timers, never per scrape: module (optics) "
             "health and thresholds every minute, FEC, pause and PFC, why a link is down, mlx5 hwmon "
-            "temperatures (ethtool netlink and ethtool -S; default off until its memory is flat in the soak).",
+            "temperatures (ethtool netlink and ethtool -S; default on).",
         ),
         click.option(
             "--collector.rdma-netlink/--no-collector.rdma-netlink",

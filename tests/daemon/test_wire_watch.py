@@ -69,7 +69,7 @@ def test_serve_exports_the_simulated_wire(tmp_path: Path) -> None:
         got = samples(body.decode()) if status == 200 else {}
         return got if any(name == c.MODULE_RX_POWER.name for name, _ in got) else None
 
-    with serving(sim_serve_config(host.root, port, wire=True), wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
+    with serving(sim_serve_config(host.root, port), wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
         got = wait_for(scraped, timeout=30, what="the wire series on /metrics")
     nd = {"device": "mlx5_0", "port": "1", "netdev": "ens1f0np0"}
     assert got[(c.MODULE_RX_POWER.name, frozenset({**nd, "lane": "1"}.items()))] == pytest.approx(0.9e-3)
@@ -235,7 +235,7 @@ def test_otlp_exports_the_wire_too(tmp_path: Path) -> None:
     with HttpReceiver() as rcv:
         otlp = resolve({"otlp_endpoint": rcv.url}, {})
         assert otlp is not None
-        config = sim_serve_config(host.root, free_port(), wire=True, otlp=replace(otlp, interval_s=0.5))
+        config = sim_serve_config(host.root, free_port(), otlp=replace(otlp, interval_s=0.5))
         with serving(config, wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
             point = wait_for(
                 lambda: next((p for p in rcv.received.latest_points() if p.metric == "rnic.module.rx_power"), None),

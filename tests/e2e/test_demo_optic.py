@@ -56,7 +56,7 @@ def _firing(prom: Prometheus) -> dict[str, dict[str, Any]]:
 def test_the_optic_alert_fires_before_the_speed_alert(tmp_path: Path) -> None:
     host = SimHost.build(tmp_path / "sys", roce=5, infiniband=1)  # the demo's 6 RNICs
     port = free_port()
-    config = sim_serve_config(host.root, port, wire=True, poll_interval_s=0.2, state_dir=tmp_path / "state")
+    config = sim_serve_config(host.root, port, poll_interval_s=0.2, state_dir=tmp_path / "state")
     reader = demo.wire_reader(demo.attach_wire(host), step_seconds=1.0)  # the module read every second
     prom_config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
