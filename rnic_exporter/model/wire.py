@@ -2,8 +2,9 @@
 
 Filled by `rnic_exporter.sources.ethtool_netlink` (ethtool netlink) and the `ethtool -S` pause
 parser; no I/O. A read is one of: its record, `Unsupported` (the driver or device never had the
-operation: veth, tun, IPoIB, a driver without the op; not a fault, no alarm) or `ReadFailure`
-(the operation exists and failed: counted and logged).
+operation: veth, tun, IPoIB, a driver without the op; not a fault, no alarm), `Gone` (the netdev is
+not in this network namespace: not a fault either) or `ReadFailure` (the operation exists and
+failed: counted and logged).
 """
 
 from __future__ import annotations
@@ -28,8 +29,18 @@ class ReadFailure:
     reason: str  # errno name or "malformed: ..."
 
 
+@dataclass(frozen=True, slots=True)
+class Gone:
+    """The kernel knows no netdev of that name here (ENODEV, and the name resolves to no interface):
+    removed between the snapshot and the read, or moved into another network namespace (a
+    container's). Not a fault and no series; asked again at the operation's interval, as it may come
+    back (`Unsupported` is never asked again)."""
+
+    operation: str
+
+
 T = TypeVar("T")
-Outcome: TypeAlias = T | Unsupported | ReadFailure
+Outcome: TypeAlias = T | Unsupported | Gone | ReadFailure
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +154,7 @@ __all__ = [
     "DriverPauseStats",
     "FecBin",
     "FecStats",
+    "Gone",
     "LinkState",
     "NetdevWire",
     "Outcome",

@@ -238,7 +238,10 @@ class SimWire:
     def gstats(self, netdev: str) -> dict[str, int]:
         """`ethtool -S`: the driver's strings and values (EOPNOTSUPP-free: every netdev has GSTATS)."""
         with self.lock:
-            return dict(self.ports[netdev].gstats)
+            port = self.ports.get(netdev)
+            if port is None:  # the ioctl on a name the namespace does not have
+                raise OSError(errno.ENODEV, "No such device")
+            return dict(port.gstats)
 
 
 class SimEthtool(en.EthtoolNetlink):
@@ -264,6 +267,10 @@ class SimEthtool(en.EthtoolNetlink):
                 raise en._NetlinkError(errno.ENODEV)
             reply = self._answer(port, cmd, dict(attrs or []))
         return kernel_encoded(msg_class, reply)
+
+    def present(self, ifname: str) -> bool:
+        with self.wire.lock:
+            return ifname in self.wire.ports
 
     def _answer(self, port: SimPort, cmd: int, request: dict[str, int]) -> list[tuple[str, Any]]:
         if cmd == en.MSG_LINKSTATE_GET:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import socket
 import struct
 import threading
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rnic_exporter.model.optics import ModuleReading, UnsupportedModule
-from rnic_exporter.model.wire import FecBin, FecStats, LinkState, Outcome, PauseStats, ReadFailure, Unsupported
+from rnic_exporter.model.wire import FecBin, FecStats, Gone, LinkState, Outcome, PauseStats, ReadFailure, Unsupported
 from rnic_exporter.sources import pyroute2_parts
 from rnic_exporter.sources.optics.decode import decode as decode_module
 from rnic_exporter.sources.optics.decode import pages_to_read
@@ -260,14 +261,24 @@ class EthtoolNetlink:
 
     def link_state(self, ifname: str) -> Outcome[LinkState]:
         return self._outcome(
-            "link_state", lambda: _link_state(self._get("link_state", LinkStateMsg, MSG_LINKSTATE_GET, ifname))
+            "link_state", ifname, lambda: _link_state(self._get("link_state", LinkStateMsg, MSG_LINKSTATE_GET, ifname))
         )
 
     def fec(self, ifname: str) -> Outcome[FecStats]:
-        return self._outcome("fec", lambda: _fec(self._get("fec", FecMsg, MSG_FEC_GET, ifname, FLAG_STATS)))
+        return self._outcome("fec", ifname, lambda: _fec(self._get("fec", FecMsg, MSG_FEC_GET, ifname, FLAG_STATS)))
 
     def pause(self, ifname: str) -> Outcome[PauseStats]:
-        return self._outcome("pause", lambda: _pause(self._get("pause", PauseMsg, MSG_PAUSE_GET, ifname, FLAG_STATS)))
+        return self._outcome(
+            "pause", ifname, lambda: _pause(self._get("pause", PauseMsg, MSG_PAUSE_GET, ifname, FLAG_STATS))
+        )
+
+    def present(self, ifname: str) -> bool:
+        """Whether a netdev of that name is in this thread's network namespace (an ioctl; no driver call)."""
+        try:
+            socket.if_nametoindex(ifname)
+        except OSError:
+            return False
+        return True
 
     def module_page(self, ifname: str, page: int, bank: int, offset: int) -> bytes:
         """128 bytes at `offset` (0 for the lower page, 128 for upper page `page`). Raises _NetlinkError."""
@@ -318,7 +329,7 @@ class EthtoolNetlink:
             memory = ModuleMemory(lower=lower, upper=upper)
             return ModuleRead(decode_module(memory), requests, memory)
         except _NetlinkError as exc:
-            return ModuleRead(self._classify("module_eeprom", exc.code, NOT_SUPPORTED | NO_MODULE), requests)
+            return ModuleRead(self._classify("module_eeprom", ifname, exc.code, NOT_SUPPORTED | NO_MODULE), requests)
         except ModuleDecodeError as exc:
             self._count_error("module_eeprom", f"malformed: {exc}")
             return ModuleRead(ReadFailure("module_eeprom", "malformed"), requests)
@@ -327,11 +338,11 @@ class EthtoolNetlink:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _outcome(self, operation: str, read: Callable[[], R]) -> R | Unsupported | ReadFailure:
+    def _outcome(self, operation: str, ifname: str, read: Callable[[], R]) -> R | Unsupported | Gone | ReadFailure:
         try:
             return read()
         except _NetlinkError as exc:
-            return self._classify(operation, exc.code, NOT_SUPPORTED)
+            return self._classify(operation, ifname, exc.code, NOT_SUPPORTED)
         except Exception as exc:  # a reply pyroute2 or our parser could not take: counted, never raised
             return self._malformed(operation, exc)
 
@@ -339,7 +350,12 @@ class EthtoolNetlink:
         self._count_error(operation, f"malformed: {exc!r}")
         return ReadFailure(operation, "malformed")
 
-    def _classify(self, operation: str, code: int, unsupported: frozenset[int]) -> Unsupported | ReadFailure:
+    def _classify(
+        self, operation: str, ifname: str, code: int, unsupported: frozenset[int]
+    ) -> Unsupported | Gone | ReadFailure:
+        # ENODEV is also what mlx5 answers for an empty cage: gone only when the name is gone too.
+        if code == errno.ENODEV and not self.present(ifname):
+            return Gone(operation)
         # EOPNOTSUPP and ENOTSUP are one number on Linux; the kernel's name for it is EOPNOTSUPP
         name = "EOPNOTSUPP" if code == errno.EOPNOTSUPP else errno.errorcode.get(code, str(code))
         if code in unsupported:

@@ -21,12 +21,13 @@ register access on mlx5, FEC, pause and GSTATS one or more PPCNT each):
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from rnic_exporter.model.wire import DriverPauseStats, NetdevWire, Outcome, ReadFailure, Unsupported
+from rnic_exporter.model.wire import DriverPauseStats, Gone, NetdevWire, Outcome, ReadFailure, Unsupported
 from rnic_exporter.sources import pyroute2_parts
 from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
 from rnic_exporter.sources.optics.memory import ModuleMemory
@@ -152,6 +153,8 @@ class WireReader:
         except Exception as exc:  # pyroute2's NotSupportedError, NoSuchDevice, OSError, a racing string set
             if type(exc).__name__ == "NotSupportedError":
                 return Unsupported("gstats", "EOPNOTSUPP")
+            if type(exc).__name__ == "NoSuchDevice" or getattr(exc, "errno", None) == errno.ENODEV:
+                return Gone("gstats")  # not in this namespace (moved, or removed since the snapshot)
             self.gstats_errors += 1
             log.debug("ethtool -S failed", extra={"fields": {"netdev": netdev, "err": repr(exc)}})
             return ReadFailure("gstats", type(exc).__name__)

@@ -7,7 +7,7 @@ import pytest
 
 from rnic_exporter.catalog import metrics as c
 from rnic_exporter.model.optics import Level, ModuleReading
-from rnic_exporter.model.wire import FecStats, LinkState, PauseStats, ReadFailure, Unsupported
+from rnic_exporter.model.wire import FecStats, Gone, LinkState, PauseStats, ReadFailure, Unsupported
 from rnic_exporter.sim.wire import SimEthtool, SimModule, SimPort, SimWire
 from rnic_exporter.sinks.wire_samples import (
     fec_samples,
@@ -166,6 +166,6 @@ def test_ipoib_like_netdev_is_unsupported_and_costs_one_request_each() -> None:
     assert reader.module("ib0").result == Unsupported("module_eeprom", "EOPNOTSUPP")
     assert isinstance(reader.link_state("ib0"), LinkState)
     assert reader.errors == {}
-    assert reader.fec("nosuch0") == ReadFailure("fec", "ENODEV") and reader.errors == {"fec": 1}
+    assert reader.fec("nosuch0") == Gone("fec") and reader.errors == {}  # no such netdev: gone, no error
     counted = dict((labels[0], v) for _, labels, v in request_samples(reader.requests))
     assert counted == {"fec": 2.0, "pause": 1.0, "module_eeprom": 1.0, "link_state": 1.0}

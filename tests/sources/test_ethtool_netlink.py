@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from rnic_exporter.model.optics import ModuleReading
-from rnic_exporter.model.wire import FecBin, FecStats, LinkState, PauseStats, ReadFailure, Unsupported
+from rnic_exporter.model.wire import FecBin, FecStats, Gone, LinkState, PauseStats, ReadFailure, Unsupported
 from rnic_exporter.sim.wire import kernel_encoded
 from rnic_exporter.sources import ethtool_netlink as en
 from rnic_exporter.sources.optics.memory import ModuleMemory, from_linear
@@ -62,11 +62,16 @@ def test_fec_pause_and_module_are_unsupported_on_veth_not_errors(ns: Netns) -> N
         assert reader.requests == {"fec": 1, "pause": 1, "module_eeprom": 1}
 
 
-def test_a_missing_netdev_is_a_counted_failure(ns: Netns) -> None:
+def test_a_netdev_removed_or_in_another_namespace_is_gone_not_an_error(ns: Netns) -> None:
     with ns.entered(), en.EthtoolNetlink() as reader:
-        assert reader.link_state("gone0") == ReadFailure("link_state", "ENODEV")
-        assert reader.fec("gone0") == ReadFailure("fec", "ENODEV")
-        assert reader.errors == {"link_state": 1, "fec": 1}
+        assert reader.link_state("gone0") == Gone("link_state")
+        assert reader.fec("gone0") == Gone("fec")
+        assert reader.module("gone0").result == Gone("module_eeprom")
+        assert reader.errors == {} and reader.requests == {"link_state": 1, "fec": 1, "module_eeprom": 1}
+    with en.EthtoolNetlink() as outside:  # the veth lives in the namespace, not in this one
+        assert not outside.present(NETDEV)
+        assert outside.link_state(NETDEV) == Gone("link_state") and outside.pause(NETDEV) == Gone("pause")
+        assert outside.errors == {}
 
 
 def test_each_thread_asks_on_a_socket_of_its_own_and_leaves_nothing_behind(ns: Netns) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from rnic_exporter.catalog import metrics as c
 from rnic_exporter.model.optics import ModuleReading
-from rnic_exporter.model.wire import LinkState, ReadFailure, Unsupported
+from rnic_exporter.model.wire import Gone, LinkState, Unsupported
 from rnic_exporter.sim.wire import SimEthtool, SimPort, SimWire
 from rnic_exporter.sinks.wire_samples import wire_samples
 from rnic_exporter.sources.wire import WireReader, WireSettings, read_gstats
@@ -81,6 +81,23 @@ def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
     assert reader.requests["fec"] == 2
 
 
+def test_a_netdev_gone_from_the_namespace_is_no_error_and_is_asked_again() -> None:
+    # Still listed by the RDMA device, but moved into a container's namespace (or removed since the
+    # snapshot): nothing to read here now, nothing wrong either, and it may come back.
+    clock = Clock()
+    wire, reader = _reader(clock)
+    got = reader.poll(["ens9f0np0"])["ens9f0np0"]
+    gone = {"link_state", "fec", "pause", "module_eeprom", "gstats"}
+    outcomes = (got.link_state, got.fec, got.pause, got.module, got.driver_pause)
+    assert {o.operation for o in outcomes if isinstance(o, Gone)} == gone, got
+    assert reader.ethtool.errors == {} and reader.gstats_errors == 0
+    clock.now += 60
+    wire.add("ens9f0np0")  # back in this namespace: read at the next interval, unlike Unsupported
+    back = reader.poll(["ens9f0np0"])["ens9f0np0"]
+    assert isinstance(back.link_state, LinkState) and isinstance(back.module, ModuleReading)
+    assert reader.requests["fec"] == 2 and reader.requests["gstats"] == 2
+
+
 def test_samples_of_a_poll_name_only_catalogue_metrics_with_their_labels() -> None:
     clock = Clock()
     wire, reader = _reader(clock)
@@ -107,4 +124,4 @@ def test_gstats_over_the_real_ioctl_on_veth() -> None:
         reader = WireReader(SimEthtool(SimWire()), WireSettings())  # the real read_gstats
         got = reader._driver_pause("ens1f0np0")
         assert got == Unsupported("gstats", "not_exposed")  # veth has no pause strings: not an error
-        assert isinstance(reader._driver_pause("gone0"), ReadFailure) and reader.gstats_errors == 1
+        assert reader._driver_pause("gone0") == Gone("gstats") and reader.gstats_errors == 0  # no such netdev
