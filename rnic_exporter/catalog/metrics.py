@@ -401,14 +401,18 @@ COUNTERS_STALE = _m(
     "the last values read, or missing.",
 )
 # What the exporter's reads cost the NIC (issue 30; rnic_exporter/sources/read_cost.py models the
-# firmware commands behind each kind): counted by the counter pass (sources/device_counters.py).
+# firmware commands behind each kind): counted by the counter pass (sources/device_counters.py) and
+# the wire watch (daemon/wire_watch.py, its RoCE netdevs' ethtool requests).
 READS = _m(
     "rnic_exporter_reads_total",
     "counter",
     ("device", "kind"),
     "Reads the exporter made of the device, by kind: pma_file (a counters/ file: one firmware "
     "command on mlx5, never cached), hw_counters_file (a hw_counters/ file: up to three on mlx5), "
-    "netlink_stat (one RDMA netlink STAT_GET: a port's hw counters in one driver call).",
+    "netlink_stat (one RDMA netlink STAT_GET: a port's hw counters in one driver call); the wire of "
+    "its RoCE netdevs: module_page (a 128-byte module page: one register access), ethtool_fec and "
+    "ethtool_pause (one register read each), ethtool_gstats (ethtool -S: every statistics group), "
+    "ethtool_link_state (no firmware access).",
 )
 READ_PATH = _m(
     "rnic_exporter_read_path_info",

@@ -31,7 +31,7 @@ from rnic_exporter.detect.detector import Detector
 from rnic_exporter.detect.inputs import Inputs, gather_inputs
 from rnic_exporter.detect.state import StateStore
 from rnic_exporter.errors import ConfigError
-from rnic_exporter.model.host import AdvertisedLink, ReadError, Snapshot
+from rnic_exporter.model.host import AdvertisedLink, DeviceFreshness, ReadError, Snapshot
 from rnic_exporter.sinks.consumer_fields import log_fields as consumer_log_fields
 from rnic_exporter.sinks.detection import detection_families
 from rnic_exporter.sinks.process import ProcessFamilies
@@ -91,6 +91,25 @@ class Announcer(Protocol):
         ...
 
 
+def with_reads(
+    devices: tuple[DeviceFreshness, ...], more: Mapping[str, Mapping[str, int]]
+) -> tuple[DeviceFreshness, ...]:
+    """Each device's read counts with another source's added (`rnic_exporter_reads_total`)."""
+    if not more:
+        return devices
+    out = []
+    for dev in devices:
+        extra = more.get(dev.name)
+        if not extra:
+            out.append(dev)
+            continue
+        merged = dict(dev.reads)
+        for kind, count in extra.items():
+            merged[kind] = merged.get(kind, 0) + count
+        out.append(replace(dev, reads=tuple(sorted(merged.items()))))
+    return tuple(out)
+
+
 class Agent:
     """Polls, keeps the last snapshot, and feeds the sinks. Usable without a loop in tests."""
 
@@ -106,6 +125,7 @@ class Agent:
         health: SelfMetrics | None = None,
         state_lock_unwritten: bool = False,
         annotate: Callable[[list[Event]], list[Event]] | None = None,
+        more_reads: Callable[[], Mapping[str, Mapping[str, int]]] | None = None,
     ) -> None:
         """`root` rather than a built reader: the reader's settings are the config's, and a reload
         changes both. `sinks` are built on the agent's counter feed; `consumers` (--collector.consumers)
@@ -127,6 +147,7 @@ class Agent:
         self.prometheus = PrometheusSink(self.counter_view, config.counter_wait_s, self.health)
         self.consumers = consumers
         self._annotate = annotate  # adds what another source knows to each event (the wire's link-down reason)
+        self._more_reads = more_reads  # reads another source made of each device, by kind (the wire's)
         self.sinks: tuple[EventSink, ...] = (
             *(build(self.counter_view) for build in sinks),
             *((consumers,) if consumers is not None else ()),
@@ -245,6 +266,8 @@ class Agent:
         fresh = self._counter_pass.refresh(wait_s)
         self._count(self.reader.take_counter_errors())
         freshness = self.reader.freshness()
+        if self._more_reads is not None:
+            freshness = with_reads(freshness, self._more_reads())
         stale = not fresh or any(d.stuck for d in freshness)
         groups = {}
         failed: list[ReadError] = []

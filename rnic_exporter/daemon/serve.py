@@ -95,6 +95,7 @@ def run(
         health=health,
         state_lock_unwritten=state_lock.problem is not None,
         annotate=wire_watch.annotate if wire_watch is not None else None,
+        more_reads=wire_watch.reads_by_device if wire_watch is not None else None,
     )
     link_watch = link_watch_for(agent, schedule)
     web = web_server(config, agent)

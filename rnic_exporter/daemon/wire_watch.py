@@ -59,6 +59,33 @@ def wire_settings(intervals: WireIntervals, base: WireSettings | None = None) ->
     )
 
 
+# ethtool operation -> its kind in rnic_exporter_reads_total: what it costs the NIC (docs/read-cost.md)
+READ_KINDS = {
+    "module_eeprom": "module_page",  # one 128-byte page: an MCIA register access on mlx5
+    "fec": "ethtool_fec",  # one PPCNT register read
+    "pause": "ethtool_pause",  # one PPCNT register read
+    "link_state": "ethtool_link_state",  # the driver's cached state: no firmware access
+    "gstats": "ethtool_gstats",  # ethtool -S: every statistics group of the driver
+}
+
+
+def device_reads(
+    netdevs: Mapping[str, Netdev], by_netdev: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, int]]:
+    """Each netdev's requests charged to its RDMA device, by read kind (a new dict: the agent's
+    thread reads it while this one polls)."""
+    out: dict[str, dict[str, int]] = {}
+    for netdev, counts in by_netdev.items():
+        where = netdevs.get(netdev)
+        if where is None:
+            continue
+        mine = out.setdefault(where[0], {})
+        for operation, count in counts.items():
+            kind = READ_KINDS.get(operation, f"ethtool_{operation}")
+            mine[kind] = mine.get(kind, 0) + count
+    return out
+
+
 def roce_netdevs(snap: Snapshot | None) -> dict[str, Netdev]:
     """Each netdev of an Ethernet-link-layer (RoCE) port, with its (device, port, netdev) labels."""
     if snap is None:
@@ -107,6 +134,7 @@ class WireWatch:
         self._failing: set[str] = set()  # operations whose failure is logged already
         self._lock = threading.Lock()
         self._families: list[Family] = self._build({}, {})
+        self._reads: dict[str, dict[str, int]] = {}  # device -> read kind -> requests (replaced, not mutated)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -133,8 +161,10 @@ class WireWatch:
                 self._families = [*(f for f in self._families if f.spec is not catalog.WIRE_READ_ERRORS), *errors]
             return {}
         families = self._build(netdevs, wire)
+        reads = device_reads(netdevs, self.reader.requests_by_netdev)
         with self._lock:
             self._families = families
+            self._reads = reads
             self.polls += 1
         self._note_failures(wire)
         sent = sum(self.reader.requests.values())
@@ -142,6 +172,11 @@ class WireWatch:
             self._sent = sent
             collect_young_garbage()
         return wire
+
+    def reads_by_device(self) -> Mapping[str, Mapping[str, int]]:
+        """The wire's requests so far per RDMA device and read kind (`rnic_exporter_reads_total`)."""
+        with self._lock:
+            return self._reads
 
     def _read_hwmon(self, snap: Snapshot | None, now: float) -> None:
         if self._sysfs is None or now < self._hwmon_due:

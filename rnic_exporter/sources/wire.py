@@ -93,6 +93,9 @@ class WireReader:
         self._state: dict[str, _State] = {}
         self.gstats_requests = 0
         self.gstats_errors = 0
+        # requests per netdev and operation since the netdev was first polled (forgotten with it):
+        # what `rnic_exporter_reads_total` charges to the netdev's RDMA device
+        self.requests_by_netdev: dict[str, dict[str, int]] = {}
 
     @property
     def requests(self) -> Mapping[str, int]:
@@ -112,9 +115,17 @@ class WireReader:
         wanted = list(dict.fromkeys(netdevs))
         for gone in set(self._state) - set(wanted):
             del self._state[gone]  # a netdev that comes back starts afresh (unsupported asked again)
+            self.requests_by_netdev.pop(gone, None)
         for netdev in wanted:
             state = self._state.setdefault(netdev, _State())
+            before = self.requests
             state.wire = self._read_due(netdev, state, now)
+            after = self.requests
+            if after != before:  # one thread polls: the difference is this netdev's
+                mine = self.requests_by_netdev.setdefault(netdev, {})
+                for operation, count in after.items():
+                    if count != before.get(operation, 0):
+                        mine[operation] = mine.get(operation, 0) + count - before.get(operation, 0)
         return {netdev: self._state[netdev].wire for netdev in wanted}
 
     def _read_due(self, netdev: str, state: _State, now: float) -> NetdevWire:

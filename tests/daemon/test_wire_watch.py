@@ -67,7 +67,8 @@ def test_serve_exports_the_simulated_wire(tmp_path: Path) -> None:
         except OSError:
             return None
         got = samples(body.decode()) if status == 200 else {}
-        return got if any(name == c.MODULE_RX_POWER.name for name, _ in got) else None
+        charged = any(name == c.READS.name and dict(lb)["kind"] == "module_page" for name, lb in got)
+        return got if charged and any(name == c.MODULE_RX_POWER.name for name, _ in got) else None
 
     with serving(sim_serve_config(host.root, port), wire=WireReader(SimEthtool(wire), gstats=wire.gstats)):
         got = wait_for(scraped, timeout=30, what="the wire series on /metrics")
@@ -82,6 +83,12 @@ def test_serve_exports_the_simulated_wire(tmp_path: Path) -> None:
     netdevs = {dict(labels).get("netdev") for name, labels in got if name == c.MODULE_INFO.name}
     assert netdevs == {"ens1f0np0", "ens2f0np0"}  # the InfiniBand port has no module path
     assert got[(c.ETHTOOL_REQUESTS.name, frozenset({("operation", "module_eeprom")}))] >= 6
+    # ... and charged to each RoCE port's RDMA device in the read-cost counter, beside its counter reads
+    reads = {(dict(lb)["device"], dict(lb)["kind"]): v for (name, lb), v in got.items() if name == c.READS.name}
+    for device in ("mlx5_0", "mlx5_1"):
+        assert reads[(device, "module_page")] >= 3 and reads[(device, "ethtool_link_state")] >= 1, reads
+        assert reads[(device, "pma_file")] > 0  # the counter pass's own kinds are still there
+    assert not [kind for device, kind in reads if device == "mlx5_2" and kind.startswith(("module", "ethtool"))]
     errors = {dict(labels)["operation"]: v for (name, labels), v in got.items() if name == c.WIRE_READ_ERRORS.name}
     assert errors == dict.fromkeys(ERROR_OPERATIONS, 0.0)
 

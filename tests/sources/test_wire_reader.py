@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rnic_exporter.catalog import metrics as c
+from rnic_exporter.daemon.wire_watch import device_reads
 from rnic_exporter.model.optics import ModuleReading
 from rnic_exporter.model.wire import Gone, LinkState, Unsupported
 from rnic_exporter.sim.wire import SimEthtool, SimPort, SimWire
@@ -79,6 +80,37 @@ def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
     reader.poll([])
     reader.poll(["ib0"])  # came back: asked again
     assert reader.requests["fec"] == 2
+
+
+def test_requests_are_charged_to_their_netdev_and_then_to_its_device() -> None:
+    """What rnic_exporter_reads_total adds per device: each netdev's requests, by read kind."""
+    clock = Clock()
+    _, reader = _reader(clock)
+    for _ in range(3):
+        reader.poll(["ens1f0np0", "ib0"])
+        clock.now += 30
+    mine, other = reader.requests_by_netdev["ens1f0np0"], reader.requests_by_netdev["ib0"]
+    assert {op: mine.get(op, 0) + other.get(op, 0) for op in reader.requests} == dict(reader.requests)
+    assert mine["module_eeprom"] == 4 and other == {
+        "link_state": 3,
+        "fec": 1,
+        "pause": 1,
+        "gstats": 1,
+        "module_eeprom": 1,
+    }
+    netdevs = {"ens1f0np0": ("mlx5_0", "1", "ens1f0np0"), "ib0": ("mlx5_1", "1", "ib0")}
+    by_device = device_reads(netdevs, reader.requests_by_netdev)
+    assert by_device["mlx5_0"] == {
+        "ethtool_link_state": 3,
+        "ethtool_fec": 3,
+        "ethtool_pause": 3,
+        "ethtool_gstats": 2,
+        "module_page": 4,
+    }
+    assert by_device["mlx5_1"]["module_page"] == 1  # asked once, refused: a request all the same
+    reader.poll(["ens1f0np0"])
+    assert "ib0" not in reader.requests_by_netdev  # forgotten with the netdev
+    assert set(device_reads({}, reader.requests_by_netdev)) == set()  # a netdev no snapshot names: charged to none
 
 
 def test_a_netdev_gone_from_the_namespace_is_no_error_and_is_asked_again() -> None:
