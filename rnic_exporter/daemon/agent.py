@@ -260,10 +260,11 @@ class Agent:
         listed or re-registered since the last pass gets a pass of its own."""
         return tuple(plan for _name, plan in self.reader.counter_plans())
 
-    def counter_view(self, wait_s: float | None) -> CounterView:
+    def counter_view(self, wait_s: float | None, max_age_s: float | None = None) -> CounterView:
         """A counter pass for one consumer (a scrape, an OTLP export): joins the pass in flight or
-        starts one, waits at most `wait_s`, and says whether what it hands back is stale."""
-        fresh = self._counter_pass.refresh(wait_s)
+        starts one (or reuses one under `max_age_s` old, by default `COUNTER_PASS_REUSE_S`), waits
+        at most `wait_s`, and says whether what it hands back is stale."""
+        fresh = self._counter_pass.refresh(wait_s, max_age_s)
         self._count(self.reader.take_counter_errors())
         freshness = self.reader.freshness()
         if self._more_reads is not None:
@@ -303,6 +304,22 @@ class Agent:
             return None
         self.counter_view(wait_s)
         return self.reader.with_counters(last, self.config.read_deadline_s)
+
+    def counter_pass_at(self) -> float | None:
+        """(monotonic) When the last counter pass started, whoever asked for it; None before any."""
+        return self._counter_pass.started
+
+    def recent_counter_snapshot(self, wait_s: float | None, max_age_s: float) -> tuple[Snapshot, float] | None:
+        """The last counter pass, when it started under `max_age_s` ago (a scrape's), merged into
+        the last state snapshot, with when it started (monotonic): nothing is read for it. None
+        when there is no pass that young, or no poll yet."""
+        last, started = self.last, self._counter_pass.started
+        if last is None or started is None or time.monotonic() - started > max_age_s:
+            return None
+        self.counter_view(wait_s, max_age_s)
+        started = self._counter_pass.started
+        assert started is not None
+        return self.reader.with_counters(last, self.config.read_deadline_s), started
 
     def families(self) -> list[Family]:
         """The agent's own counters, as of now, for every sink (registered in `health`): state

@@ -171,6 +171,8 @@ def link_watch_for(agent: Agent, schedule: PollSchedule) -> LinkWatch:
         conditions=lambda: agent.detector.last,
         consumers=consumers,
         failed=failed,
+        recent=lambda max_age_s: agent.recent_counter_snapshot(agent.config.counter_wait_s, max_age_s),
+        last_pass_at=agent.counter_pass_at,
     )
 
 

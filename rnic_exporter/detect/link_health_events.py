@@ -47,6 +47,11 @@ class LinkHealthTracker:
         self._ports: dict[tuple[str, int], _PortState] = {}
         self.last: tuple[PortHealth, ...] = ()  # the last window's judgement (for a gauge or `show`)
 
+    @property
+    def reference_at(self) -> float | None:
+        """When the snapshot the next window is judged against was taken (None: none yet)."""
+        return None if self._ref is None else self._ref[1]
+
     def degrading(self) -> frozenset[tuple[str, int]]:
         return frozenset(k for k, s in self._ports.items() if s.degrading)
 

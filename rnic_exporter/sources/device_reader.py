@@ -20,7 +20,7 @@ from rnic_exporter.sources.plan import Attribute, Group, GroupKey, GroupKind, Re
 from rnic_exporter.sources.read_context import ReadContext
 from rnic_exporter.sources.read_thread import Gate
 from rnic_exporter.sources.sysfs import NOT_EXPOSED, interpret
-from rnic_exporter.sources.watch_tiers import Tier, TierKind, plan_tiers
+from rnic_exporter.sources.watch_tiers import DUE_SLACK_S, Tier, TierKind, plan_tiers
 
 # Empty GID slots checked per port per pass while events are not trusted: 255 slots are all seen
 # every 16 passes.
@@ -69,6 +69,10 @@ class DeviceReader:
         self._sweep_due = float("-inf")  # (host clock) when this device's next safety sweep is due
         self.trusted = False  # the last pass trusted announcements for it (else: all polled fast)
         self._read_errors: list[ReadError] = []
+        # Until (clock) when a fast pass has only the port tier to read (None: nothing), worked out
+        # when the last pass ended; None: a pass must go the whole way (see `_quick_pass`).
+        self._quick: tuple[Tier | None, float] | None = None
+        self._next_due: float | None = None  # `next_due`, as of the last pass
 
     def forget(self) -> None:
         self.fds.close()
@@ -102,6 +106,41 @@ class DeviceReader:
         return job
 
     def state(self, full_gids: bool, trust_events: bool) -> None:
+        if trust_events and not full_gids and self._quick_pass():
+            return
+        self._state(full_gids, trust_events)
+        quick = trust_events and not self._unsettled()
+        self._quick = self._quick_until() if quick else None
+        self._next_due = self._due_after() if quick else None
+
+    def _quick_pass(self) -> bool:
+        """The usual fast pass of a settled device, in few steps (a 5 s wake-up is paid in cold
+        caches, per line of Python it runs): until another tier or the safety sweep is due, only
+        the port tier (an InfiniBand port's state, physical state, rate) is read and compared.
+        False: something moved or is due; the whole path below decides (and reads the tier again)."""
+        quick = self._quick
+        if quick is None or self.resettle:
+            return False
+        tier, until = quick
+        if self.context.clock() >= until:
+            return False
+        if tier is not None and self.fds.read_batch(tier.batch) != tier.raws:
+            return False
+        self.trusted = True
+        self.changed = False
+        self.state_at = time.time()
+        return True
+
+    def _quick_until(self) -> tuple[Tier | None, float]:
+        """The port tier, and when the first other read is due (the safety sweep, or another
+        tier within its `DUE_SLACK_S`, as `Tier.is_due` and `_sweep_now` judge it)."""
+        until = self._sweep_due
+        for tier in self._tiers:
+            if not tier.empty and tier.kind is not TierKind.PORT:
+                until = min(until, tier.due - DUE_SLACK_S)
+        return self._tier(TierKind.PORT), until
+
+    def _state(self, full_gids: bool, trust_events: bool) -> None:
         before = self.device
         self.trusted = trust_events
         now = self.context.clock()
@@ -321,8 +360,12 @@ class DeviceReader:
     def next_due(self) -> float | None:
         """(Reader clock) when this device next has something to read; None: every pass (it has
         InfiniBand ports, or it is not read trusting announcements, or not settled). The safety
-        sweep rides along with the PCIe link's reads where it has one."""
-        if not self.trusted or self._unsettled() or self._tier(TierKind.PORT) is not None:
+        sweep rides along with the PCIe link's reads where it has one. As of the last pass."""
+        return None if self.resettle else self._next_due
+
+    def _due_after(self) -> float | None:
+        """`next_due` of a settled device read trusting announcements."""
+        if self._tier(TierKind.PORT) is not None:
             return None
         dues = [t.due for t in self._tiers if not t.empty]
         return min(dues) if dues else self._sweep_due

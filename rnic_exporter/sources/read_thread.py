@@ -291,14 +291,19 @@ class SingleFlight:
         self._started = float("-inf")
         self.passes = 0
 
-    def refresh(self, wait_s: float | None) -> bool:
+    @property
+    def started(self) -> float | None:
+        """(clock) When the last pass started; None before the first."""
+        return None if self._ticket is None else self._started
+
+    def refresh(self, wait_s: float | None, max_age_s: float | None = None) -> bool:
         """True when the pass this consumer joined (the one in flight, or a new one when the last
-        finished more than `max_age_s` after it started, or covered another scope) finished; False
-        when the wait ran out."""
+        finished more than `max_age_s` (the flight's own unless given) after it started, or covered
+        another scope) finished; False when the wait ran out."""
         with self._lock:
             now = self._clock()
             scope = self._scope()
-            stale = now - self._started >= self.max_age_s
+            stale = now - self._started >= (self.max_age_s if max_age_s is None else max_age_s)
             if (
                 self._ticket is None
                 or scope != self._ticket_scope  # queued behind the one in flight

@@ -108,6 +108,7 @@ class HostReader:
         self._passes = 0
         self._recheck = True  # the last pass changed something: check every registration's identity
         self._identities_due = float("-inf")  # (clock) when identities are checked anyway
+        self._listed: tuple[ReaderSettings, list[str], tuple[str, ...]] | None = None  # settings, listing, wanted
 
     @property
     def safety_s(self) -> float:
@@ -369,8 +370,13 @@ class HostReader:
                 return []  # no RDMA stack loaded: no devices, not a failure
             errors.append(ReadError("-", None, CLASS_DIR, errno_reason(exc)))
             return None
-        wanted = sorted(n for n in names if self.settings.wants(n))
+        settings = self.settings
+        listed = self._listed
+        if listed is not None and listed[0] is settings and listed[1] == names:
+            return list(listed[2])  # the same listing: filtered as last time (most passes)
+        wanted = sorted(n for n in names if settings.wants(n))
         self._filtered_out = tuple(sorted(set(names) - set(wanted)))
+        self._listed = (settings, names, tuple(wanted))
         return wanted
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from rnic_exporter.catalog.link_health import LinkHealthThresholds
 from rnic_exporter.daemon.agent import Agent
-from rnic_exporter.daemon.link_watch import NUDGE, LinkWatch
+from rnic_exporter.daemon.link_watch import NUDGE, REUSE_S, LinkWatch
 from rnic_exporter.daemon.schedule import PollSchedule
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
@@ -115,6 +116,53 @@ def test_a_cable_going_bad_degrades_then_recovers_in_log_and_counters(
     agent.poll_once()
     assert series(agent, "rnic_events_total", event="rnic.port.recovered", **pl) == 1
     assert series(agent, "rnic_events_total", event="rnic.port.degrading", **pl) == 1
+    agent.close()
+
+
+def test_a_scrapes_counter_pass_closes_the_window_and_the_timer_reads_nothing(
+    sim_host: SimHost, tmp_path: Path
+) -> None:
+    """Where something scrapes, the timer judges the scrape's pass (started after the window's end,
+    under REUSE_S old) instead of reading every counter once more; one that started before the end
+    of the window does not stand in for it."""
+    agent = make_agent(sim_host, tmp_path / "state", reader=FAST_PMA)
+    agent.poll_once(full_gid_tables=True)
+    window_s = 0.3
+    own: list[float | None] = []
+
+    def read() -> Snapshot | None:
+        snap = agent.counter_snapshot(2.0)
+        own.append(agent.counter_pass_at())
+        return snap
+
+    watch = LinkWatch(
+        read,
+        agent.hand_off,
+        LinkHealthThresholds(window_seconds=window_s, clear_after_seconds=10.0),
+        recent=lambda max_age_s: agent.recent_counter_snapshot(2.0, max_age_s),
+        last_pass_at=agent.counter_pass_at,
+    )
+    assert agent.counter_pass_at() is None
+    watch.tick()  # nothing scraped yet: a pass of its own is the first reference
+    assert len(own) == 1 and watch.tracker.reference_at is not None
+    assert watch.wait_s() <= window_s  # nobody else reads the counters: a window, as before
+
+    agent.counter_view(2.0, 0.0)  # a scrape, too early to close the window
+    scraped_at = agent.counter_pass_at()
+    assert scraped_at is not None and scraped_at < watch.tracker.reference_at + window_s
+    assert watch.wait_s() > REUSE_S  # someone scrapes: wait for the first scrape after the window
+    ref = watch.tracker.reference_at
+    watch.tick()  # that pass started inside the window: it is not judged, a pass of the timer's is read
+    assert len(own) == 2 and watch.tracker.reference_at == ref  # and judged nothing: the window is not over
+
+    wait_for(lambda: time.monotonic() >= ref + window_s, timeout=10, what="the end of the window")
+    agent.counter_view(2.0, 0.0)  # the first scrape after it
+    scraped_at = agent.counter_pass_at()
+    sim_host.add_traffic(window_s)
+    watch.tick()
+    assert len(own) == 2  # nothing read for the judgement
+    assert agent.counter_pass_at() == scraped_at and watch.tracker.reference_at == scraped_at
+    assert {(h.facts.device, h.facts.port) for h in watch.tracker.last} == {("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1)}
     agent.close()
 
 

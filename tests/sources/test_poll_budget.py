@@ -129,3 +129,41 @@ def test_an_all_roce_host_wakes_twice_a_minute_safety_sweeps_included(sim_host: 
     assert wakes <= 2 * 10 + 1
     # Every device swept about once a minute (never later than its due time: early, with a PCIe read).
     assert len(sweeps) == 16 and min(sweeps.values()) >= 9
+
+
+def test_between_its_due_reads_a_pass_still_sees_the_port_state_and_the_pcie_link_when_due(sim_host: SimHost) -> None:
+    """The fast pass of a settled device reads only its port tier until another read is due
+    (`DeviceReader._quick_pass`): a port going down is seen by the very next pass, and a
+    downtrained PCIe link at its tier's due time, not later."""
+    now = [0.0]
+    reader = HostReader(CountingRoot(sim_host), clock=lambda: now[0])
+    reader.safety_s = 3600.0
+    reader.state_pass(full_gid_tables=True)
+    reader.state_pass(trust_events=True)
+
+    def port_state() -> str | None:
+        device = reader.state_pass(trust_events=True).snapshot.device("mlx5_2")
+        assert device is not None
+        return None if device.ports[0].state is None else device.ports[0].state.name
+
+    now[0] = 5.0
+    assert port_state() == "ACTIVE"
+    sim_host.set_port_up("mlx5_2", False)
+    now[0] = 10.0
+    assert port_state() == "DOWN"
+    sim_host.set_port_up("mlx5_2", True)
+    now[0] = 15.0
+    assert port_state() == "ACTIVE"
+
+    def pcie_width() -> int | None:
+        snap = reader.state_pass(trust_events=True).snapshot
+        device = snap.device("mlx5_0")
+        assert device is not None and device.pci_address is not None
+        return snap.pcie[device.pci_address].current_width
+
+    sim_host.set_pcie("mlx5_0", 8.0, 4)
+    for t in (20.0, 25.0):  # the PCIe tier was read at 0 s: not due yet, not read
+        now[0] = t
+        assert pcie_width() != 4
+    now[0] = PCIE_S
+    assert pcie_width() == 4
