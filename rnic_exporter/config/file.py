@@ -22,9 +22,9 @@ environment beats the file's `[nccl]`, which beats NCCL's own config files (`con
     interval_seconds = 30
     [collector.wire]              # the wire below RoCE netdevs (--collector.wire): read intervals
     module_interval_seconds = 60  # optics: a firmware register access per page; 60 s or slower
-    fec_interval_seconds = 30
-    pause_interval_seconds = 30   # 802.3x statistics; pause and PFC strings: gstats_interval_seconds
-    link_state_interval_seconds = 10
+    fec_interval_seconds = 60
+    pause_interval_seconds = 60   # 802.3x statistics; pause and PFC strings: gstats_interval_seconds
+    link_state_interval_seconds = 60  # a port-down event asks at once; this feeds the series
     gstats_interval_seconds = 60
     [inventory]
     expected_devices = 8          # check and alerts: fewer present is a problem
@@ -109,9 +109,9 @@ class WireIntervals:
     """`[collector.wire]`'s read intervals, in seconds; pure data (the reader loads pyroute2)."""
 
     module_s: float = 60.0
-    fec_s: float = 30.0
-    pause_s: float = 30.0
-    link_state_s: float = 10.0
+    fec_s: float = 60.0
+    pause_s: float = 60.0
+    link_state_s: float = 60.0
     gstats_s: float = 60.0
 
 

@@ -37,8 +37,9 @@ from rnic_exporter.sources.wire import WireReader, WireSettings
 
 log = logging.getLogger("rnic_exporter.wire")
 
-# Bounds on the wait between polls: at least MIN_WAIT_S (a reader whose every source is unsupported
-# or off is always "due"), at most RESCAN_S (a netdev that appeared since is read this soon).
+# Bounds on the wait between polls: at least MIN_WAIT_S, at most RESCAN_S (a netdev that appeared
+# since is read this soon; a host with no RoCE netdev, or none with a source it supports, wakes only
+# for that).
 MIN_WAIT_S = 1.0
 RESCAN_S = 10.0
 HWMON_INTERVAL_S = 60.0  # an MTMP register access per sensor: on the module timer's pace
@@ -131,6 +132,7 @@ class WireWatch:
         self.errors: Counter[str] = Counter()
         self.polls = 0
         self._sent = 0  # requests sent by the last poll's end
+        self._built_from: tuple[object, ...] | None = None  # what the families were last built from
         self._failing: set[str] = set()  # operations whose failure is logged already
         self._lock = threading.Lock()
         self._families: list[Family] = self._build({}, {})
@@ -160,14 +162,20 @@ class WireWatch:
             with self._lock:
                 self._families = [*(f for f in self._families if f.spec is not catalog.WIRE_READ_ERRORS), *errors]
             return {}
-        families = self._build(netdevs, wire)
-        reads = device_reads(netdevs, self.reader.requests_by_netdev)
-        with self._lock:
-            self._families = families
-            self._reads = reads
-            self.polls += 1
-        self._note_failures(wire)
         sent = sum(self.reader.requests.values())
+        # Nothing read, no netdev come or gone, no sensor read: the families stand (most wake-ups:
+        # the loop looks for new netdevs every RESCAN_S, the sources are due once a minute).
+        built_from = (sent, tuple(sorted(netdevs.items())), id(self._hwmon))
+        if built_from != self._built_from:
+            families = self._build(netdevs, wire)
+            reads = device_reads(netdevs, self.reader.requests_by_netdev)
+            with self._lock:
+                self._families = families
+                self._reads = reads
+            self._built_from = built_from
+            self._note_failures(wire)
+        with self._lock:
+            self.polls += 1
         if sent != self._sent:  # each request left reference cycles behind (pyroute2's messages)
             self._sent = sent
             collect_young_garbage()

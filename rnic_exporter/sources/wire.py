@@ -14,8 +14,9 @@ lower page (and CMIS lane page) at every module read: 1-2 requests per read inst
 
 Expected cost per netdev with the defaults (rnic-linux-facts §7; a module request is one MCIA
 register access on mlx5, FEC, pause and GSTATS one or more PPCNT each):
-  module      1 request/min (SFF-8636) or 2/min (CMIS), plus 2-4 requests every 10 min
-  FEC         2/min     pause   2/min     link state   6/min (cheap: no firmware access)
+  module      1 request/min (SFF-8636) or 3/min (CMIS), plus 2-4 requests every 10 min
+  FEC         1/min     pause   1/min     link state   1/min (no firmware access; a port-down
+                                          event asks at once)
   GSTATS      1/min (mlx5: every stats group's update, ~8 PPCNT for the per-priority group alone)
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -42,11 +44,15 @@ Gstats = Callable[[str], Mapping[str, int]]
 class WireSettings:
     """Intervals in seconds; 0 turns a source off. Module reads below a minute are refused."""
 
+    # Every source once a minute. Each request costs the exporter ~0.5 ms of CPU in pyroute2
+    # (docs/wire.md, "What a read costs"), so a 16-netdev host at the first defaults (link state
+    # every 10 s, FEC and pause every 30 s) spent more on the wire than on everything else; the
+    # alerts read 5-minute rates, and a port-down event asks the link state at once (annotate).
     module_interval: float = 60.0
     static_refresh: float = 600.0
-    fec_interval: float = 30.0
-    pause_interval: float = 30.0
-    link_state_interval: float = 10.0
+    fec_interval: float = 60.0
+    pause_interval: float = 60.0
+    link_state_interval: float = 60.0
     gstats_interval: float = 60.0
     # The floor under module_interval: a real module page is a firmware register access. Only the
     # simulator's demo (commands/demo.py, a story told in seconds) lowers it.
@@ -106,9 +112,10 @@ class WireReader:
         return out
 
     def next_due(self) -> float:
-        """Seconds until the earliest read falls due (0 when one is due now or none was done)."""
+        """Seconds until the earliest read falls due (0 when one is due now); infinity when nothing
+        is scheduled (no netdev, or every source unsupported or off): the caller's own rescan decides."""
         dues = [t for state in self._state.values() for t in state.due.values()]
-        return max(0.0, min(dues) - self._clock()) if dues else 0.0
+        return max(0.0, min(dues) - self._clock()) if dues else math.inf
 
     def poll(self, netdevs: Iterable[str]) -> dict[str, NetdevWire]:
         now = self._clock()
@@ -151,6 +158,7 @@ class WireReader:
 
     def _due(self, state: _State, source: str, interval: float, now: float, last: object) -> bool:
         if interval <= 0 or isinstance(last, Unsupported):
+            state.due.pop(source, None)  # never due again: no wake-up for it
             return False
         if now < state.due.get(source, now):
             return False

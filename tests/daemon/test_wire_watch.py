@@ -6,6 +6,7 @@ and never stops the daemon; --no-collector.wire builds nothing."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,9 @@ from rnic_exporter.model.wire import NetdevWire
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.wire import SimEthtool, SimWire
 from rnic_exporter.sinks.samples import Family, Published
+from rnic_exporter.sinks.wire_samples import Netdev
 from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
-from rnic_exporter.sources.wire import WireReader
+from rnic_exporter.sources.wire import WireReader, WireSettings
 from tests.support.agent import make_agent
 from tests.support.exposition import samples
 from tests.support.netns import network_namespace
@@ -208,7 +210,8 @@ def test_the_cycles_its_requests_leave_are_collected_every_poll(tmp_path: Path) 
     without = _snapshot(host, tmp_path)
     current = [full]
     clock = [0.0]
-    reader = WireReader(SimEthtool(wire), gstats=wire.gstats, clock=lambda: clock[0])
+    busy = WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10)  # many requests
+    reader = WireReader(SimEthtool(wire), busy, gstats=wire.gstats, clock=lambda: clock[0])
     watch = WireWatch(reader, lambda: current[0])
     young: list[int] = []
     older: list[int] = []  # young collections since the last collection of the middle generation
@@ -261,8 +264,41 @@ def test_the_config_file_sets_the_intervals(tmp_path: Path) -> None:
     good.write_text('[collector.wire]\nmodule_interval_seconds = "2m"\nfec_interval_seconds = 15\n')
     config = apply_file(ServeConfig(config_file=good, state_dir=None), set())
     settings = wire_settings(config.wire_intervals)
-    assert (settings.module_interval, settings.fec_interval, settings.pause_interval) == (120.0, 15.0, 30.0)
+    assert (settings.module_interval, settings.fec_interval, settings.pause_interval) == (120.0, 15.0, 60.0)
     fast = tmp_path / "fast.toml"
     fast.write_text("[collector.wire]\nmodule_interval_seconds = 10\n")
     with pytest.raises(ConfigError, match=r"collector\.wire\.module_interval_seconds"):
         apply_file(ServeConfig(config_file=fast, state_dir=None), set())
+
+
+class _CountingBuilds(WireWatch):
+    builds = 0
+
+    def _build(self, netdevs: Mapping[str, Netdev], wire: Mapping[str, NetdevWire]) -> list[Family]:
+        self.builds += 1
+        return super()._build(netdevs, wire)
+
+
+def test_a_wake_up_with_nothing_read_leaves_the_families_as_they_are(tmp_path: Path) -> None:
+    """The loop looks for new netdevs every RESCAN_S; its sources fall due once a minute: between,
+    nothing is rebuilt. A read, or a netdev come or gone, rebuilds."""
+    host = SimHost.build(tmp_path / "sys", roce=2)
+    snap = _snapshot(host, tmp_path)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    wire.add("ens2f0np0")
+    clock = [1000.0]
+    reader = WireReader(SimEthtool(wire), gstats=wire.gstats, clock=lambda: clock[0])
+    watch = _CountingBuilds(reader, lambda: snap)
+    try:
+        watch.poll_once()
+        built = watch.builds
+        for _ in range(5):
+            clock[0] += 10  # a rescan's wake-up: nothing is due within the minute
+            watch.poll_once()
+        assert watch.builds == built and watch.polls == 6
+        clock[0] += 60
+        watch.poll_once()
+        assert watch.builds == built + 1
+    finally:
+        watch.close()

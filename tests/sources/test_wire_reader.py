@@ -4,6 +4,8 @@ and refreshed, netdevs forgotten when they go; the simulated wire behind the rea
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from rnic_exporter.catalog import metrics as c
@@ -24,16 +26,30 @@ class Clock:
         return self.now
 
 
-def _reader(clock: Clock) -> tuple[SimWire, WireReader]:
+def _reader(clock: Clock, settings: WireSettings | None = None) -> tuple[SimWire, WireReader]:
     wire = SimWire()
     wire.add("ens1f0np0")
     wire.add("ib0", SimPort(supported=False, module=None))
-    return wire, WireReader(SimEthtool(wire), WireSettings(), gstats=wire.gstats, clock=clock)
+    return wire, WireReader(SimEthtool(wire), settings or WireSettings(), gstats=wire.gstats, clock=clock)
+
+
+def test_by_default_every_source_is_read_once_a_minute() -> None:
+    """~0.5 ms of the exporter's CPU a request (docs/wire.md): a minute apart, what the alerts'
+    5-minute rates need; a port-down event asks the link state at once (WireWatch.annotate)."""
+    clock = Clock()
+    _, reader = _reader(clock)
+    for _ in range(10):
+        reader.poll(["ens1f0np0"])
+        clock.now += 6
+    assert {op: n for op, n in reader.requests.items() if op != "module_eeprom"} == dict.fromkeys(
+        ("link_state", "fec", "pause", "gstats"), 1
+    )
+    assert reader.requests["module_eeprom"] == 3  # lower, 00h, 03h; the next minute the lower page only
 
 
 def test_sources_are_read_on_their_own_intervals() -> None:
     clock = Clock()
-    _, reader = _reader(clock)
+    _, reader = _reader(clock, WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10))
     first = reader.poll(["ens1f0np0"])["ens1f0np0"]
     assert isinstance(first.module, ModuleReading) and isinstance(first.link_state, LinkState)
     assert dict(reader.requests) == {"link_state": 1, "fec": 1, "pause": 1, "gstats": 1, "module_eeprom": 3}
@@ -77,7 +93,9 @@ def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
     assert reader.requests["fec"] == 1 and reader.requests["module_eeprom"] == 1 and reader.requests["pause"] == 1
     assert reader.requests["link_state"] == 4  # link state works on any netdev
     assert reader.requests["gstats"] == 1  # no pause strings in its ethtool -S: asked once
+    assert reader.next_due() == 60  # link state's minute: the sources it lacks wake nothing
     reader.poll([])
+    assert reader.next_due() == math.inf  # no netdev: nothing scheduled (the watch's rescan decides)
     reader.poll(["ib0"])  # came back: asked again
     assert reader.requests["fec"] == 2
 
@@ -85,7 +103,7 @@ def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
 def test_requests_are_charged_to_their_netdev_and_then_to_its_device() -> None:
     """What rnic_exporter_reads_total adds per device: each netdev's requests, by read kind."""
     clock = Clock()
-    _, reader = _reader(clock)
+    _, reader = _reader(clock, WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10))
     for _ in range(3):
         reader.poll(["ens1f0np0", "ib0"])
         clock.now += 30
