@@ -44,10 +44,11 @@ Gstats = Callable[[str], Mapping[str, int]]
 class WireSettings:
     """Intervals in seconds; 0 turns a source off. Module reads below a minute are refused."""
 
-    # Every source once a minute. Each request costs the exporter ~0.5 ms of CPU in pyroute2
-    # (docs/wire.md, "What a read costs"), so a 16-netdev host at the first defaults (link state
-    # every 10 s, FEC and pause every 30 s) spent more on the wire than on everything else; the
-    # alerts read 5-minute rates, and a port-down event asks the link state at once (annotate).
+    # Every source once a minute. A request costs the exporter 0.16-0.18 ms of CPU warm and about
+    # 0.5 ms in the daemon's cold wake-ups (docs/performance.md), so a 16-netdev host at the first
+    # defaults (link state every 10 s, FEC and pause every 30 s) spent more on the wire than on
+    # everything else; the alerts read 5-minute rates, and a port-down event asks the link state
+    # at once (WireWatch.annotate).
     module_interval: float = 60.0
     static_refresh: float = 600.0
     fec_interval: float = 60.0
