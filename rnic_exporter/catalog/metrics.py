@@ -421,7 +421,7 @@ READ_PATH = _m(
     "How the device's hw counters are read: path=netlink (one STAT_GET per port) or sysfs (a file "
     "per counter); reason is why (netlink_answers, no_hw_counters, device_wide, not_asked, "
     "netlink_lacks_counters, netlink_<reason it was refused>, disabled by --no-collector.rdma-netlink, "
-    "or not_live_sysfs for a tree other than /sys); always 1.",
+    "or not_live_sysfs for a tree that is not a sysfs mount); always 1.",
 )
 # The exporter's own process, from prometheus-client's collectors (sinks/process.py): their names
 # and help, the convention every Prometheus client library follows.

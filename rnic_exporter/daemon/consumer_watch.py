@@ -27,24 +27,23 @@ from rnic_exporter.config.file import ConsumerSettings
 from rnic_exporter.model.consumers import ConsumerScan, DeviceConsumers
 from rnic_exporter.sinks.consumer_fields import device_series, series_key
 from rnic_exporter.sinks.samples import Family, Published
+from rnic_exporter.sources.live_tree import is_live_sysfs, is_own_procfs
 
 log = logging.getLogger("rnic_exporter.consumers")
 
 Scan = Callable[[], ConsumerScan]
 
 
-LIVE_PROCFS, LIVE_SYSFS = Path("/proc"), Path("/sys")
-
-
 def scanner(sysfs: Path, procfs: Path, rootfs: Path, *, rdma_netlink: bool = True) -> Scan:
     """The real scan bound to the host's trees (--path.sysfs, --path.procfs, --path.rootfs).
 
-    Where the exporter reads its own /proc and /sys (the namespaces its netlink socket sees), the
-    holders come from RDMA netlink's context list, one dump per device, instead of a walk of every
+    Where the exporter reads a sysfs mount and a proc mount of its own PID namespace (the
+    numbering its netlink socket's pids use: `/proc`, or the host's with `hostPID`), the holders
+    come from RDMA netlink's context list, one dump per device, instead of a walk of every
     descriptor of every process (0.4 s of CPU on a 10,000-process host); a kernel or policy that
     refuses it, or `rdma_netlink` False (--no-collector.rdma-netlink), keeps the walk. The reason
     is logged once per change."""
-    live = rdma_netlink and Path(sysfs) == LIVE_SYSFS and Path(procfs) == LIVE_PROCFS
+    live = rdma_netlink and is_live_sysfs(Path(sysfs)) and is_own_procfs(Path(procfs))
     said: list[str | None] = [None]
 
     def holders() -> list[tuple[int, str]] | None:

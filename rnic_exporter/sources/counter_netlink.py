@@ -1,19 +1,16 @@
 """The host's RDMA netlink client for hw counters, shared by its devices' counter jobs.
 
 Counter jobs may run on several threads at once (`sources/read_thread.py`) and the client is one
-request at a time: each request holds a lock. Made only where the reader reads the live `/sys`:
-a captured or simulated tree has no kernel behind it, and the running kernel's RDMA devices may
-bear the same names as the tree's.
+request at a time: each request holds a lock. Made only where the reader reads a sysfs mount
+(`sources/live_tree.py`): a captured or simulated tree has no kernel behind it, and the running
+kernel's RDMA devices may bear the same names as the tree's.
 """
 
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 from rnic_exporter.sources.nldev import PortCounters, RdmaNetlink, Unavailable
-
-LIVE_SYSFS = Path("/sys")
 
 
 class HwNetlink:
@@ -49,4 +46,4 @@ class HwNetlink:
             self._client.close()
 
 
-__all__ = ["LIVE_SYSFS", "HwNetlink"]
+__all__ = ["HwNetlink"]

@@ -29,7 +29,7 @@ NETLINK_RETRY_S = 300.0
 _READ_KINDS = {"counters": "pma_file", "hw": "hw_counters_file"}
 NETLINK_STAT = "netlink_stat"
 DISABLED = ReadPath("-", "sysfs", "RDMA netlink turned off (--no-collector.rdma-netlink)", "disabled")
-NOT_LIVE = ReadPath("-", "sysfs", "a tree other than the live /sys: no kernel behind it to ask", "not_live_sysfs")
+NOT_LIVE = ReadPath("-", "sysfs", "a tree that is not a sysfs mount: no kernel behind it to ask", "not_live_sysfs")
 
 # Errnos a read gets when the device itself is being removed (see `Registration.leaving`).
 _GONE_ERRNOS = frozenset({"ENOENT", "ENODEV"})

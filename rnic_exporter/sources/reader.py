@@ -55,10 +55,11 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
 from rnic_exporter.model.host import DeviceFreshness, Netdev, PcieLink, ReadError, Snapshot
-from rnic_exporter.sources.counter_netlink import LIVE_SYSFS, HwNetlink
+from rnic_exporter.sources.counter_netlink import HwNetlink
 from rnic_exporter.sources.counters import CounterPlan
 from rnic_exporter.sources.device_reader import GID_SWEEP_SLOTS, SWEEP_STAGGER, DeviceReader
 from rnic_exporter.sources.infiniband import CLASS_DIR
+from rnic_exporter.sources.live_tree import is_live_sysfs
 from rnic_exporter.sources.read_context import IB_GIDS_S, PCIE_S, SAFETY_S, ReadContext, ReaderSettings
 from rnic_exporter.sources.read_path import ReadPath
 from rnic_exporter.sources.read_thread import Gate
@@ -91,10 +92,11 @@ class HostReader:
         netlink: HwNetlink | None = None,
     ) -> None:
         """`netlink`: RDMA netlink for the hw counters; by default one of this process's network
-        namespace where `root` is the live `/sys` (a tree elsewhere has no kernel behind it)."""
+        namespace where `root` is a sysfs mount (`/sys`, or the host's at `/host/sys` in a pod); a
+        captured or simulated tree has no kernel behind it."""
         self.root = root
         self.clock = clock  # counter back-off's and the safety sweep's time
-        if netlink is None and root.mount == LIVE_SYSFS:
+        if netlink is None and is_live_sysfs(root.mount):
             netlink = HwNetlink()
         # What the device readers see of this reader (instead of a back-reference to it).
         self._context = ReadContext(root, clock, settings or ReaderSettings(), netlink=netlink)

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rnic_exporter.daemon.consumer_watch import LIVE_PROCFS, LIVE_SYSFS, scanner
+from rnic_exporter.daemon.consumer_watch import scanner
+from rnic_exporter.sources.live_tree import LIVE_PROCFS, LIVE_SYSFS
 from rnic_exporter.sources.nldev import RdmaNetlink, Unavailable, in_network_namespace
 from rnic_exporter.sources.qp_owners import consumers_by_device
 from rnic_exporter.sources.read_path import choose_read_path
