@@ -92,6 +92,7 @@ def wire_reader(wire: SimWire, step_seconds: float) -> WireReader:
         fec_interval=module,
         pause_interval=module,
         link_state_interval=1.0,
+        link_state_up_interval=1.0,
         gstats_interval=module,
     )
     return WireReader(SimEthtool(wire), settings, gstats=wire.gstats)

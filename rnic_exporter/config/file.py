@@ -24,7 +24,8 @@ environment beats the file's `[nccl]`, which beats NCCL's own config files (`con
     module_interval_seconds = 60  # optics: a firmware register access per page; 60 s or slower
     fec_interval_seconds = 60
     pause_interval_seconds = 60   # 802.3x statistics; pause and PFC strings: gstats_interval_seconds
-    link_state_interval_seconds = 60  # a port-down event asks at once; this feeds the series
+    link_state_interval_seconds = 60  # while down: why (a port event asks at once)
+    link_state_up_interval_seconds = 600  # while up: only a flap too short for the carrier shows
     gstats_interval_seconds = 60
     [inventory]
     expected_devices = 8          # check and alerts: fewer present is a problem
@@ -112,6 +113,7 @@ class WireIntervals:
     fec_s: float = 60.0
     pause_s: float = 60.0
     link_state_s: float = 60.0
+    link_state_up_s: float = 600.0
     gstats_s: float = 60.0
 
 
@@ -140,6 +142,7 @@ class FileConfig:
     wire_fec_interval_seconds: float | None = None
     wire_pause_interval_seconds: float | None = None
     wire_link_state_interval_seconds: float | None = None
+    wire_link_state_up_interval_seconds: float | None = None
     wire_gstats_interval_seconds: float | None = None
 
     def wire(self, base: WireIntervals) -> WireIntervals:
@@ -149,6 +152,7 @@ class FileConfig:
             "fec_s": self.wire_fec_interval_seconds,
             "pause_s": self.wire_pause_interval_seconds,
             "link_state_s": self.wire_link_state_interval_seconds,
+            "link_state_up_s": self.wire_link_state_up_interval_seconds,
             "gstats_s": self.wire_gstats_interval_seconds,
         }
         return replace(base, **{k: v for k, v in given.items() if v is not None})
@@ -291,6 +295,10 @@ _SCHEMA: Mapping[str, tuple[Callable[[str, Any], Any], str]] = {
     "collector.wire.fec_interval_seconds": (within(WIRE_INTERVAL), "wire_fec_interval_seconds"),
     "collector.wire.pause_interval_seconds": (within(WIRE_INTERVAL), "wire_pause_interval_seconds"),
     "collector.wire.link_state_interval_seconds": (within(WIRE_INTERVAL), "wire_link_state_interval_seconds"),
+    "collector.wire.link_state_up_interval_seconds": (
+        within(WIRE_INTERVAL),
+        "wire_link_state_up_interval_seconds",
+    ),
     "collector.wire.gstats_interval_seconds": (within(WIRE_INTERVAL), "wire_gstats_interval_seconds"),
 }
 _SECTIONS = {key.rsplit(".", 1)[0] for key in _SCHEMA if "." in key} | {"collector"}

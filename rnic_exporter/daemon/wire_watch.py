@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rnic_exporter.catalog import metrics as catalog
-from rnic_exporter.catalog.events import PORT_DOWN, Event
+from rnic_exporter.catalog.events import PORT_DOWN, PORT_UP, Event
 from rnic_exporter.config.file import WireIntervals
 from rnic_exporter.daemon.runtime import collect_young_garbage
 from rnic_exporter.model.host import Snapshot
@@ -56,6 +56,7 @@ def wire_settings(intervals: WireIntervals, base: WireSettings | None = None) ->
         fec_interval=intervals.fec_s,
         pause_interval=intervals.pause_s,
         link_state_interval=intervals.link_state_s,
+        link_state_up_interval=intervals.link_state_up_s,
         gstats_interval=intervals.gstats_s,
     )
 
@@ -138,6 +139,8 @@ class WireWatch:
         self._families: list[Family] = self._build({}, {})
         self._reads: dict[str, dict[str, int]] = {}  # device -> read kind -> requests (replaced, not mutated)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by stop, and by a port event whose link state to re-read
+        self._announced: set[str] = set()  # netdevs a port event named since the last poll (under _lock)
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -147,13 +150,18 @@ class WireWatch:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.poll_once()
-            self._stop.wait(min(max(self.reader.next_due(), MIN_WAIT_S), RESCAN_S))
+            self._wake.wait(min(max(self.reader.next_due(), MIN_WAIT_S), RESCAN_S))
+            self._wake.clear()
 
     def poll_once(self, now: float | None = None) -> dict[str, NetdevWire]:
         """One pass over what is due; never raises (a failure is counted and logged once)."""
         try:
             snap = self._snapshots()
             netdevs = roce_netdevs(snap)
+            with self._lock:
+                announced, self._announced = self._announced, set()
+            for netdev in announced:
+                self.reader.expedite(netdev, "link_state")
             wire = self.reader.poll(netdevs)
             self._read_hwmon(snap, time.monotonic() if now is None else now)
         except Exception as exc:  # a reader bug must cost the wire series, never the daemon
@@ -249,6 +257,11 @@ class WireWatch:
         request costs no firmware access, and the timer's last reading may predate the drop. Never
         raises; an unsupported or failed request leaves the event as it is."""
         out = []
+        announced = {e.netdev for e in events if e.spec in (PORT_DOWN, PORT_UP) and e.netdev}
+        if announced:  # the series follow too: the timer reads an up link's state every 10 minutes
+            with self._lock:
+                self._announced |= announced
+            self._wake.set()
         for event in events:
             state = None
             if event.spec is PORT_DOWN and event.netdev:
@@ -272,6 +285,7 @@ class WireWatch:
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5.0)
         self.reader.ethtool.close()

@@ -29,7 +29,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from rnic_exporter.model.wire import DriverPauseStats, Gone, NetdevWire, Outcome, ReadFailure, Unsupported
+from rnic_exporter.model.wire import (
+    DriverPauseStats,
+    Gone,
+    LinkState,
+    NetdevWire,
+    Outcome,
+    ReadFailure,
+    Unsupported,
+)
 from rnic_exporter.sources import pyroute2_parts
 from rnic_exporter.sources.ethtool_netlink import EthtoolNetlink
 from rnic_exporter.sources.optics.memory import ModuleMemory
@@ -53,7 +61,11 @@ class WireSettings:
     static_refresh: float = 600.0
     fec_interval: float = 60.0
     pause_interval: float = 60.0
-    link_state_interval: float = 60.0
+    link_state_interval: float = 60.0  # while the link is down (or not yet read): why it is down
+    # While the link is up its state holds nothing new until it drops, and a drop is announced
+    # (rtnetlink, the agent's port events ask at once: `expedite`). What the slow read still catches
+    # is the device's link-down count after a flap too short to drop the carrier.
+    link_state_up_interval: float = 600.0
     gstats_interval: float = 60.0
     # The floor under module_interval: a real module page is a firmware register access. Only the
     # simulator's demo (commands/demo.py, a story told in seconds) lowers it.
@@ -63,7 +75,14 @@ class WireSettings:
         if 0 < self.module_interval < self.min_module_interval:
             every = "minute" if self.min_module_interval == 60.0 else f"{self.min_module_interval:g}s"
             raise ValueError(f"module_interval {self.module_interval}s: optics are read every {every} or slower")
-        if any(v < 0 for v in (self.fec_interval, self.pause_interval, self.link_state_interval, self.gstats_interval)):
+        intervals = (
+            self.fec_interval,
+            self.pause_interval,
+            self.link_state_interval,
+            self.link_state_up_interval,
+            self.gstats_interval,
+        )
+        if any(v < 0 for v in intervals):
             raise ValueError("intervals are >= 0")
 
 
@@ -118,6 +137,13 @@ class WireReader:
         dues = [t for state in self._state.values() for t in state.due.values()]
         return max(0.0, min(dues) - self._clock()) if dues else math.inf
 
+    def expedite(self, netdev: str, source: str) -> None:
+        """Read `source` of `netdev` at the next poll (an announcement says it changed); a source it
+        lacks or that is off stays unread, a netdev not polled yet is read in full anyway."""
+        state = self._state.get(netdev)
+        if state is not None and source in state.due:
+            state.due[source] = self._clock()
+
     def poll(self, netdevs: Iterable[str]) -> dict[str, NetdevWire]:
         now = self._clock()
         wanted = list(dict.fromkeys(netdevs))
@@ -141,6 +167,8 @@ class WireReader:
         wire = state.wire
         if self._due(state, "link_state", s.link_state_interval, now, wire.link_state):
             wire = replace(wire, link_state=self.ethtool.link_state(netdev))
+            if isinstance(wire.link_state, LinkState) and wire.link_state.link_up:
+                state.due["link_state"] = now + max(s.link_state_interval, s.link_state_up_interval)
         if self._due(state, "fec", s.fec_interval, now, wire.fec):
             wire = replace(wire, fec=self.ethtool.fec(netdev))
         if self._due(state, "pause", s.pause_interval, now, wire.pause):

@@ -196,6 +196,47 @@ def test_a_port_down_event_says_why_the_link_is_down(tmp_path: Path) -> None:
     assert "link_down_reason" not in down["ens2f0np0"]
 
 
+def _reasons(watch: WireWatch) -> dict[str, str]:
+    """Each netdev's link-down reason in the watch's families."""
+    for family in watch.families():
+        if family.spec is c.LINK_DOWN_REASON_INFO:
+            return {labels[2]: labels[3] for labels, _ in family.samples}
+    return {}
+
+
+def test_port_events_have_the_series_follow_at_once(tmp_path: Path) -> None:
+    """An up link's state is read every 10 minutes (nothing in it changes until it drops); a port
+    event wakes the watch to read it again, so the reason series comes with the drop and goes with
+    the port-up event, not at the next timed read."""
+    host = SimHost.build(tmp_path / "sys", roce=2)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    wire.add("ens2f0np0")
+    holder: list[Agent] = []
+    reader = WireReader(SimEthtool(wire), gstats=wire.gstats)
+    watch = WireWatch(reader, lambda: holder[0].last)
+    agent = Agent(sim_serve_config(host.root, 0), sinks=(lambda _counters: _Records(),), annotate=watch.annotate)
+    holder.append(agent)
+    try:
+        agent.poll_once(full_gid_tables=True)
+        watch.start()
+        wait_for(lambda: watch.polls, timeout=10, what="the watch's first poll")
+        assert _reasons(watch) == {} and reader.next_due() > 50  # up: the link state's next read is minutes away
+        host.set_port_up("mlx5_0", False)
+        wire.link_down("ens1f0np0", ext_state=5, ext_substate=1)
+        agent.poll_once(event=True)
+        reasons = wait_for(lambda: _reasons(watch), timeout=5, what="the reason series after the port-down event")
+        assert reasons == {"ens1f0np0": "cable_issue"}
+        host.set_port_up("mlx5_0", True)
+        wire.link_up("ens1f0np0")
+        agent.poll_once(event=True)
+        wait_for(lambda: not _reasons(watch), timeout=5, what="no reason series after the port-up event")
+        assert reader.requests_by_netdev["ens2f0np0"]["link_state"] == 1  # no event named it
+    finally:
+        watch.close()
+        agent.close()
+
+
 def test_the_cycles_its_requests_leave_are_collected_every_poll(tmp_path: Path) -> None:
     """pyroute2's netlink messages are reference cycles (26 to 80 objects per request). Under the
     daemon's young-generation threshold they waited minutes for a collection, and the soak's memory
@@ -210,7 +251,8 @@ def test_the_cycles_its_requests_leave_are_collected_every_poll(tmp_path: Path) 
     without = _snapshot(host, tmp_path)
     current = [full]
     clock = [0.0]
-    busy = WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10)  # many requests
+    # many requests
+    busy = WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10, link_state_up_interval=10)
     reader = WireReader(SimEthtool(wire), busy, gstats=wire.gstats, clock=lambda: clock[0])
     watch = WireWatch(reader, lambda: current[0])
     young: list[int] = []
@@ -261,10 +303,14 @@ def test_the_config_file_sets_the_intervals(tmp_path: Path) -> None:
     from rnic_exporter.errors import ConfigError
 
     good = tmp_path / "good.toml"
-    good.write_text('[collector.wire]\nmodule_interval_seconds = "2m"\nfec_interval_seconds = 15\n')
+    good.write_text(
+        '[collector.wire]\nmodule_interval_seconds = "2m"\nfec_interval_seconds = 15\n'
+        'link_state_up_interval_seconds = "1h"\n'
+    )
     config = apply_file(ServeConfig(config_file=good, state_dir=None), set())
     settings = wire_settings(config.wire_intervals)
     assert (settings.module_interval, settings.fec_interval, settings.pause_interval) == (120.0, 15.0, 60.0)
+    assert (settings.link_state_interval, settings.link_state_up_interval) == (60.0, 3600.0)
     fast = tmp_path / "fast.toml"
     fast.write_text("[collector.wire]\nmodule_interval_seconds = 10\n")
     with pytest.raises(ConfigError, match=r"collector\.wire\.module_interval_seconds"):

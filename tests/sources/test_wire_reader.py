@@ -26,6 +26,10 @@ class Clock:
         return self.now
 
 
+# Sources more often than the defaults, an up link's state as often as a down one's
+BUSY = WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10, link_state_up_interval=10)
+
+
 def _reader(clock: Clock, settings: WireSettings | None = None) -> tuple[SimWire, WireReader]:
     wire = SimWire()
     wire.add("ens1f0np0")
@@ -49,7 +53,7 @@ def test_by_default_every_source_is_read_once_a_minute() -> None:
 
 def test_sources_are_read_on_their_own_intervals() -> None:
     clock = Clock()
-    _, reader = _reader(clock, WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10))
+    _, reader = _reader(clock, BUSY)
     first = reader.poll(["ens1f0np0"])["ens1f0np0"]
     assert isinstance(first.module, ModuleReading) and isinstance(first.link_state, LinkState)
     assert dict(reader.requests) == {"link_state": 1, "fec": 1, "pause": 1, "gstats": 1, "module_eeprom": 3}
@@ -66,6 +70,54 @@ def test_sources_are_read_on_their_own_intervals() -> None:
     reader.poll(["ens1f0np0"])
     assert reader.requests["module_eeprom"] == 7
     assert 0 < reader.next_due() <= 10
+
+
+def test_an_up_links_state_is_read_every_ten_minutes_a_down_ones_every_minute() -> None:
+    """Nothing in an up link's state changes until it drops, and a drop is announced: 60 s while
+    down (its reason), 600 s while up (the down count after a flap too short for the carrier)."""
+    clock = Clock()
+    wire, reader = _reader(clock)
+    reads = []
+    for _ in range(20):  # 20 minutes up
+        reader.poll(["ens1f0np0"])
+        reads.append(reader.requests["link_state"])
+        clock.now += 60
+    assert reads[0] == 1 and reads[9] == 1 and reads[10] == 2 and reads[-1] == 2
+    wire.link_down("ens1f0np0")  # not announced: found at the up link's next read, minute 20
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["link_state"] == 3
+    for _ in range(3):
+        clock.now += 60
+        state = reader.poll(["ens1f0np0"])["ens1f0np0"].link_state
+    assert reader.requests["link_state"] == 6  # down: every minute, its reason with it
+    assert isinstance(state, LinkState) and state.link_up is False and state.ext_state is not None
+    assert reader.next_due() == 60
+
+
+def test_an_announced_link_change_is_read_at_the_next_poll() -> None:
+    clock = Clock()
+    wire, reader = _reader(clock)
+    reader.poll(["ens1f0np0", "ib0"])
+    clock.now += 30
+    wire.link_down("ens1f0np0", ext_state=1)
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["link_state"] == 2  # ens1f0np0 and ib0, once each: not due
+    reader.expedite("ens1f0np0", "link_state")
+    reader.expedite("ens1f0np0", "fec")  # already due in 30 s: now
+    reader.expedite("never-polled", "link_state")  # read in full at its first poll anyway
+    got = reader.poll(["ens1f0np0"])["ens1f0np0"].link_state
+    assert isinstance(got, LinkState) and got.link_up is False and got.ext_state == "link_training_failure"
+    assert reader.requests["link_state"] == 3 and reader.requests["fec"] == 3  # ib0 lacks FEC: asked once
+    clock.now += 30
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["link_state"] == 3  # down: its minute, not yet
+    clock.now += 30
+    reader.poll(["ens1f0np0"])
+    assert reader.requests["link_state"] == 4
+    wire.link_up("ens1f0np0")
+    reader.expedite("ens1f0np0", "link_state")
+    got = reader.poll(["ens1f0np0"])["ens1f0np0"].link_state
+    assert isinstance(got, LinkState) and got.link_up is True and got.ext_state is None
 
 
 def test_a_fading_optic_shows_on_the_next_module_read() -> None:
@@ -91,9 +143,9 @@ def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
         clock.now += 60
         reader.poll(["ib0"])
     assert reader.requests["fec"] == 1 and reader.requests["module_eeprom"] == 1 and reader.requests["pause"] == 1
-    assert reader.requests["link_state"] == 4  # link state works on any netdev
+    assert reader.requests["link_state"] == 1  # link state works on any netdev; up: every 10 minutes
     assert reader.requests["gstats"] == 1  # no pause strings in its ethtool -S: asked once
-    assert reader.next_due() == 60  # link state's minute: the sources it lacks wake nothing
+    assert reader.next_due() == 600 - 180  # the up link's 10 minutes: the sources it lacks wake nothing
     reader.poll([])
     assert reader.next_due() == math.inf  # no netdev: nothing scheduled (the watch's rescan decides)
     reader.poll(["ib0"])  # came back: asked again
@@ -103,7 +155,7 @@ def test_unsupported_is_asked_once_and_forgotten_with_the_netdev() -> None:
 def test_requests_are_charged_to_their_netdev_and_then_to_its_device() -> None:
     """What rnic_exporter_reads_total adds per device: each netdev's requests, by read kind."""
     clock = Clock()
-    _, reader = _reader(clock, WireSettings(fec_interval=30, pause_interval=30, link_state_interval=10))
+    _, reader = _reader(clock, BUSY)
     for _ in range(3):
         reader.poll(["ens1f0np0", "ib0"])
         clock.now += 30
