@@ -16,7 +16,7 @@ from rnic_exporter.catalog.events import PORT_DOWN, Event
 from rnic_exporter.config.serve import ServeConfig
 from rnic_exporter.daemon.agent import Agent
 from rnic_exporter.daemon.runtime import GC_GEN0_THRESHOLD
-from rnic_exporter.daemon.wire_watch import ERROR_OPERATIONS, WireWatch, roce_netdevs
+from rnic_exporter.daemon.wire_watch import ERROR_OPERATIONS, RESCAN_S, WireWatch, roce_netdevs
 from rnic_exporter.model.host import Snapshot
 from rnic_exporter.model.wire import NetdevWire
 from rnic_exporter.sim import SimHost
@@ -323,6 +323,32 @@ class _CountingBuilds(WireWatch):
     def _build(self, netdevs: Mapping[str, Netdev], wire: Mapping[str, NetdevWire]) -> list[Family]:
         self.builds += 1
         return super()._build(netdevs, wire)
+
+
+def test_a_watch_started_before_the_first_snapshot_reads_soon_after_it(tmp_path: Path) -> None:
+    """The loop looks for new netdevs every RESCAN_S (30 s); before the agent's first snapshot it
+    looks every second, so the wire is read soon after start, not a rescan later."""
+    host = SimHost.build(tmp_path / "sys", roce=2)
+    snap = _snapshot(host, tmp_path)
+    wire = SimWire()
+    wire.add("ens1f0np0")
+    wire.add("ens2f0np0")
+    current: list[Snapshot | None] = [None]
+    reader = WireReader(SimEthtool(wire), gstats=wire.gstats)
+    watch = WireWatch(reader, lambda: current[0])
+    watch.start()
+    try:
+        wait_for(lambda: watch.polls >= 1, timeout=10, what="the watch's first poll, before any snapshot")
+        assert reader.requests_by_netdev == {}
+        current[0] = snap
+        wait_for(
+            lambda: set(reader.requests_by_netdev) == {"ens1f0np0", "ens2f0np0"},
+            timeout=5,
+            what="the wire read within seconds of the first snapshot",
+        )
+        assert watch.next_wait_s() == RESCAN_S  # every source read, none due within the rescan: asleep 30 s
+    finally:
+        watch.close()
 
 
 def test_a_wake_up_with_nothing_read_leaves_the_families_as_they_are(tmp_path: Path) -> None:
