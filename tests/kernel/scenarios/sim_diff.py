@@ -58,9 +58,9 @@ def run(lab: Lab) -> dict[str, Any]:
 
     # The link-local address settles before rxe comes: its GID work (queued when the address is
     # added) then runs while rxe0 does not exist, and the registration's rescan sets the default GID
-    # before it adds the addresses (the same value: one slot). Racing them, the kernel once put the
-    # address's link-local GID in slot 1 before the default GID took slot 0 (a full lab run under
-    # load): two link-local GIDs, which the simulator does not model.
+    # before it adds the addresses (the same value: one slot). One full lab run under load had two
+    # link-local GIDs (slots 0 and 1), which the simulator does not model; a race of the two is the
+    # likely cause, a non-EUI-64 address the other (the "ipv6" of each step would show it).
     def link_local_settled() -> bool:
         shown = lab.sh(f"ip -o -6 addr show dev {VA} scope link").stdout
         return "fe80::" in shown and "tentative" not in shown
