@@ -411,6 +411,9 @@ class Agent:
         self.reader.safety_s = new.safety_interval_s
         self.reader.set_periods(pcie_s=new.pcie_interval_s, ib_gids_s=new.gid_interval_s)
         self.detector.reconfigure(new.detection_settings)
+        # Judge under the new settings at the next poll: a reload changes no sysfs file, so without
+        # this the new NCCL index was judged only at the minute's refresh (seen up to 60 s late).
+        self._detected_at = float("-inf")
         log.info("config reloaded", extra={"fields": {"file": str(new.config_file)}})
         return new
 
