@@ -10,7 +10,8 @@ off) and Debian's `prometheus-node-exporter` (only its infiniband and netclass c
 Prometheus 2.x's Accept with OpenMetrics first, gzip), at the same time, on one simulated **busy**
 host: 16 RoCE RNICs with 255-slot GID tables (`--infiniband N` adds InfiniBand ones, with IPoIB
 netdevs), every counter file of every port rewritten every `--busy-period` s by a separate writer
-process (its CPU counted for no one), as on a training node.
+process (its CPU counted for no one), as on a training node. The tree is on tmpfs (/dev/shm) as
+sysfs is in memory (`--tree-on-disk`: under the temp directory, as before).
 
 - **CPU per minute at the defaults**: after `--warmup` s of the same scrapes (start-up, first
   reads and the first detections are not a user's steady minute), CPU of each over a real-time
@@ -22,6 +23,9 @@ process (its CPU counted for no one), as on a training node.
   scrapes: at the defaults; with `--poll.interval 1m` (the floor of everything not tied to a
   poll); and with netlink off (`--no-watch.netlink`: the fallback that polls every attribute at the
   fast interval, as when the netlink socket fails).
+- **the floor**, in the same window: `bench/wake_floor.py`, a bare Python process on the idle
+  daemon's timers and reads and nothing else: the idle daemon less it is what our code adds to what
+  the detection budgets cost in this runtime.
 - **CPU per cycle**, busy, one poll and one scrape a second (`--cycle-window` s, 0 skips): ours =
   poll + scrape, node_exporter = a scrape, which reads sysfs.
 - `--extras`: files read per cycle and per minute (inotify), scrape latency p50/p99 with 1, 40 and
@@ -70,6 +74,7 @@ from harness import (
     peak_rss_mb,
     require,
     rss_mb,
+    tree_dir,
     wrk_latency,
 )
 
@@ -78,6 +83,7 @@ from tests.support.serve import Ours, running
 
 SCRAPE_S = 15.0  # Prometheus' default scrape interval
 POLL_S = 5.0  # our default --poll.interval
+FLOOR = "floor (bare Python, the same timers)"
 
 
 @dataclass
@@ -194,6 +200,20 @@ def ours_running(ours: Ours, sysfs: Path, state: Path, name: str, *flags: str) -
             cpu.close()
 
 
+@contextmanager
+def floor_running(python: str, sysfs: Path) -> Iterator[Daemon]:
+    """bench/wake_floor.py on the tree: the floor of the idle daemon's timers in this runtime."""
+    floor = Path(__file__).resolve().parent / "wake_floor.py"
+    proc = subprocess.Popen([python, str(floor), str(sysfs), "--poll", str(POLL_S)])
+    cpu = ProcessCpu(proc.pid, FLOOR)
+    try:
+        yield Daemon(FLOOR, proc.pid, "", cpu)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        cpu.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs rnic-exporter")
@@ -233,6 +253,12 @@ def main() -> None:
         help="source tree of another rnic-exporter, run beside ours in the per-minute window (scraped and idle)",
     )
     parser.add_argument("--extras", action="store_true", help="also files read, scrape latency under load, memory")
+    parser.add_argument(
+        "--tree-on-disk",
+        action="store_true",
+        help="build the simulated tree under the temp directory instead of tmpfs (sysfs is in memory: on a "
+        "disk filesystem reads also pay atime journal writes and page-cache misses)",
+    )
     parser.add_argument("--latency-seconds", type=int, default=8)
     parser.add_argument(
         "--netdevs",
@@ -258,7 +284,9 @@ def main() -> None:
     started = time.monotonic()
     with ExitStack() as stack:
         stack.callback(shutil.rmtree, work, True)
-        sysfs = work / "sys"
+        tree, tree_where = tree_dir("rnic-bench-sys-", opts.tree_on_disk)
+        stack.callback(shutil.rmtree, tree, True)
+        sysfs = tree / "sys"
         writer = BusyWriter(sysfs, opts.devices, opts.gid_slots, opts.busy_period, opts.infiniband)
         stack.callback(writer.close)
         writer.busy(True)
@@ -268,6 +296,7 @@ def main() -> None:
             f"every {opts.busy_period:g} s; "
             f"{os.cpu_count()} CPUs; loadavg {Path('/proc/loadavg').read_text().strip()}"
         )
+        print(f"# the tree on {tree_where}")
         print(f"# rnic-exporter: {ours.describe()} (python {opts.python})")
         print(f"# {ne_version_line}; {'netdevs known to rtnetlink' if opts.netdevs else 'netlink blind'}")
         ne_port = free_port()
@@ -286,6 +315,7 @@ def main() -> None:
                 ours_running(ours, sysfs, work / "state-idle-nonl", "idle, netlink off", "--no-watch.netlink")
             ),
         ]
+        idle.append(stack.enter_context(floor_running(opts.python, sysfs)))
         scraped = [(us, PROMETHEUS_LIKE, SCRAPE_S), (ne, PROMETHEUS_LIKE, SCRAPE_S)]
         if opts.compare is not None:  # another checkout, scraped and idle, in the same windows
             flags = opts.ours_flag if opts.compare_flag is None else [f for f in opts.compare_flag if f]
@@ -311,6 +341,11 @@ def main() -> None:
         for d in idle:
             i = w[d.name]
             table.row(f"CPU per minute, {d.name}, no scrapes", i.per_minute_ms(), None, "ms", i.load)
+        table.note(
+            f"{FLOOR}: bench/wake_floor.py, a bare Python process on the idle daemon's timers and reads (the "
+            "InfiniBand ports every 5 s, the PCIe links every 30 s), nothing else; the idle daemon less it: "
+            f"{w['idle'].per_minute_ms() - w[FLOOR].per_minute_ms():.1f} ms a minute"
+        )
         table.note(
             "the scrapes' own share: "
             f"{o.per_minute_ms() - w['idle'].per_minute_ms():.0f} ms a minute (ours less the idle daemon)"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rnic_exporter.sim import SimHost
+from rnic_exporter.sources.live_tree import filesystem_of
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -178,6 +179,23 @@ class Scraper:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+MEMORY_TMP = Path("/dev/shm")
+
+
+def tree_dir(prefix: str, on_disk: bool = False) -> tuple[Path, str]:
+    """A fresh directory for a simulated sysfs tree, and where it lives. sysfs is in memory (kernfs):
+    on a disk filesystem every read of a file rewritten since its last read also writes its atime
+    to the journal, and a page the machine dropped from its cache is read from disk, costs no sysfs
+    read has (a profile of the idle daemon on a tree under /tmp on ext4 had virtio disk requests
+    and ext4 journal work in its reading threads). So the tree goes on tmpfs (/dev/shm) where
+    there is one; `on_disk` keeps the old place, to measure what that costs."""
+    if not on_disk and filesystem_of(MEMORY_TMP) == "tmpfs" and os.access(MEMORY_TMP, os.W_OK):
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=MEMORY_TMP)), f"tmpfs ({MEMORY_TMP})"
+    where = Path(tempfile.mkdtemp(prefix=prefix))
+    why = "" if on_disk else ": no tmpfs at /dev/shm"
+    return where, f"{filesystem_of(where) or 'unknown filesystem'} ({where.parent}){why}"
 
 
 def require(binary: str, package: str) -> str:
