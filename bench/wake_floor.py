@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 
-PORT_FILES = ("state", "phys_state", "rate")
-PCIE_FILES = ("current_link_speed", "current_link_width", "aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rnic_exporter.sources.infiniband import PORT_WATCHED
+from rnic_exporter.sources.pci import AER_POLLED, LINK_WATCHED
+
+# The files the daemon's port and PCIe tiers watch (sources/watch_tiers.py), taken from the reader.
+PORT_FILES = tuple(a.file for a in PORT_WATCHED)
+PCIE_FILES = tuple(a.file for a in (*LINK_WATCHED, *AER_POLLED))
 
 
 def held(paths: list[Path]) -> list[int]:
