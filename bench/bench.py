@@ -26,6 +26,9 @@ sysfs is in memory (`--tree-on-disk`: under the temp directory, as before).
 - **the floor**, in the same window: `bench/wake_floor.py`, a bare Python process on the idle
   daemon's timers and reads and nothing else: the idle daemon less it is what our code adds to what
   the detection budgets cost in this runtime.
+- **by thread**, in the same window, for the scraped and the idle daemon (and `--compare`'s): CPU a
+  minute of each thread by its name (/proc/<pid>/task/*/schedstat; the daemons run with
+  tests/support/thread_names on their PYTHONPATH, which gives each OS thread its Python name).
 - **CPU per cycle**, busy, one poll and one scrape a second (`--cycle-window` s, 0 skips): ours =
   poll + scrape, node_exporter = a scrape, which reads sysfs.
 - `--extras`: files read per cycle and per minute (inotify), scrape latency p50/p99 with 1, 40 and
@@ -50,7 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +83,7 @@ from harness import (
 
 from tests.support.processes import free_port
 from tests.support.serve import Ours, running
+from tests.support.threads import per_thread_ms, thread_cpu_ns, with_thread_names
 
 SCRAPE_S = 15.0  # Prometheus' default scrape interval
 POLL_S = 5.0  # our default --poll.interval
@@ -101,6 +105,7 @@ class Window:
     scrapes: int
     seconds: float
     load: float
+    threads: dict[str, float]  # CPU a minute by thread name (bench/thread_names)
 
     def per_minute_ms(self) -> float:
         return self.cpu_s * 1000 * 60 / self.seconds
@@ -114,6 +119,7 @@ def paced_window(
     scrapers = [(d, Scraper(d.url, client), period) for d, client, period in scraped]
     everyone = [d for d, _, _ in scraped] + list(unscraped)
     t0 = {d.name: (d.cpu.seconds(), d.cpu.ticks()) for d in everyone}
+    threads0 = {d.name: thread_cpu_ns(d.pid) for d in everyone}
     start = time.monotonic()
     due = [start + i * period / len(scrapers) for i, (_, _, period) in enumerate(scrapers)]
     counts = [0] * len(scrapers)
@@ -128,14 +134,28 @@ def paced_window(
     time.sleep(max(0.0, start + seconds - time.monotonic()))
     elapsed = time.monotonic() - start
     t1 = {d.name: (d.cpu.seconds(), d.cpu.ticks()) for d in everyone}
+    threads = {d.name: per_thread_ms(threads0[d.name], thread_cpu_ns(d.pid), elapsed) for d in everyone}
     load = load_average()
     for _, s, _ in scrapers:
         s.close()
     n = {d.name: c for (d, _, _), c in zip(scrapers, counts, strict=True)}
     return {
-        d.name: Window(t1[d.name][0] - t0[d.name][0], t1[d.name][1] - t0[d.name][1], n.get(d.name, 0), elapsed, load)
+        d.name: Window(
+            t1[d.name][0] - t0[d.name][0],
+            t1[d.name][1] - t0[d.name][1],
+            n.get(d.name, 0),
+            elapsed,
+            load,
+            threads[d.name],
+        )
         for d in everyone
     }
+
+
+def by_thread(threads: Mapping[str, float]) -> str:
+    """`threads` (CPU a minute by name), the dearest first, those under 0.05 ms left out."""
+    shown = sorted(((ms, name) for name, ms in threads.items() if ms >= 0.05), reverse=True)
+    return ", ".join(f"{name} {ms:.1f}" for ms, name in shown) or "none"
 
 
 def count_reads(sysfs: Path, daemon: Daemon, client: Client, period: float, scrapes: int) -> ReadCounts:
@@ -190,7 +210,8 @@ class Table:
 def ours_running(ours: Ours, sysfs: Path, state: Path, name: str, *flags: str) -> Iterator[Daemon]:
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
-    with running(ours.args(sysfs, port, state, *flags), url, env=ours.env(), cwd=ours.cwd()) as proc:
+    env = with_thread_names(ours.env())  # per-thread figures
+    with running(ours.args(sysfs, port, state, *flags), url, env=env, cwd=ours.cwd()) as proc:
         cpu = ProcessCpu(proc.pid, name)
         try:
             yield Daemon(name, proc.pid, url, cpu)
@@ -346,6 +367,9 @@ def main() -> None:
             "InfiniBand ports every 5 s, the PCIe links every 30 s), nothing else; the idle daemon less it: "
             f"{w['idle'].per_minute_ms() - w[FLOOR].per_minute_ms():.1f} ms a minute"
         )
+        for name in ("ours", "idle", "compared", "compared idle"):
+            if name in w:
+                table.note(f"{name} by thread, ms a minute: {by_thread(w[name].threads)}")
         table.note(
             "the scrapes' own share: "
             f"{o.per_minute_ms() - w['idle'].per_minute_ms():.0f} ms a minute (ours less the idle daemon)"
