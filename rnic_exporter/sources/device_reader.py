@@ -351,11 +351,15 @@ class DeviceReader:
 
     def _sweep_now(self, now: float) -> bool:
         """The safety sweep is due; or it would be before the PCIe link's next read and that read
-        is due now: it rides along (a little early) rather than costing a wake-up of its own."""
+        is due now: it rides along (a little early) rather than costing a wake-up of its own.
+        "Before" by more than `DUE_SLACK_S`: a sweep due with the next PCIe read is made by that
+        read. A wake-up is always a little late, and a sweep due exactly one PCIe period after this
+        read (the usual case: both were read together) compared as "before" by those few
+        milliseconds: every device was swept at every PCIe read, twice a minute instead of once."""
         if now >= self._sweep_due:
             return True
         pcie = self._tier(TierKind.PCIE)
-        return pcie is not None and pcie.is_due(now) and self._sweep_due < now + self.context.pcie_s
+        return pcie is not None and pcie.is_due(now) and self._sweep_due < now + self.context.pcie_s - DUE_SLACK_S
 
     def next_due(self) -> float | None:
         """(Reader clock) when this device next has something to read; None: every pass (it has
