@@ -105,7 +105,7 @@ class Window:
     scrapes: int
     seconds: float
     load: float
-    threads: dict[str, float]  # CPU a minute by thread name (bench/thread_names)
+    threads: dict[str, float]  # CPU a minute by thread name (tests/support/threads.py)
 
     def per_minute_ms(self) -> float:
         return self.cpu_s * 1000 * 60 / self.seconds

@@ -35,5 +35,6 @@ def test_a_serving_daemons_cpu_is_read_by_thread_name(tmp_path: Path) -> None:
 
         after = wait_for(counted, timeout=10, what="the counter reads' worker")
     ms = per_thread_ms(before, after, 1.0)
-    assert ms["counters-reads"] > 0 and ms["rnic-web-0"] > 0, ms
+    answered = sum(v for name, v in ms.items() if name.startswith("rnic-web-") and name != "rnic-web-io")
+    assert ms["counters-reads"] > 0 and answered > 0, ms
     assert all(v >= 0 for v in ms.values()), ms
