@@ -26,6 +26,10 @@ sysfs is in memory (`--tree-on-disk`: under the temp directory, as before).
 - **the floor**, in the same window: `bench/wake_floor.py`, a bare Python process on the idle
   daemon's timers and reads and nothing else: the idle daemon less it is what our code adds to what
   the detection budgets cost in this runtime.
+- **the scrape floor**, scraped alike in the same window: `bench/scrape_floor.py`, a bare Python
+  HTTP server that reads every counter file, writes a line per counter and gzips the page for each
+  scrape, and nothing else; with the floor above, the least a Python daemon with these budgets and
+  scrapes costs here, beside node_exporter.
 - **by thread**, in the same window, for the scraped and the idle daemon (and `--compare`'s): CPU a
   minute of each thread by its name (/proc/<pid>/task/*/schedstat; the daemons run with
   tests/support/thread_names on their PYTHONPATH, which gives each OS thread its Python name).
@@ -88,6 +92,7 @@ from tests.support.threads import per_thread_ms, thread_cpu_ns, with_thread_name
 SCRAPE_S = 15.0  # Prometheus' default scrape interval
 POLL_S = 5.0  # our default --poll.interval
 FLOOR = "floor (bare Python, the same timers)"
+SCRAPE_FLOOR = "scrape floor (bare Python: reads, lines, gzip)"
 
 
 @dataclass
@@ -235,6 +240,20 @@ def floor_running(python: str, sysfs: Path) -> Iterator[Daemon]:
         cpu.close()
 
 
+@contextmanager
+def scrape_floor_running(python: str, sysfs: Path) -> Iterator[Daemon]:
+    """bench/scrape_floor.py on the tree: the floor of a scrape in this runtime (scraped alike)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    script = Path(__file__).resolve().parent / "scrape_floor.py"
+    with running([python, str(script), str(sysfs), "--port", str(port)], url) as proc:
+        cpu = ProcessCpu(proc.pid, SCRAPE_FLOOR)
+        try:
+            yield Daemon(SCRAPE_FLOOR, proc.pid, url, cpu)
+        finally:
+            cpu.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", default=sys.executable, help="interpreter that runs rnic-exporter")
@@ -337,7 +356,9 @@ def main() -> None:
             ),
         ]
         idle.append(stack.enter_context(floor_running(opts.python, sysfs)))
+        scrape_floor = stack.enter_context(scrape_floor_running(opts.python, sysfs))
         scraped = [(us, PROMETHEUS_LIKE, SCRAPE_S), (ne, PROMETHEUS_LIKE, SCRAPE_S)]
+        scraped.append((scrape_floor, PROMETHEUS_LIKE, SCRAPE_S))
         if opts.compare is not None:  # another checkout, scraped and idle, in the same windows
             flags = opts.ours_flag if opts.compare_flag is None else [f for f in opts.compare_flag if f]
             other = Ours(opts.python, opts.compare.resolve(), tuple(flags))
@@ -366,6 +387,14 @@ def main() -> None:
             f"{FLOOR}: bench/wake_floor.py, a bare Python process on the idle daemon's timers and reads (the "
             "InfiniBand ports every 5 s, the PCIe links every 30 s), nothing else; the idle daemon less it: "
             f"{w['idle'].per_minute_ms() - w[FLOOR].per_minute_ms():.1f} ms a minute"
+        )
+        sf = w[SCRAPE_FLOOR]
+        table.row(f"CPU per minute, {SCRAPE_FLOOR}, 15 s scrapes", sf.per_minute_ms(), t.per_minute_ms(), "ms", sf.load)
+        floors = w[FLOOR].per_minute_ms() + sf.per_minute_ms()
+        table.note(
+            f"{SCRAPE_FLOOR}: bench/scrape_floor.py, {sf.scrapes} scrapes; the two floors together, the least a "
+            f"Python daemon with these budgets and scrapes costs here: {floors:.1f} ms a minute, "
+            f"{floors / t.per_minute_ms():.2f}x node_exporter (ours {o.per_minute_ms() / t.per_minute_ms():.2f}x)"
         )
         for name in ("ours", "idle", "compared", "compared idle"):
             if name in w:
