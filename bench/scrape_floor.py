@@ -1,16 +1,16 @@
 """The floor of a scrape in this runtime: a bare Python HTTP server that, for each scrape, reads
-every counter file of the tree, writes a line per counter and gzips the page, and nothing else.
+every counter file ours reads, writes a line per counter and gzips the page, and nothing else.
 `bench/bench.py` scrapes it beside ours and node_exporter, in the same window and alike (keep-alive,
 OpenMetrics first, gzip), so ours less it is what our code adds to what a scrape must cost.
 
     .venv/bin/python bench/scrape_floor.py SYSFS --port PORT
 
-Each scrape `pread`s every file under each device's `ports/*/counters/`, `ports/*/hw_counters/`
-and `hw_counters/` over descriptors held from the start (a plain sysfs read each, as ours makes on
+Each scrape `pread`s every file of the reader's counter plans (what our counter passes read, taken
+from `HostReader`) over descriptors held from the start (a plain sysfs read each, as ours makes on
 a tree with no RDMA netlink behind it), formats one series line per file, compresses the page at
-gzip level 1 (ours does too) and answers on one thread. It serves no state series (GID tables,
-links, netdevs, detection), no exporter self-metrics and no OpenMetrics negotiation: its page is
-a fraction of ours, so the floor is a lower bound.
+our gzip level (`sinks/prometheus.GZIP_LEVEL`) and answers on one thread. It serves no state
+series (GID tables, links, netdevs, detection), no exporter self-metrics and no OpenMetrics
+negotiation: its page is a fraction of ours, so the floor is a lower bound.
 """
 
 from __future__ import annotations
@@ -19,24 +19,29 @@ import argparse
 import gzip
 import http.server
 import os
+import sys
 from pathlib import Path
 
-_GZIP_LEVEL = 1
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rnic_exporter.sinks.prometheus import GZIP_LEVEL
+from rnic_exporter.sources.reader import HostReader
+from rnic_exporter.sources.sysfs import SysfsRoot
 
 
 def counter_files(sysfs: Path) -> list[tuple[str, Path]]:
-    """(the series' labels, its file) for every counter file of every RDMA device of the tree."""
+    """(the series' labels, its file) for every file of every device's counter plan: what the
+    reader's counter passes read, taken from the reader itself."""
+    reader = HostReader(SysfsRoot(sysfs))
+    reader.state_pass()
     out = []
-    for dev in sorted((sysfs / "class" / "infiniband").iterdir()):
-        groups = [("", dev / "hw_counters")]
-        for port_dir in sorted((dev / "ports").iterdir()):
-            groups += [(port_dir.name, port_dir / "counters"), (port_dir.name, port_dir / "hw_counters")]
-        for number, folder in groups:
-            if not folder.is_dir():
-                continue
-            for f in sorted(folder.iterdir()):
-                if f.is_file() and f.name != "lifespan":
-                    out.append((f'device="{dev.name}",port="{number}",counter="{f.name}"', f))
+    for device, plan in reader.counter_plans():
+        if plan is None:
+            continue
+        for i, rel in enumerate(plan.rels):
+            port, name = plan.slot_label(i)
+            out.append((f'device="{device}",port="{port or ""}",counter="{name}"', sysfs / rel))
+    reader.close()
     return out
 
 
@@ -60,7 +65,7 @@ def main() -> None:
             body = "".join(lines).encode()
             gz = "gzip" in self.headers.get("Accept-Encoding", "")
             if gz:
-                body = gzip.compress(body, compresslevel=_GZIP_LEVEL, mtime=0)
+                body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
             if gz:

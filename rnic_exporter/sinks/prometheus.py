@@ -49,7 +49,7 @@ from rnic_exporter.sinks.samples import (
 
 # Level 1 already shrinks the exposition about 8x; higher levels cost several times the CPU for
 # a few percent more.
-_GZIP_LEVEL = 1
+GZIP_LEVEL = 1
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer, as gzip.compress writes
 
 
@@ -394,7 +394,7 @@ def _device_sources(snap: Snapshot, dev: Any) -> tuple[object, ...]:
 
 
 def _gzip(body: bytes) -> bytes:
-    return gzip.compress(body, compresslevel=_GZIP_LEVEL, mtime=0)
+    return gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
 
 
 class _PrefixGzip:
@@ -411,7 +411,7 @@ class _PrefixGzip:
     def __init__(self) -> None:
         self._pieces: list[str] = []  # the last body's
         self._count = 0  # how many of them `_compressor` has compressed
-        self._compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+        self._compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
         self._head = b""  # what it wrote for them
 
     def compress(self, pieces: list[str]) -> bytes:
@@ -422,7 +422,7 @@ class _PrefixGzip:
                 break
             same += 1
         if same < self._count:  # the beginning moved: start over from where it still holds
-            self._compressor = zlib.compressobj(_GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
+            self._compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, _GZIP_WBITS)
             self._head, self._count = b"", 0
         if same > self._count:
             grown = self._compressor.compress("".join(pieces[self._count : same]).encode())
