@@ -38,6 +38,7 @@ BOOT_DEADLINE_S = 300.0  # qemu start to the driver's first word: ~35 s on a qui
 SCENARIO_DEADLINE_S = 300.0
 TOTAL_DEADLINE_S = 20 * 60.0
 KVM_PROBE_DEADLINE_S = 25.0
+LAUNCH_ATTEMPTS = 2  # a launcher that exits before the guest's first word is tried once more (`_launch`)
 GUEST_STAGE = "/tmp/kernel-lab-stage"  # the guest's /tmp is a tmpfs-backed overlay
 ACCEL_ENV = "RNIC_KERNEL_LAB_ACCEL"  # auto (default), kvm or tcg
 KERNEL_ENV = "RNIC_KERNEL_LAB_KERNEL"  # a version (6.12.118+deb12-amd64) or a prefix of one (6.12)
@@ -443,10 +444,42 @@ def run_lab(
         proc_shell = subprocess.Popen(argv, env=_env(), start_new_session=False)
         proc_shell.wait()
         return report
-    with open(outdir / "console.log", "wb") as console:
-        _watch(report, argv, console, scenario_deadline_s, boot_deadline_s, total_deadline_s, t_start, echo)
+    _launch(report, argv, scenario_deadline_s, boot_deadline_s, total_deadline_s, t_start, echo)
     _figures(report, t_start)
     return report
+
+
+def _launch(
+    report: RunReport,
+    argv: list[str],
+    scenario_deadline_s: float,
+    boot_deadline_s: float,
+    total_deadline_s: float,
+    t_start: float,
+    echo: bool,
+    attempts: int = LAUNCH_ATTEMPTS,
+) -> None:
+    """Run the VM (`_watch`), launched again when the launcher exits before the guest's first word.
+
+    A CI run once saw vng exit 255 at once with an empty console: nothing booted, nothing of ours
+    ran, and every scenario of that kernel failed at setup; a second launch in the same clone
+    passed. A VM that came up and then failed is never launched again: that is a result."""
+    console_path = report.outdir / "console.log"
+    for attempt in range(1, attempts + 1):
+        with open(console_path, "wb") as console:
+            died_unborn = _watch(
+                report, argv, console, scenario_deadline_s, boot_deadline_s, total_deadline_s, t_start, echo
+            )
+        if not died_unborn or attempt == attempts:
+            return
+        kept = report.outdir / f"console-launch-{attempt}.log"
+        console_path.replace(kept)
+        report.log.append(
+            f"launch {attempt}: {report.failure} before the guest's first word (console kept in {kept.name}); "
+            "launching again"
+        )
+        report.figures["vm_launches"] = attempt + 1
+        report.failure = None
 
 
 def _watch(
@@ -458,8 +491,9 @@ def _watch(
     total_deadline_s: float,
     t_start: float,
     echo: bool,
-) -> None:
-    """Run the VM until the driver is done or a deadline passes; the VM is killed either way."""
+) -> bool:
+    """Run the VM until the driver is done or a deadline passes; the VM is killed either way.
+    True when the launcher exited before the guest said a word (`guest_up`): worth one more launch."""
     outdir = report.outdir
     t_boot = time.monotonic()
     proc = subprocess.Popen(
@@ -467,6 +501,7 @@ def _watch(
     )
     progress = outdir / "progress.jsonl"
     seen = 0
+    unborn = False
     try:
         while True:
             events = _read_events(progress)
@@ -479,6 +514,8 @@ def _watch(
             if "driver_done" in names:
                 break
             if proc.poll() is not None:
+                events = _read_events(progress)  # the guest's last words, written before it exited
+                unborn = not any(e["event"] == "guest_up" for e in events)
                 report.failure = (
                     f"the VM exited ({proc.returncode}) before the driver finished; see {outdir}/console.log"
                 )
@@ -502,6 +539,7 @@ def _watch(
     finally:
         _kill(proc)
     report.figures["vm_wall_s"] = round(time.monotonic() - t_boot, 1)
+    return unborn
 
 
 def _figures(report: RunReport, t_start: float) -> None:
