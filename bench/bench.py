@@ -34,13 +34,13 @@ sysfs is in memory (`--tree-on-disk`: under the temp directory, as before).
   minute of each thread by its name (/proc/<pid>/task/*/schedstat; the daemons run with
   tests/support/thread_names on their PYTHONPATH, which gives each OS thread its Python name).
 - **CPU per cycle**, busy, one poll and one scrape a second (`--cycle-window` s, 0 skips): ours =
-  poll + scrape, node_exporter = a scrape, which reads sysfs.
+  poll + scrape, node_exporter = a scrape, which reads sysfs (and `--compare`'s, in the same window).
 - `--extras`: files read per cycle and per minute (inotify), scrape latency p50/p99 with 1, 40 and
   50 concurrent keep-alive clients (wrk), resident memory; a run then takes about 3 minutes more.
 
 `--src DIR` runs the rnic-exporter found in DIR (a worktree of another branch) with `--python`, so one
 script measures two branches; `--compare DIR` runs DIR's beside ours in the same per-minute window
-(scraped alike, and an idle one), which answers "before or after" far better than two runs on a
+(scraped alike, and an idle one) and in the same per-cycle window, which answers "before or after" far better than two runs on a
 shared machine. As root it runs inside a network namespace it makes (and removes)
 holding veths named like the simulated netdevs, with their addresses, so rtnetlink knows them as on
 a real host (`--no-netdevs`: netlink blind, the fallback everywhere). A run takes about 5 minutes.
@@ -408,8 +408,16 @@ def main() -> None:
             os.kill(d.pid, signal.SIGTERM)  # done: their `running` reaps them at the end
 
         if opts.cycle_window > 0:
-            with ours_running(ours, sysfs, work / "state-cycle", "ours", "--poll.interval", "1") as cyc:
+            with ExitStack() as cycles:
+                cyc = cycles.enter_context(
+                    ours_running(ours, sysfs, work / "state-cycle", "ours", "--poll.interval", "1")
+                )
                 cycle = [(cyc, PROMETHEUS_LIKE, 1.0), (ne, PROMETHEUS_LIKE, 1.0)]
+                if opts.compare is not None:  # the compared checkout's cycle, in the same window
+                    them_cycle = cycles.enter_context(
+                        ours_running(other, sysfs, work / "state-ccycle", "compared", "--poll.interval", "1")
+                    )
+                    cycle.insert(1, (them_cycle, PROMETHEUS_LIKE, 1.0))
                 paced_window(cycle, 5)
                 w = paced_window(cycle, opts.cycle_window)
                 o, t = w["ours"], w["node_exporter"]
@@ -421,6 +429,16 @@ def main() -> None:
                     t.load,
                 )
                 table.note(f"ours {o.ticks} ticks over {o.scrapes} scrapes, node_exporter {t.ticks} over {t.scrapes}")
+                if "compared" in w:
+                    c = w["compared"]
+                    table.row(
+                        "  the same, compared checkout (--compare)",
+                        c.cpu_s * 1000 / c.scrapes,
+                        t.cpu_s * 1000 / t.scrapes,
+                        "ms",
+                        t.load,
+                    )
+                    table.note(f"per cycle, ours/compared {o.cpu_s * c.scrapes / (c.cpu_s * o.scrapes):.2f}x")
 
         if opts.extras and ne_reads is not None:
             _extras(opts, table, sysfs, us, ne, ne_reads, steady_rss)
