@@ -158,15 +158,25 @@ class PortHealth:
         return "; ".join([*failing, *self.context])
 
 
-def _increase(signal: Signal, counter: str, prev: CounterSample, cur: CounterSample) -> tuple[int | None, str]:
-    before, after = prev.value(counter, signal.pma), cur.value(counter, signal.pma)
-    if before is None or after is None:
-        return None, "appeared"
-    if after < before:
-        return None, "reset"  # a reset or a wrap: the errors since are unknown, never a burst
-    if signal.pma and counter in cur.saturated:
-        return None, "saturated"
-    return after - before, ""
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """The thresholds as messages print them: formatted once per port judged, not per signal."""
+
+    ber: str
+    errors: str
+    retransmission_ratio: str
+    retransmission_rate: str
+    drops: str
+
+    @classmethod
+    def of(cls, t: LinkHealthThresholds) -> _Limits:
+        return cls(
+            f"BER {t.symbol_error_ber:g} or {t.errors_per_hour:g}/h",
+            f"{t.errors_per_hour:g}/h",
+            f"{t.retransmission_ratio:g} of packets",
+            f"{t.retransmissions_per_second:g}/s",
+            f"{t.drop_ratio:g} of received packets",
+        )
 
 
 def _packets(prev: CounterSample, cur: CounterSample, directions: int) -> int | None:
@@ -184,51 +194,69 @@ def _packets(prev: CounterSample, cur: CounterSample, directions: int) -> int | 
 
 
 def _judge_one(
-    signal: Signal, prev: CounterSample, cur: CounterSample, window: float, facts: PortFacts, t: LinkHealthThresholds
+    signal: Signal,
+    prev: CounterSample,
+    cur: CounterSample,
+    window: float,
+    facts: PortFacts,
+    t: LinkHealthThresholds,
+    limits: _Limits,
 ) -> Verdict:
-    counter = next((c for c in signal.counters if cur.value(c, signal.pma) is not None), None)
-    if counter is None:
+    # One Verdict per signal, straight from its dicts: the daemon judges every port each window
+    # (on a host whose error counters all move, this is most of link health's minute).
+    after_values, before_values = (cur.pma, prev.pma) if signal.pma else (cur.hw, prev.hw)
+    counter = ""
+    after = None
+    for name in signal.counters:
+        after = after_values.get(name)
+        if after is not None:
+            counter = name
+            break
+    if after is None:
         return Verdict(signal.name, "unsupported")
-    increase, note = _increase(signal, counter, prev, cur)
-    if increase is None:
-        return Verdict(signal.name, "ok", counter, note=note)
+    before = before_values.get(counter)
+    if before is None:
+        return Verdict(signal.name, "ok", counter, note="appeared")
+    if after < before:
+        return Verdict(signal.name, "ok", counter, note="reset")  # a reset or a wrap: never a burst
+    if signal.pma and counter in cur.saturated:
+        return Verdict(signal.name, "ok", counter, note="saturated")
+    increase = after - before
     per_second = increase / window
-    base = Verdict(signal.name, "ok", counter, increase, per_second)
     per_hour = per_second * 3600.0
-    if signal.kind == "ber":
+    kind = signal.kind
+    level: Level = "ok"
+    ratio: float | None = None
+    if kind == "ber":
         bits = None if facts.rate_gbps is None else facts.rate_gbps * 1e9 * window
-        ber = None if not bits else increase / bits
+        ratio = None if not bits else increase / bits
         over = increase >= t.min_errors and (
-            (ber is not None and ber > t.symbol_error_ber) or per_hour > t.errors_per_hour
+            (ratio is not None and ratio > t.symbol_error_ber) or per_hour > t.errors_per_hour
         )
-        limit = f"BER {t.symbol_error_ber:g} or {t.errors_per_hour:g}/h"
-        return _with(base, "degrading" if over else "ok", ber, limit)
-    if signal.kind == "event":
-        return _with(base, "degrading" if increase > 0 else "ok", None, "0")
-    if signal.kind == "errors":
+        level, limit = ("degrading" if over else "ok"), limits.ber
+    elif kind == "event":
+        level, limit = ("degrading" if increase > 0 else "ok"), "0"
+    elif kind == "errors":
         over = increase >= t.min_errors and per_hour > t.errors_per_hour
-        return _with(base, "degrading" if over else "ok", None, f"{t.errors_per_hour:g}/h")
-    if signal.kind == "congestion":
-        return _with(base, "congested" if increase > 0 else "ok", None, "")
-    if signal.kind == "fatal":
-        return _with(base, "critical" if increase > 0 else "ok", None, "0")
-    if signal.kind == "transport":
+        level, limit = ("degrading" if over else "ok"), limits.errors
+    elif kind == "congestion":
+        level, limit = ("congested" if increase > 0 else "ok"), ""
+    elif kind == "fatal":
+        level, limit = ("critical" if increase > 0 else "ok"), "0"
+    elif kind == "transport":
         packets = _packets(prev, cur, 2)
         ratio = increase / packets if packets else None
         if ratio is not None:
-            over, limit = ratio > t.retransmission_ratio, f"{t.retransmission_ratio:g} of packets"
+            over, limit = ratio > t.retransmission_ratio, limits.retransmission_ratio
         else:
-            over, limit = per_second > t.retransmissions_per_second, f"{t.retransmissions_per_second:g}/s"
-        return _with(base, "degrading" if over and increase >= t.min_retransmissions else "ok", ratio, limit)
-    packets = _packets(prev, cur, 1)  # drops: of what was received
-    ratio = increase / packets if packets else None
-    over = ratio > t.drop_ratio if ratio is not None else per_second > t.retransmissions_per_second
-    limit = f"{t.drop_ratio:g} of received packets"
-    return _with(base, "degrading" if over and increase >= t.min_drops else "ok", ratio, limit)
-
-
-def _with(base: Verdict, level: Level, ratio: float | None, limit: str) -> Verdict:
-    return Verdict(base.signal, level, base.counter, base.increase, base.per_second, ratio, limit)
+            over, limit = per_second > t.retransmissions_per_second, limits.retransmission_rate
+        level = "degrading" if over and increase >= t.min_retransmissions else "ok"
+    else:  # drops: of what was received
+        packets = _packets(prev, cur, 1)
+        ratio = increase / packets if packets else None
+        over = ratio > t.drop_ratio if ratio is not None else per_second > t.retransmissions_per_second
+        level, limit = ("degrading" if over and increase >= t.min_drops else "ok"), limits.drops
+    return Verdict(signal.name, level, counter, increase, per_second, ratio, limit)
 
 
 def judge_port(
@@ -240,4 +268,5 @@ def judge_port(
     if not window > 0:
         return None
     t = thresholds or LinkHealthThresholds()
-    return PortHealth(facts, window, tuple(_judge_one(s, prev, cur, window, facts, t) for s in SIGNALS))
+    limits = _Limits.of(t)
+    return PortHealth(facts, window, tuple([_judge_one(s, prev, cur, window, facts, t, limits) for s in SIGNALS]))
