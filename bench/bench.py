@@ -40,10 +40,10 @@ sysfs is in memory (`--tree-on-disk`: under the temp directory, as before).
 
 `--src DIR` runs the rnic-exporter found in DIR (a worktree of another branch) with `--python`, so one
 script measures two branches; `--compare DIR` runs DIR's beside ours in the same per-minute window
-(scraped alike, and an idle one) and in the same per-cycle window, which answers "before or after" far better than two runs on a
-shared machine. As root it runs inside a network namespace it makes (and removes)
-holding veths named like the simulated netdevs, with their addresses, so rtnetlink knows them as on
-a real host (`--no-netdevs`: netlink blind, the fallback everywhere). A run takes about 5 minutes.
+(scraped alike, and an idle one) and in the same per-cycle window, which answers "before or after"
+far better than two runs on a shared machine. As root it runs inside a network namespace it makes
+(and removes) holding veths named like the simulated netdevs, with their addresses, so rtnetlink
+knows them as on a real host (`--no-netdevs`: netlink blind, the fallback everywhere). A run takes about 5 minutes.
 Needs `prometheus-node-exporter` (and `wrk` for `--extras`).
 """
 
