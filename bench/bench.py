@@ -115,6 +115,10 @@ class Window:
     def per_minute_ms(self) -> float:
         return self.cpu_s * 1000 * 60 / self.seconds
 
+    def per_scrape_ms(self) -> float:
+        """CPU per scrape: per cycle where each scrape comes with a poll (the busy cycle window)."""
+        return self.cpu_s * 1000 / self.scrapes
+
 
 def paced_window(
     scraped: Sequence[tuple[Daemon, Client, float]], seconds: float, unscraped: Sequence[Daemon] = ()
@@ -421,24 +425,15 @@ def main() -> None:
                 paced_window(cycle, 5)
                 w = paced_window(cycle, opts.cycle_window)
                 o, t = w["ours"], w["node_exporter"]
-                table.row(
-                    "CPU per cycle, busy, 1 s polls and scrapes",
-                    o.cpu_s * 1000 / o.scrapes,
-                    t.cpu_s * 1000 / t.scrapes,
-                    "ms",
-                    t.load,
-                )
+                for name, label in (
+                    ("ours", "CPU per cycle, busy, 1 s polls and scrapes"),
+                    ("compared", "  the same, compared checkout (--compare)"),
+                ):
+                    if name in w:
+                        table.row(label, w[name].per_scrape_ms(), t.per_scrape_ms(), "ms", t.load)
                 table.note(f"ours {o.ticks} ticks over {o.scrapes} scrapes, node_exporter {t.ticks} over {t.scrapes}")
                 if "compared" in w:
-                    c = w["compared"]
-                    table.row(
-                        "  the same, compared checkout (--compare)",
-                        c.cpu_s * 1000 / c.scrapes,
-                        t.cpu_s * 1000 / t.scrapes,
-                        "ms",
-                        t.load,
-                    )
-                    table.note(f"per cycle, ours/compared {o.cpu_s * c.scrapes / (c.cpu_s * o.scrapes):.2f}x")
+                    table.note(f"per cycle, ours/compared {o.per_scrape_ms() / w['compared'].per_scrape_ms():.2f}x")
 
         if opts.extras and ne_reads is not None:
             _extras(opts, table, sysfs, us, ne, ne_reads, steady_rss)
