@@ -9,7 +9,9 @@ per pass (`time.thread_time`, and the read worker's thread CPU through its clock
   files, nothing changed), the loop's side and the `ReadRunner` worker's, as `serve` runs it;
 - **its floor**: the same port files `pread` in one comprehension on the calling thread, nothing else;
 - **scrape**: a counter pass over 16 RoCE RNICs whose every counter moved (the simulator's traffic
-  between passes, not timed) and the Prometheus sink's gzipped render.
+  between passes, not timed) and the Prometheus sink's gzipped render;
+- **link health**: one window judged (`LinkHealthTracker.observe`) over those 16 ports, every one
+  with moving error counters (the bench's busy host: all judged degrading); the read is not timed.
 
     .venv/bin/python bench/cold_tax.py [--gaps 0,1,5] [--seconds 60]
 
@@ -30,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rnic_exporter.detect.link_health_events import LinkHealthTracker
+from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.samples import ExporterStats
@@ -112,11 +116,30 @@ def main() -> None:
             fed.counters.due = True
             fed.sink.render(PROMETHEUS_ACCEPT, "gzip")
 
+        # Link health's judgement of a window in which every port's error counters moved (the
+        # bench's busy host: every port judged degrading), as the daemon's link-health thread runs it.
+        for name in roce.devices:
+            roce.degrade_link(name, {"symbol_error": 5.0, "link_error_recovery": 0.1, "out_of_sequence": 50.0})
+        judged = HostReader(SimSysfsRoot(roce.root, hold_fds=True))
+        tracker = LinkHealthTracker(window_s=1.0)
+        window: list[tuple[Snapshot, float]] = []  # the window's snapshot and its time (one a second)
+
+        def next_window() -> None:
+            roce.add_traffic(1.0)
+            window[:] = [(judged.read(), window[0][1] + 1.0 if window else 0.0)]
+
+        next_window()
+        tracker.observe(*window[0])
+
+        def judge() -> None:
+            tracker.observe(*window[0])
+
         print(f"{'pass':<44}{'gap':>6}{'passes':>8}{'caller':>10}{'worker':>10}{'total':>10}  vs warm")
         for label, one, between in (
             ("state pass, 16 InfiniBand RNICs (trusted)", state_pass, lambda: None),
             (f"its floor: {len(port_fds)} port files, bare preads", bare_reads, lambda: None),
             ("scrape, 16 RoCE RNICs, every counter moved", scrape, lambda: roce.add_traffic(1.0)),
+            ("link health, 16 RoCE ports all degrading", judge, next_window),
         ):
             warm = None
             for gap in gaps:
