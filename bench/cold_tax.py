@@ -8,8 +8,8 @@ per pass (`time.thread_time`, and the read worker's thread CPU through its clock
 - **state pass**: a trusted state pass over 16 InfiniBand RNICs (their ports' state and rate
   files, nothing changed), the loop's side and the `ReadRunner` worker's, as `serve` runs it;
 - **its floor**: the same port files `pread` in one comprehension on the calling thread, nothing else;
-- **scrape**: a counter pass over 16 RoCE RNICs whose every counter moved (the simulator's traffic
-  between passes, not timed) and the Prometheus sink's gzipped render;
+- **scrape**: a counter pass over 16 RoCE RNICs whose every counter moved (the bench's busy
+  host's `bump_every_counter` between passes, not timed) and the Prometheus sink's gzipped render;
 - **link health**: one window judged (`LinkHealthTracker.observe`) over those 16 ports, every one
   with moving error counters (the bench's busy host: all judged degrading); the read is not timed.
 
@@ -27,10 +27,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness import PROMETHEUS_ACCEPT, bump_every_counter
 
 from rnic_exporter.detect.link_health_events import LinkHealthTracker
 from rnic_exporter.model.host import Snapshot
@@ -38,13 +40,11 @@ from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.samples import ExporterStats
 from rnic_exporter.sources.read_thread import ReadRunner
-from rnic_exporter.sources.reader import HostReader
+from rnic_exporter.sources.reader import HostReader, Job
 from tests.support.agents import FedSink, publish
 
-PROMETHEUS_ACCEPT = (
-    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
-    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-)
+# The state reads' worker, named as `serve`'s (daemon/agent.py: ReadRunner("state") -> "state-reads").
+STATE = "state"
 
 
 def thread_cpu(thread: threading.Thread | None) -> float:
@@ -58,7 +58,7 @@ def thread_cpu(thread: threading.Thread | None) -> float:
 
 
 def worker_thread(name: str) -> threading.Thread | None:
-    return next((t for t in threading.enumerate() if t.name.startswith(name)), None)
+    return next((t for t in threading.enumerate() if t.name == name), None)
 
 
 def measure(
@@ -71,10 +71,10 @@ def measure(
         between()
         if gap:
             time.sleep(gap)  # the daemon's interval: what makes the next pass cold is time passing
-        w0, t0 = thread_cpu(worker_thread("state-reads")), time.thread_time()
+        w0, t0 = thread_cpu(worker_thread(f"{STATE}-reads")), time.thread_time()
         one_pass()
         caller += time.thread_time() - t0
-        worker += thread_cpu(worker_thread("state-reads")) - w0
+        worker += thread_cpu(worker_thread(f"{STATE}-reads")) - w0
     return caller * 1000 / passes, worker * 1000 / passes, passes
 
 
@@ -88,10 +88,10 @@ def main() -> None:
     try:
         ib = SimHost.build(work / "ib", roce=0, infiniband=16, gid_table_size=16)
         reader = HostReader(SimSysfsRoot(ib.root, hold_fds=True))
-        runner = ReadRunner("state-reads")
+        runner = ReadRunner(STATE)
 
-        def run_state(jobs: object) -> None:
-            runner.run(jobs)  # type: ignore[arg-type]
+        def run_state(jobs: Sequence[Job]) -> None:
+            runner.run(jobs)
 
         reader.state_pass(full_gid_tables=True, runner=run_state)
 
@@ -138,7 +138,7 @@ def main() -> None:
         for label, one, between in (
             ("state pass, 16 InfiniBand RNICs (trusted)", state_pass, lambda: None),
             (f"its floor: {len(port_fds)} port files, bare preads", bare_reads, lambda: None),
-            ("scrape, 16 RoCE RNICs, every counter moved", scrape, lambda: roce.add_traffic(1.0)),
+            ("scrape, 16 RoCE RNICs, every counter moved", scrape, lambda: bump_every_counter(roce, 1.0)),
             ("link health, 16 RoCE ports all degrading", judge, next_window),
         ):
             warm = None
