@@ -39,6 +39,7 @@ from rnic_exporter.model.host import Snapshot
 from rnic_exporter.sim import SimHost
 from rnic_exporter.sim.sysfs_root import SimSysfsRoot
 from rnic_exporter.sinks.samples import ExporterStats
+from rnic_exporter.sources.infiniband import PORT_WATCHED
 from rnic_exporter.sources.read_thread import ReadRunner
 from rnic_exporter.sources.reader import HostReader, Job
 from tests.support.agents import FedSink, publish
@@ -98,10 +99,10 @@ def main() -> None:
         def state_pass() -> None:
             reader.state_pass(trust_events=True, runner=run_state)
 
-        # The floor of that pass: the same port files, `pread` in one comprehension on this thread.
-        port_files = sorted((ib.root / "class" / "infiniband").glob("*/ports/*/*state")) + sorted(
-            (ib.root / "class" / "infiniband").glob("*/ports/*/rate")
-        )
+        # The floor of that pass: the same port files (the reader's port tier, as bench/wake_floor.py
+        # takes them), `pread` in one comprehension on this thread.
+        ports = sorted((ib.root / "class" / "infiniband").glob("*/ports/*"))
+        port_files = [port / attribute.file for port in ports for attribute in PORT_WATCHED]
         port_fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in port_files]
 
         def bare_reads() -> None:
